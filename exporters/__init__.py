@@ -1,0 +1,156 @@
+"""Where window reports go: the ``Exporter`` interface, the built-ins and the registry.
+
+Exporters receive a ``WindowReport`` (plain data; ``report.raw_trace_path`` names the window's
+trace JSON while exporters run) and never import torch or see a profiler object.
+
+Names resolve through built-ins (``console``, ``trace``, ``memory``) and the entry-point group
+``torch_profiled.exporters`` (an entry point names a class or a zero-argument factory). An
+unknown name warns and lists the names that are known.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import warnings
+from collections.abc import Callable, Iterable
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from instrument.report import WindowReport
+
+__all__ = [
+    "ConsoleExporter",
+    "ENTRY_POINT_GROUP",
+    "ExportResult",
+    "Exporter",
+    "ExporterWarning",
+    "InMemoryExporter",
+    "TraceFileExporter",
+    "check_exporter_names",
+    "known_exporter_names",
+    "resolve_exporters",
+]
+
+ENTRY_POINT_GROUP = "torch_profiled.exporters"
+
+
+class ExportResult(enum.Enum):
+    SUCCESS = 0
+    FAILURE = 1
+
+
+class ExporterWarning(UserWarning):
+    """An exporter could not be found, built, or failed to export a report."""
+
+
+class Exporter(abc.ABC):
+    """Receives each finished window's report, once.
+
+    ``export`` runs off the program's hot path after a window ends; it should return
+    ``ExportResult.FAILURE`` rather than raise, but an exception is caught, reported as a
+    warning, and never reaches the program. ``shutdown`` is called once when the session ends.
+    """
+
+    #: exporters that write the window's trace file run first, so that the others can name it
+    writes_trace_file: bool = False
+
+    @abc.abstractmethod
+    def export(self, report: "WindowReport") -> ExportResult:
+        """Handle one window's report."""
+
+    def shutdown(self) -> None:  # noqa: B027 - optional hook
+        """Release resources; called once at the end of the session."""
+
+    def notice(self, message: str) -> None:  # noqa: B027 - optional hook
+        """A human-readable line about the session (for example why no report was made)."""
+
+
+from .console import ConsoleExporter  # noqa: E402
+from .memory import InMemoryExporter  # noqa: E402
+from .trace_file import TraceFileExporter  # noqa: E402
+
+_BUILTINS: dict[str, Callable[..., Exporter]] = {
+    "console": ConsoleExporter,
+    "trace": TraceFileExporter,
+    "memory": InMemoryExporter,
+}
+
+
+def _entry_points() -> dict[str, Any]:
+    try:
+        eps = metadata.entry_points(group=ENTRY_POINT_GROUP)
+    except Exception:  # noqa: BLE001 - broken metadata must not break the program
+        return {}
+    return {ep.name: ep for ep in eps}
+
+
+def known_exporter_names() -> list[str]:
+    return sorted(set(_BUILTINS) | set(_entry_points()))
+
+
+def check_exporter_names(items: Iterable[Any]) -> None:
+    """Raise ``ValueError`` for a name that is neither built in nor an entry point (for
+    names given in code, which are checked strictly)."""
+    known = known_exporter_names()
+    for item in items:
+        if isinstance(item, str) and item.strip().lower() not in known:
+            raise ValueError(f"unknown exporter {item!r}; known exporters: {', '.join(known)}")
+
+
+def resolve_exporters(
+    items: Iterable[Any],
+    *,
+    builtin_kwargs: dict[str, dict[str, Any]] | None = None,
+) -> list[Exporter]:
+    """Turn names and instances into exporter instances.
+
+    A name that is not known warns (listing the known names) and is skipped; an entry point
+    that fails to load or build warns and is skipped. Instances pass through.
+    """
+    out: list[Exporter] = []
+    eps: dict[str, Any] | None = None
+    kwargs = builtin_kwargs or {}
+    for item in items:
+        if not isinstance(item, str):
+            out.append(item)
+            continue
+        name = item.strip().lower()
+        if name in _BUILTINS:
+            out.append(_BUILTINS[name](**kwargs.get(name, {})))
+            continue
+        if eps is None:
+            eps = _entry_points()
+        ep = eps.get(name)
+        if ep is None:
+            warnings.warn(
+                f"unknown exporter {name!r} in PROFILED_EXPORTERS; known exporters: "
+                f"{', '.join(known_exporter_names())}; it is skipped",
+                ExporterWarning,
+                stacklevel=2,
+            )
+            continue
+        try:
+            factory = ep.load()
+            exporter = factory()
+        except Exception as exc:  # noqa: BLE001
+            warnings.warn(
+                f"exporter {name!r} (entry point {ep.value}) could not be built: {exc!r}; "
+                "it is skipped",
+                ExporterWarning,
+                stacklevel=2,
+            )
+            continue
+        if not isinstance(exporter, Exporter) and not (
+            hasattr(exporter, "export") and hasattr(exporter, "shutdown")
+        ):
+            warnings.warn(
+                f"exporter {name!r} (entry point {ep.value}) built a "
+                f"{type(exporter).__name__}, which has no export()/shutdown(); it is skipped",
+                ExporterWarning,
+                stacklevel=2,
+            )
+            continue
+        out.append(exporter)
+    return out

@@ -1,0 +1,141 @@
+"""``ConsoleExporter``: the window table a person reads first.
+
+Per ``@profiled`` range first (CPU time, device time and how much of the CPU time the device
+was busy with launched work), then the top operators and device kernels, then the two totals
+the way torch's own table prints them, then the trace file's path. At most 100 columns, no
+colour.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import TYPE_CHECKING, TextIO
+
+from . import Exporter, ExportResult
+
+if TYPE_CHECKING:
+    from instrument.report import WindowReport
+
+__all__ = ["ConsoleExporter", "format_report", "format_time_us"]
+
+WIDTH = 100
+
+
+def format_time_us(us: float) -> str:
+    """torch's table formatting: ``37.550ms``, ``23.000us``, ``1.250s``."""
+    if us >= 1e6:
+        return f"{us / 1e6:.3f}s"
+    if us >= 1e3:
+        return f"{us / 1e3:.3f}ms"
+    return f"{us:.3f}us"
+
+
+def _fit(name: str, width: int) -> str:
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def _steps(steps: tuple[int, ...]) -> str:
+    if not steps:
+        return "no steps"
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    if list(steps) == list(range(steps[0], steps[-1] + 1)):
+        return f"steps {steps[0]}-{steps[-1]}"
+    return "steps " + ",".join(map(str, steps))
+
+
+def format_report(report: "WindowReport", rows: int = 15) -> str:
+    lines: list[str] = []
+    title = (
+        f"torch-profiled | window {report.window} | {_steps(report.steps)}"
+        f"{' (partial)' if report.partial else ''} | {report.device} | "
+        f"rank {report.rank}/{report.world_size} | {format_time_us(report.duration_us)} wall"
+    )
+    lines.append(_fit(title, WIDTH))
+    rule = "-" * WIDTH
+    lines.append(rule)
+
+    name_w = 36
+    lines.append(
+        f"{'@profiled range':<{name_w}} {'calls':>6} {'CPU total':>11} {'CPU/call':>11} "
+        f"{'device':>11} {'device/CPU':>10} {'launches':>9}"
+    )
+    if report.ranges:
+        for r in list(report.ranges.values())[:rows]:
+            lines.append(
+                f"{_fit(r.name, name_w):<{name_w}} {r.calls:>6} "
+                f"{format_time_us(r.cpu_time_us):>11} {format_time_us(r.cpu_time_per_call_us):>11} "
+                f"{format_time_us(r.device_time_us):>11} "
+                f"{100.0 * r.device_to_cpu_ratio:>9.1f}% {r.kernel_launches:>9}"
+            )
+    else:
+        lines.append("(no @profiled range ran in this window)")
+
+    if report.top_ops:
+        lines.append(rule)
+        name_w = 56
+        lines.append(
+            f"{'top operators by self CPU time':<{name_w}} {'calls':>7} {'self CPU':>11} "
+            f"{'CPU total':>11} {'self %':>10}"
+        )
+        total = report.self_cpu_time_total_us or 1.0
+        for op in report.top_ops[:rows]:
+            lines.append(
+                f"{_fit(op.name, name_w):<{name_w}} {op.calls:>7} "
+                f"{format_time_us(op.self_cpu_time_us):>11} {format_time_us(op.cpu_time_us):>11} "
+                f"{100.0 * op.self_cpu_time_us / total:>9.1f}%"
+            )
+    if report.top_kernels:
+        lines.append(rule)
+        name_w = 60
+        lines.append(
+            f"{'top device kernels':<{name_w}} {'kind':>7} {'calls':>7} {'device':>11} "
+            f"{'share':>10}"
+        )
+        total = report.self_device_time_total_us or 1.0
+        for k in report.top_kernels[:rows]:
+            lines.append(
+                f"{_fit(k.name, name_w):<{name_w}} {k.kind:>7} {k.calls:>7} "
+                f"{format_time_us(k.device_time_us):>11} {100.0 * k.device_time_us / total:>9.1f}%"
+            )
+    lines.append(rule)
+    lines.append(f"Self CPU time total: {format_time_us(report.self_cpu_time_total_us)}")
+    if any(a != "cpu" for a in report.activities):
+        lines.append(f"Self CUDA time total: {format_time_us(report.self_device_time_total_us)}")
+    if report.profiler_overhead_us:
+        lines.append(
+            f"Profiler bookkeeping (not in the totals): "
+            f"{format_time_us(report.profiler_overhead_us)}"
+        )
+    if report.trace_file:
+        lines.append(f"Trace: {report.trace_file}")
+    return "\n".join(lines) + "\n"
+
+
+class ConsoleExporter(Exporter):
+    """Prints each window's table to ``stream`` (standard error by default)."""
+
+    def __init__(self, stream: TextIO | None = None, rows: int = 15) -> None:
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise ValueError(f"rows must be a positive int, got {rows!r}")
+        self._stream = stream
+        self.rows = rows
+        self._lock = threading.Lock()
+
+    @property
+    def stream(self) -> TextIO:
+        # resolved at write time so that redirecting sys.stderr (pytest's capsys) is honoured
+        return self._stream if self._stream is not None else sys.stderr
+
+    def export(self, report: "WindowReport") -> ExportResult:
+        text = format_report(report, self.rows)
+        with self._lock:
+            self.stream.write("\n" + text)
+            self.stream.flush()
+        return ExportResult.SUCCESS
+
+    def notice(self, message: str) -> None:
+        with self._lock:
+            self.stream.write(f"torch-profiled: {message}\n")
+            self.stream.flush()

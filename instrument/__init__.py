@@ -1,0 +1,33 @@
+"""torch-profiled: ``@profiled`` ranges, managed torch.profiler windows, pluggable exports.
+
+    from instrument import profiled
+
+    @profiled("matmul_bias")
+    def matmul_bias(x, w, b):
+        return x @ w + b
+"""
+
+from .config import Config, ConfigWarning
+from .decorator import profiled
+from .report import KernelStats, OpStats, RangeStats, WindowReport
+from .sampling import Schedule
+from .session import ProfilerWarning, Session, configure, session, shutdown, step
+
+__all__ = [
+    "Config",
+    "ConfigWarning",
+    "KernelStats",
+    "OpStats",
+    "ProfilerWarning",
+    "RangeStats",
+    "Schedule",
+    "Session",
+    "WindowReport",
+    "configure",
+    "profiled",
+    "session",
+    "shutdown",
+    "step",
+]
+
+__version__ = "0.1.0.dev0"

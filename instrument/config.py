@@ -1,0 +1,339 @@
+"""Configuration: one frozen ``Config``, every ``PROFILED_*`` variable parsed and validated here.
+
+Environment values are parsed tolerantly: a bad value warns once (naming the variable, the
+value and the default used) and the default applies; ``PROFILED_STRICT=1`` turns that into a
+``ValueError``. Values given in code (``configure()``, ``session()``) are checked strictly and
+raise ``TypeError``/``ValueError`` at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .sampling import Schedule
+
+__all__ = [
+    "Config",
+    "ConfigWarning",
+    "ENV_VARS",
+    "KNOWN_ACTIVITIES",
+    "PROFILED_ACTIVITIES",
+    "PROFILED_ENABLED",
+    "PROFILED_EXPORTERS",
+    "PROFILED_PROFILE_MEMORY",
+    "PROFILED_RECORD_SHAPES",
+    "PROFILED_SCHEDULE",
+    "PROFILED_STRICT",
+    "PROFILED_TRACE_DIR",
+    "PROFILED_TRACE_GZIP",
+    "PROFILED_TRACE_KEEP",
+    "PROFILED_WITH_FLOPS",
+    "PROFILED_WITH_STACK",
+]
+
+PROFILED_ENABLED = "PROFILED_ENABLED"
+"""``PROFILED_ENABLED`` [1]: ``0`` makes ``@profiled`` return the function itself (read when the
+decorator is applied), context forms do nothing and no profiler is ever started."""
+
+PROFILED_EXPORTERS = "PROFILED_EXPORTERS"
+"""``PROFILED_EXPORTERS`` [console,trace]: comma-separated exporter names (built-ins ``console``,
+``trace``, ``memory``, plus entry points in group ``torch_profiled.exporters``); empty or ``none``
+exports nothing."""
+
+PROFILED_SCHEDULE = "PROFILED_SCHEDULE"
+"""``PROFILED_SCHEDULE`` [wait=0,warmup=1,active=3,repeat=1,skip_first=0]: the ambient session's
+window schedule, as in ``torch.profiler.schedule``; missing keys keep their defaults."""
+
+PROFILED_ACTIVITIES = "PROFILED_ACTIVITIES"
+"""``PROFILED_ACTIVITIES`` [auto]: ``auto`` (CPU plus the accelerator torch sees) or a
+comma-separated subset of cpu, cuda, xpu, mtia, hpu, privateuse1."""
+
+PROFILED_RECORD_SHAPES = "PROFILED_RECORD_SHAPES"
+"""``PROFILED_RECORD_SHAPES`` [0]: record operator input shapes."""
+
+PROFILED_PROFILE_MEMORY = "PROFILED_PROFILE_MEMORY"
+"""``PROFILED_PROFILE_MEMORY`` [0]: record tensor allocations."""
+
+PROFILED_WITH_STACK = "PROFILED_WITH_STACK"
+"""``PROFILED_WITH_STACK`` [0]: record Python stacks (costly)."""
+
+PROFILED_WITH_FLOPS = "PROFILED_WITH_FLOPS"
+"""``PROFILED_WITH_FLOPS`` [0]: estimate FLOPs of matrix multiplications and convolutions."""
+
+PROFILED_TRACE_DIR = "PROFILED_TRACE_DIR"
+"""``PROFILED_TRACE_DIR`` [./profiled_traces]: where the ``trace`` exporter writes trace files."""
+
+PROFILED_TRACE_GZIP = "PROFILED_TRACE_GZIP"
+"""``PROFILED_TRACE_GZIP`` [1]: write ``.pt.trace.json.gz`` (1) or ``.pt.trace.json`` (0)."""
+
+PROFILED_TRACE_KEEP = "PROFILED_TRACE_KEEP"
+"""``PROFILED_TRACE_KEEP`` [20]: keep only the newest N trace files of this worker (0 = keep all)."""
+
+PROFILED_STRICT = "PROFILED_STRICT"
+"""``PROFILED_STRICT`` [0]: raise ``ValueError`` on a bad ``PROFILED_*`` value instead of warning."""
+
+ENV_VARS: tuple[str, ...] = (
+    PROFILED_ENABLED,
+    PROFILED_EXPORTERS,
+    PROFILED_SCHEDULE,
+    PROFILED_ACTIVITIES,
+    PROFILED_RECORD_SHAPES,
+    PROFILED_PROFILE_MEMORY,
+    PROFILED_WITH_STACK,
+    PROFILED_WITH_FLOPS,
+    PROFILED_TRACE_DIR,
+    PROFILED_TRACE_GZIP,
+    PROFILED_TRACE_KEEP,
+    PROFILED_STRICT,
+)
+
+KNOWN_ACTIVITIES: tuple[str, ...] = ("cpu", "cuda", "xpu", "mtia", "hpu", "privateuse1")
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+class ConfigWarning(UserWarning):
+    """A ``PROFILED_*`` environment value was invalid; the default was used instead."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything the SDK can be told. Build with ``Config.from_env()`` or ``Config(**fields)``."""
+
+    enabled: bool = True
+    exporters: tuple[Any, ...] = ("console", "trace")
+    schedule: Schedule = field(default_factory=Schedule)
+    activities: tuple[str, ...] | None = None  # None: auto
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    trace_dir: str = "./profiled_traces"
+    trace_gzip: bool = True
+    trace_keep: int = 20
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            checked = _check_field(f.name, value)
+            if checked is not value:
+                object.__setattr__(self, f.name, checked)
+
+    def replace(self, **fields: Any) -> "Config":
+        """A copy with ``fields`` changed; unknown names raise ``TypeError``."""
+        _reject_unknown(fields)
+        return dataclasses.replace(self, **fields)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Config":
+        """Read every ``PROFILED_*`` variable; bad values warn once and use the default."""
+        env = os.environ if environ is None else environ
+        default = cls()
+        strict = _env_value(env, PROFILED_STRICT, _parse_bool, False, strict=False)
+        values: dict[str, Any] = {"strict": strict}
+        for name, var in _FIELD_ENV.items():
+            if name == "strict":
+                continue
+            values[name] = _env_value(env, var, _ENV_PARSERS[name], getattr(default, name), strict)
+        return cls(**values)
+
+
+# ---------------------------------------------------------------- field checks (code)
+
+
+def _reject_unknown(fields: Mapping[str, Any]) -> None:
+    known = {f.name for f in dataclasses.fields(Config)}
+    for name in fields:
+        if name not in known:
+            raise TypeError(
+                f"unknown configuration field {name!r}; known fields: {', '.join(sorted(known))}"
+            )
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _check_field(name: str, value: Any) -> Any:
+    if name in ("enabled", "record_shapes", "profile_memory", "with_stack", "with_flops",
+                "trace_gzip", "strict"):
+        return _check_bool(name, value)
+    if name == "schedule":
+        if not isinstance(value, Schedule):
+            raise TypeError(f"schedule must be a Schedule, got {type(value).__name__} {value!r}")
+        return value
+    if name == "trace_keep":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"trace_keep must be an int, got {type(value).__name__} {value!r}")
+        if value < 0:
+            raise ValueError(f"trace_keep must be >= 0 (0 keeps all), got {value}")
+        return value
+    if name == "trace_dir":
+        if not isinstance(value, (str, os.PathLike)):
+            raise TypeError(f"trace_dir must be a path, got {type(value).__name__} {value!r}")
+        text = os.fspath(value)
+        if not text:
+            raise ValueError("trace_dir must not be empty")
+        return text
+    if name == "activities":
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = (value,)
+        out = []
+        for item in value:
+            text = str(getattr(item, "name", item)).lower()  # accepts ProfilerActivity too
+            if text not in KNOWN_ACTIVITIES:
+                raise ValueError(
+                    f"unknown activity {item!r}; expected some of {', '.join(KNOWN_ACTIVITIES)}"
+                )
+            if text not in out:
+                out.append(text)
+        if not out:
+            raise ValueError("activities must name at least one of " + ", ".join(KNOWN_ACTIVITIES))
+        return tuple(out)
+    if name == "exporters":
+        if isinstance(value, str) or not hasattr(value, "__iter__"):
+            value = (value,)
+        items = tuple(value)
+        for item in items:
+            if isinstance(item, str):
+                if not item:
+                    raise ValueError("exporter names must not be empty")
+            elif not (hasattr(item, "export") and hasattr(item, "shutdown")):
+                raise TypeError(
+                    f"exporters must be names or Exporter instances, got {type(item).__name__}"
+                )
+        return items
+    raise TypeError(f"unknown configuration field {name!r}")  # pragma: no cover
+
+
+# ---------------------------------------------------------------- environment parsing
+
+_warned: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError("expected one of 1/true/yes/on or 0/false/no/off")
+
+
+def _parse_int(text: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ValueError("expected a non-negative integer") from None
+    if value < 0:
+        raise ValueError("expected a non-negative integer")
+    return value
+
+
+def _parse_names(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip().lower() for n in text.split(",") if n.strip())
+    if names == ("none",):
+        return ()
+    return names
+
+
+def _parse_activities(text: str) -> tuple[str, ...] | None:
+    low = text.strip().lower()
+    if low in ("", "auto"):
+        return None
+    return _check_field("activities", _parse_names(low))
+
+
+def _parse_dir(text: str) -> str:
+    if not text.strip():
+        raise ValueError("expected a directory path")
+    return text
+
+
+_ENV_PARSERS = {
+    "enabled": _parse_bool,
+    "exporters": _parse_names,
+    "schedule": Schedule.parse,
+    "activities": _parse_activities,
+    "record_shapes": _parse_bool,
+    "profile_memory": _parse_bool,
+    "with_stack": _parse_bool,
+    "with_flops": _parse_bool,
+    "trace_dir": _parse_dir,
+    "trace_gzip": _parse_bool,
+    "trace_keep": _parse_int,
+    "strict": _parse_bool,
+}
+_FIELD_ENV = {
+    "enabled": PROFILED_ENABLED,
+    "exporters": PROFILED_EXPORTERS,
+    "schedule": PROFILED_SCHEDULE,
+    "activities": PROFILED_ACTIVITIES,
+    "record_shapes": PROFILED_RECORD_SHAPES,
+    "profile_memory": PROFILED_PROFILE_MEMORY,
+    "with_stack": PROFILED_WITH_STACK,
+    "with_flops": PROFILED_WITH_FLOPS,
+    "trace_dir": PROFILED_TRACE_DIR,
+    "trace_gzip": PROFILED_TRACE_GZIP,
+    "trace_keep": PROFILED_TRACE_KEEP,
+    "strict": PROFILED_STRICT,
+}
+
+
+def _describe_default(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, Schedule):
+        return value.to_env()
+    if value is None:
+        return "auto"
+    if isinstance(value, tuple):
+        return ",".join(map(str, value)) or "none"
+    return str(value)
+
+
+def _env_value(env: Mapping[str, str], var: str, parse, default: Any, strict: bool) -> Any:
+    raw = env.get(var)
+    if raw is None:
+        return default
+    try:
+        return parse(raw)
+    except (TypeError, ValueError) as exc:
+        if strict:
+            raise ValueError(
+                f"{var}={raw!r} is invalid ({exc}); PROFILED_STRICT=1 makes this an error "
+                f"(without it the default {var}={_describe_default(default)} would be used)"
+            ) from None
+        message = (
+            f"{var}={raw!r} is invalid ({exc}); using the default "
+            f"{var}={_describe_default(default)}"
+        )
+        with _warned_lock:
+            first = (var, raw) not in _warned
+            _warned.add((var, raw))
+        if first:
+            warnings.warn(message, ConfigWarning, stacklevel=4)
+        return default
+
+
+def enabled_from_env(environ: Mapping[str, str] | None = None) -> bool:
+    """``PROFILED_ENABLED`` alone, read cheaply when a decorator is applied."""
+    env = os.environ if environ is None else environ
+    raw = env.get(PROFILED_ENABLED)
+    if raw is None:
+        return True
+    strict = _env_value(env, PROFILED_STRICT, _parse_bool, False, strict=False)
+    return _env_value(env, PROFILED_ENABLED, _parse_bool, True, strict)

@@ -1,0 +1,339 @@
+"""``profiled``: decorator and (async) context manager that records a named range.
+
+The hot path is the wrapper's first line: with no session counting steps and no profiler
+recording, a call costs one global and one attribute check (``_IDLE`` and torch's Python
+profiler flag) on top of a plain closure, with no allocation, lock or import. Everything else
+(depth tracking for root calls, the range itself, step accounting) is in ``_call``.
+
+Plain functions get a plain closure rather than a ``wrapt.FunctionWrapper``: a pass-through
+``wrapt`` wrapper measured ~450 ns per call on the CI box, a closure ~100 ns. Descriptors
+(instance methods, ``classmethod``, ``staticmethod``) are handled by wrapping the underlying
+function; other callables (objects with ``__call__``) get a ``wrapt.FunctionWrapper`` so they
+keep their attributes and type checks.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
+
+import wrapt
+
+from . import _torch
+from .config import enabled_from_env
+
+__all__ = ["RANGE_NAMES", "profiled"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# True while nothing needs to see decorated calls: no session counts steps. Set by session.py.
+_IDLE = False
+_FLAG = _torch.PROFILER_FLAG  # _FLAG._is_profiler_enabled: any torch profiler recording
+_FastRange = _torch.FastRange
+_is_compiling = _torch.is_compiling
+
+# Nesting depth of decorated calls in this thread / asyncio task (0 = a root call).
+_DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("profiled_depth", default=0)
+
+# Every range name ever created; the analysis uses it to tell user ranges from operators.
+RANGE_NAMES: set[str] = set()
+
+_session_hooks: Any = None  # the session module, bound lazily to avoid an import cycle
+
+
+def _hooks() -> Any:
+    global _session_hooks
+    if _session_hooks is None:
+        # ``instrument.session`` the attribute is the function; the module is in sys.modules
+        _session_hooks = importlib.import_module("instrument.session")
+    return _session_hooks
+
+
+def set_idle(idle: bool) -> None:
+    global _IDLE
+    _IDLE = idle
+
+
+# ---------------------------------------------------------------- range enter/exit
+
+
+def _enter(name: str) -> tuple[Any, Any, int, Any]:
+    """Start a range: (fast range or None, depth token, depth before, session or None)."""
+    sess = _hooks().session_for_calls()
+    rf = None
+    if _FLAG._is_profiler_enabled:
+        rf = _FastRange(name)
+        rf.__enter__()
+    depth = _DEPTH.get()
+    token = _DEPTH.set(depth + 1)
+    return rf, token, depth, sess
+
+
+def _exit(state: tuple[Any, Any, int, Any], is_step: bool, root_ends_step: bool = True) -> None:
+    rf, token, depth, sess = state
+    _DEPTH.reset(token)
+    if rf is not None:
+        rf.__exit__(None, None, None)
+    if sess is not None:
+        if is_step:
+            sess._step_function_returned()
+        elif depth == 0 and root_ends_step:
+            sess._root_call_returned()
+
+
+def _call(f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: Any) -> Any:
+    state = _enter(name)
+    try:
+        return f(*args, **kwargs)
+    finally:
+        _exit(state, is_step)
+
+
+# ---------------------------------------------------------------- wrappers per kind
+
+
+def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[..., Any]:
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if _IDLE and not _FLAG._is_profiler_enabled:
+            return f(*args, **kwargs)
+        if _is_compiling():
+            return f(*args, **kwargs)
+        return _call(f, name, is_step, args, kwargs)
+
+    return wrapper
+
+
+def _wrap_async(f: Callable[..., Any], name: str, is_step: bool) -> Callable[..., Any]:
+    @functools.wraps(f)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if _IDLE and not _FLAG._is_profiler_enabled:
+            return await f(*args, **kwargs)
+        state = _enter(name)
+        try:
+            return await f(*args, **kwargs)
+        finally:
+            _exit(state, is_step)
+
+    return wrapper
+
+
+def _wrap_generator(f: Callable[..., Any], name: str, is_step: bool) -> Callable[..., Any]:
+    """Each resume of the generator is one range: time spent in the caller between
+    ``next()`` calls is not counted. Resumes are not calls that return, so they never end a
+    step as root calls; with ``step=True`` a step ends when the generator finishes."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        gen = f(*args, **kwargs)
+        method, value = gen.send, None
+        while True:
+            if _IDLE and not _FLAG._is_profiler_enabled:
+                state = None
+            else:
+                state = _enter(name)
+            try:
+                item = method(value)
+            except StopIteration as stop:
+                if state is not None:
+                    _exit(state, is_step, False)
+                elif is_step:
+                    _step_if_counting()
+                return stop.value
+            except BaseException:
+                if state is not None:
+                    _exit(state, False, False)
+                raise
+            if state is not None:
+                _exit(state, False, False)
+            try:
+                value = yield item
+                method = gen.send
+            except GeneratorExit:
+                gen.close()
+                raise
+            except BaseException as exc:  # thrown in by the caller: pass it into the body
+                method, value = _thrower(gen, exc), None
+
+    return wrapper
+
+
+def _thrower(gen: Any, exc: BaseException) -> Callable[[Any], Any]:
+    return lambda _ignored: gen.throw(exc)
+
+
+def _wrap_async_generator(f: Callable[..., Any], name: str, is_step: bool) -> Callable[..., Any]:
+    @functools.wraps(f)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        agen = f(*args, **kwargs)
+        method, value = agen.asend, None
+        try:
+            while True:
+                if _IDLE and not _FLAG._is_profiler_enabled:
+                    state = None
+                else:
+                    state = _enter(name)
+                try:
+                    item = await method(value)
+                except StopAsyncIteration:
+                    if state is not None:
+                        _exit(state, is_step, False)
+                    elif is_step:
+                        _step_if_counting()
+                    return
+                except BaseException:
+                    if state is not None:
+                        _exit(state, False, False)
+                    raise
+                if state is not None:
+                    _exit(state, False, False)
+                try:
+                    value = yield item
+                    method = agen.asend
+                except GeneratorExit:
+                    raise
+                except BaseException as exc:
+                    method, value = _athrower(agen, exc), None
+        finally:
+            await agen.aclose()
+
+    return wrapper
+
+
+def _athrower(agen: Any, exc: BaseException) -> Callable[[Any], Any]:
+    return lambda _ignored: agen.athrow(exc)
+
+
+def _step_if_counting() -> None:
+    sess = _hooks().session_for_calls()
+    if sess is not None:
+        sess._step_function_returned()
+
+
+def _wrap_callable_object(obj: Any, name: str, is_step: bool) -> Any:
+    def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        if _IDLE and not _FLAG._is_profiler_enabled:
+            return wrapped(*args, **kwargs)
+        if _is_compiling():
+            return wrapped(*args, **kwargs)
+        return _call(wrapped, name, is_step, args, kwargs)
+
+    return wrapt.FunctionWrapper(obj, wrapper)
+
+
+def _wrap(target: Any, name: str | None, is_step: bool) -> Any:
+    if isinstance(target, (classmethod, staticmethod)):
+        inner = _wrap(target.__func__, name, is_step)
+        return type(target)(inner)
+    if not callable(target):
+        raise TypeError(
+            f"@profiled can decorate functions, methods and callables, not "
+            f"{type(target).__name__} {target!r}"
+        )
+    range_name = name or getattr(target, "__qualname__", None) or getattr(
+        target, "__name__", None) or type(target).__qualname__
+    RANGE_NAMES.add(range_name)
+    if inspect.isasyncgenfunction(target):
+        return _wrap_async_generator(target, range_name, is_step)
+    if inspect.iscoroutinefunction(target):
+        return _wrap_async(target, range_name, is_step)
+    if inspect.isgeneratorfunction(target):
+        return _wrap_generator(target, range_name, is_step)
+    if inspect.isfunction(target) or inspect.ismethod(target):
+        return _wrap_sync(target, range_name, is_step)
+    return _wrap_callable_object(target, range_name, is_step)
+
+
+# ---------------------------------------------------------------- the public object
+
+
+class _Profiled:
+    """What ``profiled("name", step=...)`` returns: a decorator and a context manager.
+
+    One instance may be entered many times at once (recursion, threads, asyncio tasks): each
+    entry's state lives in a context variable, so threads and tasks never see each other's.
+    """
+
+    __slots__ = ("name", "step", "enabled", "_entries")
+
+    def __init__(self, name: str | None, step: bool) -> None:
+        self.name = name
+        self.step = step
+        self.enabled = enabled_from_env()
+        self._entries: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar(
+            "profiled_entries", default=()
+        )
+        if name is not None:
+            RANGE_NAMES.add(name)
+
+    def __repr__(self) -> str:
+        return f"profiled({self.name!r}, step={self.step})"
+
+    def __call__(self, target: F) -> F:
+        if not self.enabled:
+            return target
+        return _wrap(target, self.name, self.step)
+
+    def __enter__(self) -> "_Profiled":
+        if self.name is None:
+            raise TypeError('the context form needs a name: use `with profiled("name"):`')
+        if not self.enabled:
+            return self
+        if _IDLE and not _FLAG._is_profiler_enabled:
+            state = None
+        elif _is_compiling():
+            state = None
+        else:
+            state = _enter(self.name)
+        self._entries.set(self._entries.get() + (state,))
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if not self.enabled:
+            return None
+        entries = self._entries.get()
+        if not entries:
+            return None
+        state = entries[-1]
+        self._entries.set(entries[:-1])
+        if state is not None:
+            _exit(state, self.step)
+        elif self.step:
+            _step_if_counting()
+        return None
+
+    async def __aenter__(self) -> "_Profiled":
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        return self.__exit__(exc_type, exc, tb)
+
+
+@overload
+def profiled(target: F, /) -> F: ...
+@overload
+def profiled(name: str | None = None, /, *, step: bool = False) -> _Profiled: ...
+
+
+def profiled(name_or_target: Any = None, /, *, step: bool = False) -> Any:
+    """Record a named range around a function or a block.
+
+    Forms: ``@profiled``, ``@profiled()``, ``@profiled("name")``, ``@profiled("name", step=True)``,
+    ``with profiled("name"):`` and ``async with profiled("name"):``. The range name is the
+    given name, else the function's ``__qualname__``. With ``step=True``, each return ends a
+    profiler step. With ``PROFILED_ENABLED=0`` (read when applied) the function is returned
+    unchanged and the context forms do nothing.
+    """
+    if not isinstance(step, bool):
+        raise TypeError(f"step must be a bool, got {type(step).__name__} {step!r}")
+    if name_or_target is None or isinstance(name_or_target, str):
+        if isinstance(name_or_target, str) and not name_or_target.strip():
+            raise ValueError("the range name must not be empty")
+        return _Profiled(name_or_target, step)
+    if not enabled_from_env():
+        return name_or_target
+    return _wrap(name_or_target, None, step)

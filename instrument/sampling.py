@@ -1,0 +1,115 @@
+"""When does a profiler window open: pure policies, no torch, no clocks.
+
+``Schedule`` means exactly what ``torch.profiler.schedule`` means. Step ``n`` is the
+n-th step of a session, counted from 0. A window is ``warmup`` steps of preparation
+followed by ``active`` recorded steps; ``wait`` idle steps come before each window and
+``skip_first`` idle steps before the first wait. ``repeat=0`` repeats forever.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = ["Action", "Schedule"]
+
+
+class Action(enum.Enum):
+    """What the profiler does during a step (the states of torch's ``ProfilerAction``)."""
+
+    NONE = "none"
+    WARMUP = "warmup"
+    RECORD = "record"
+    RECORD_AND_SAVE = "record_and_save"  # the last recorded step of a window
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Which steps a session profiles.
+
+    ``Schedule(wait=0, warmup=1, active=3, repeat=1, skip_first=0)`` (the default) prepares
+    the profiler during step 0 and records steps 1, 2 and 3 as one window.
+    """
+
+    wait: int = 0
+    warmup: int = 1
+    active: int = 3
+    repeat: int = 1
+    skip_first: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("wait", "warmup", "active", "repeat", "skip_first"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(
+                    f"Schedule.{name} must be an int, got {type(value).__name__} {value!r}"
+                )
+            minimum = 1 if name == "active" else 0
+            if value < minimum:
+                raise ValueError(f"Schedule.{name} must be >= {minimum}, got {value}")
+
+    @property
+    def cycle(self) -> int:
+        """Steps in one wait+warmup+active cycle."""
+        return self.wait + self.warmup + self.active
+
+    @property
+    def last_step(self) -> int | None:
+        """Index of the last step that can do anything, or None when ``repeat=0``."""
+        if self.repeat == 0:
+            return None
+        return self.skip_first + self.repeat * self.cycle - 1
+
+    def action(self, step: int) -> Action:
+        """The action for ``step`` (0-based); the same table as ``torch.profiler.schedule``."""
+        if step < self.skip_first:
+            return Action.NONE
+        step -= self.skip_first
+        if self.repeat and step >= self.repeat * self.cycle:
+            return Action.NONE
+        pos = step % self.cycle
+        if pos < self.wait:
+            return Action.NONE
+        if pos < self.wait + self.warmup:
+            return Action.WARMUP
+        if pos < self.cycle - 1:
+            return Action.RECORD
+        return Action.RECORD_AND_SAVE
+
+    def finished(self, step: int) -> bool:
+        """True once no step from ``step`` on can open a window."""
+        last = self.last_step
+        return last is not None and step > last
+
+    def to_env(self) -> str:
+        """The ``PROFILED_SCHEDULE`` spelling of this schedule."""
+        return (
+            f"wait={self.wait},warmup={self.warmup},active={self.active},"
+            f"repeat={self.repeat},skip_first={self.skip_first}"
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> "Schedule":
+        """Parse ``"wait=0,warmup=1,active=3,repeat=1,skip_first=0"``; missing keys keep defaults.
+
+        Raises ``ValueError`` naming the bad part.
+        """
+        fields: dict[str, int] = {}
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            key, sep, value = part.partition("=")
+            key = key.strip()
+            if not sep or key not in cls.__dataclass_fields__:
+                raise ValueError(
+                    f"expected key=value with keys wait, warmup, active, repeat, skip_first; "
+                    f"got {part!r}"
+                )
+            if key in fields:
+                raise ValueError(f"{key} given twice")
+            try:
+                fields[key] = int(value.strip())
+            except ValueError:
+                raise ValueError(f"{key} must be an integer, got {value.strip()!r}") from None
+        return cls(**fields)

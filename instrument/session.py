@@ -1,0 +1,542 @@
+"""Sessions: who owns torch.profiler's lifetime, counts steps and turns windows into reports.
+
+There is at most one *current* session per process: an explicit ``with session(...)`` block
+while one is open, else the *ambient* session, built lazily from the environment and
+``configure()`` on the first decorated call. Steps and windows:
+
+- A step ends when a ``step=True`` function returns, when ``step()`` is called, or, until the
+  session has seen either of those, when a root call (outermost decorated call on its thread
+  or asyncio task) returns.
+- ``Schedule.action(step)`` says what each step does; transitions follow torch's
+  ``action_map``: NONE->WARMUP prepares a profiler, ->RECORD starts it, the end of the
+  RECORD_AND_SAVE step stops it and exports one report. Windows never use torch's own
+  schedule; the session decides every transition, so it can refuse to start one while the
+  user's own torch.profiler runs (a second profiler silently breaks theirs).
+- ``close()`` (session exit, ``shutdown()``, interpreter exit) ends an open window: one that
+  recorded steps is exported with ``partial=True``; otherwise one line says why there is no table.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from exporters import ExporterWarning, check_exporter_names, resolve_exporters
+
+from . import _torch, decorator
+from .analysis import analyze_events
+from .config import Config, _reject_unknown
+from .pipeline import export_report, notify, shutdown_exporters
+from .report import WindowReport
+from .sampling import Action, Schedule
+from .tracefile import STEP_MARKER, WINDOW_END, load_trace, shape_trace, write_json_atomic
+
+__all__ = ["ProfilerWarning", "Session", "configure", "session", "shutdown", "step"]
+
+_RECORDING = (Action.RECORD, Action.RECORD_AND_SAVE)
+
+
+class ProfilerWarning(UserWarning):
+    """A profiler window could not be opened, ended or analysed; the program goes on."""
+
+
+class Session:
+    """One profiling lifetime: a schedule, exporters, and the windows it opens.
+
+    Use ``with instrument.session(...) as s`` rather than building one directly.
+    """
+
+    def __init__(self, config: Config, exporters: Sequence[Any], *, ambient: bool) -> None:
+        self.config = config
+        self.schedule: Schedule = config.schedule
+        self.exporters = list(exporters)
+        self.ambient = ambient
+        self.activities = config.activities or _torch.default_activities()
+        self.step_index = 0  # the step in progress
+        self.windows_exported = 0
+        self.finished = False  # the schedule can open no more windows
+        self.closed = False
+        self._lock = threading.RLock()
+        self._action = Action.NONE
+        self._window: _torch.ProfilerWindow | None = None
+        self._window_steps: list[int] = []
+        self._window_start_ns = 0
+        self._window_index = 0
+        self._steps_declared = False
+        self._started = False
+        self._skip_reason: str | None = None
+        self._tmpdir: str | None = None
+
+    # ------------------------------------------------------------ public
+
+    def step(self) -> None:
+        """End the current step. From the first call on, root calls no longer end steps."""
+        self._steps_declared = True
+        self._advance()
+
+    def close(self) -> None:
+        """End the session: export an open window that recorded steps (``partial=True``)."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            self.finished = True
+            if self._window is not None:
+                self._end_window(partial=True)
+            if self.windows_exported == 0:
+                notify(self.exporters, self._why_no_report())
+            shutdown_exporters(self.exporters)
+            if self._tmpdir is not None:
+                shutil.rmtree(self._tmpdir, ignore_errors=True)
+                self._tmpdir = None
+        _refresh_idle()
+
+    def __enter__(self) -> "Session":
+        _enter_explicit(self)
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        _exit_explicit(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"<Session {'ambient' if self.ambient else 'explicit'} step={self.step_index} "
+            f"windows={self.windows_exported} schedule={self.schedule.to_env()}>"
+        )
+
+    # ------------------------------------------------------------ called by decorated code
+
+    def _step_function_returned(self) -> None:
+        self._steps_declared = True
+        self._advance()
+
+    def _root_call_returned(self) -> None:
+        if not self._steps_declared:
+            self._advance()
+
+    # ------------------------------------------------------------ state machine
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            first = self.schedule.action(0)
+            self._transition(Action.NONE, first, 0)
+            self._action = first
+            self._check_finished()
+
+    def _advance(self) -> None:
+        with self._lock:
+            if self.closed or self.finished:
+                return
+            if not self._started:
+                self._start()
+            ended = self.step_index
+            prev = self._action
+            if prev in _RECORDING and self._window is not None and self._window.recording:
+                self._window_steps.append(ended)
+            self.step_index += 1
+            cur = self.schedule.action(self.step_index)
+            self._transition(prev, cur, self.step_index)
+            self._action = cur
+            self._check_finished()
+
+    def _check_finished(self) -> None:
+        if self._window is None and self.schedule.finished(self.step_index):
+            self.finished = True
+            _refresh_idle()
+
+    def _transition(self, prev: Action, cur: Action, step: int) -> None:
+        if prev is Action.RECORD_AND_SAVE:
+            if self._window is not None:
+                self._end_window(partial=False)
+            prev = Action.NONE
+        if cur is Action.NONE:
+            if self._window is not None:  # only reachable with a hand-made schedule
+                self._discard_window()
+            return
+        if self._window is None:
+            if prev is not Action.NONE:
+                return  # this cycle's window could not open: wait for the next one
+            if not self._open_window():
+                return
+        if cur in _RECORDING:
+            window = self._window
+            assert window is not None
+            if not window.recording:
+                try:
+                    window.start()
+                except Exception as exc:  # noqa: BLE001
+                    self._warn(f"the profiler could not start ({exc!r}); window skipped")
+                    self._discard_window()
+                    return
+                self._window_start_ns = time.time_ns()
+            _mark(STEP_MARKER + str(step))
+
+    def _open_window(self) -> bool:
+        if _torch.profiler_on():
+            self._skip_reason = (
+                "your own torch.profiler was running when a window was due, so torch-profiled "
+                "started none (a second profiler breaks the first); the @profiled ranges are "
+                "in your profile"
+            )
+            return False
+        try:
+            window = _torch.ProfilerWindow(
+                self.activities,
+                record_shapes=self.config.record_shapes,
+                profile_memory=self.config.profile_memory,
+                with_stack=self.config.with_stack,
+                with_flops=self.config.with_flops,
+            )
+            window.prepare()
+        except Exception as exc:  # noqa: BLE001
+            self._skip_reason = f"the profiler could not be prepared ({exc!r})"
+            self._warn(f"the profiler could not be prepared ({exc!r}); window skipped")
+            return False
+        self._window = window
+        self._window_steps = []
+        return True
+
+    def _discard_window(self) -> None:
+        window, self._window = self._window, None
+        self._window_steps = []
+        if window is not None:
+            try:
+                window.stop()
+            except Exception as exc:  # noqa: BLE001
+                self._warn(f"the profiler could not be stopped cleanly ({exc!r})")
+
+    def _end_window(self, *, partial: bool) -> None:
+        window, self._window = self._window, None
+        steps = tuple(self._window_steps)
+        self._window_steps = []
+        if window is None:
+            return
+        if window.recording:
+            _mark(WINDOW_END)
+        end_ns = time.time_ns()
+        try:
+            window.stop()
+        except Exception as exc:  # noqa: BLE001
+            self._warn(f"the profiler could not be stopped ({exc!r}); window lost")
+            return
+        if not steps:
+            return
+        index = self._window_index
+        self._window_index += 1
+        try:
+            report = self._build_report(window, index, steps, partial, end_ns)
+        except Exception as exc:  # noqa: BLE001
+            self._warn(f"window {index} could not be analysed ({exc!r}); its report is lost")
+            return
+        try:
+            export_report(report, self.exporters)
+            self.windows_exported += 1
+        finally:
+            if report.raw_trace_path:
+                try:
+                    os.unlink(report.raw_trace_path)
+                except OSError:
+                    pass
+
+    def _build_report(
+        self,
+        window: _torch.ProfilerWindow,
+        index: int,
+        steps: tuple[int, ...],
+        partial: bool,
+        end_ns: int,
+    ) -> WindowReport:
+        if self._tmpdir is None:
+            self._tmpdir = tempfile.mkdtemp(prefix="torch-profiled-")
+        raw = os.path.join(self._tmpdir, f"window{index}.pt.trace.json")
+        window.export_chrome_trace(raw)
+        dist = _torch.distributed_info()
+        names = set(decorator.RANGE_NAMES)
+        trace = shape_trace(load_trace(raw), names, dist)
+        write_json_atomic(trace, raw, compress=False)
+        analysis = analyze_events(trace.get("traceEvents", ()), names)
+        return WindowReport(
+            window=index,
+            steps=steps,
+            partial=partial,
+            start_ns=self._window_start_ns,
+            end_ns=end_ns,
+            rank=int(dist["rank"]),
+            world_size=int(dist["world_size"]),
+            host=_torch.host_name(),
+            pid=os.getpid(),
+            device=_torch.device_name(self.activities),
+            activities=tuple(self.activities),
+            ranges=analysis.ranges,
+            top_ops=analysis.top_ops,
+            top_kernels=analysis.top_kernels,
+            self_cpu_time_total_us=analysis.self_cpu_time_total_us,
+            self_device_time_total_us=analysis.self_device_time_total_us,
+            profiler_overhead_us=analysis.profiler_overhead_us,
+            event_count=analysis.event_count,
+            raw_trace_path=raw,
+        )
+
+    def _why_no_report(self) -> str:
+        if self._skip_reason:
+            return f"no table: {self._skip_reason}."
+        steps = self.step_index
+        first_record = self.schedule.skip_first + self.schedule.wait + self.schedule.warmup
+        needed = first_record + 1
+        if steps == 0:
+            return (
+                "no table: no step ended before the program stopped (a step ends when a root "
+                "@profiled call or a step=True function returns, or at instrument.step())."
+            )
+        return (
+            f"no table: {steps} step(s) ended, but the schedule ({self.schedule.to_env()}) "
+            f"records from step {first_record}, so at least {needed} steps are needed; "
+            "run more steps or set PROFILED_SCHEDULE."
+        )
+
+    def _warn(self, message: str) -> None:
+        warnings.warn(message, ProfilerWarning, stacklevel=3)
+
+
+def _mark(name: str) -> None:
+    """A zero-length marker event in the running profiler (see ``tracefile.shape_trace``)."""
+    with _torch.FastRange(name):
+        pass
+
+
+# ---------------------------------------------------------------- process-wide state
+
+_state_lock = threading.RLock()
+_overrides: dict[str, Any] = {}
+_ambient: Session | None = None
+_explicit: Session | None = None
+_current: Session | None = None  # _explicit or _ambient: what decorated calls report to
+_shut_down = False
+_atexit_registered = False
+
+
+def _refresh_idle() -> None:
+    """Decorated calls may skip all bookkeeping when no session needs to see them."""
+    cur = _current
+    if cur is None:
+        decorator.set_idle(_shut_down)
+    else:
+        decorator.set_idle(cur.finished or cur.closed)
+
+
+def ambient_config() -> Config:
+    """The configuration the ambient session uses: the environment, then ``configure()``."""
+    config = Config.from_env()
+    if _overrides:
+        config = config.replace(**_overrides)
+    return config
+
+
+def _builtin_kwargs(config: Config) -> dict[str, dict[str, Any]]:
+    return {"trace": {"dir": config.trace_dir, "gzip": config.trace_gzip, "keep": config.trace_keep}}
+
+
+def _register_atexit() -> None:
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(_at_exit)
+        _atexit_registered = True
+
+
+def session_for_calls() -> Session | None:
+    """The session a decorated call reports to, or None when none needs it."""
+    cur = _current
+    if cur is None:
+        cur = _make_ambient()
+        if cur is None:
+            return None
+    if not cur._started:
+        cur._start()
+    if cur.finished:
+        return None
+    return cur
+
+
+def _make_ambient() -> Session | None:
+    global _ambient, _current
+    with _state_lock:
+        if _current is not None:
+            return _current
+        if _shut_down:
+            return None
+        config = ambient_config()
+        if not config.enabled:
+            sess = Session(config, [], ambient=True)
+            sess.finished = True
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("default")
+                exporters = resolve_exporters(config.exporters, builtin_kwargs=_builtin_kwargs(config))
+            sess = Session(config, exporters, ambient=True)
+        _ambient = sess
+        _current = sess
+        _register_atexit()
+        _refresh_idle()
+        return sess
+
+
+def _enter_explicit(sess: Session) -> None:
+    global _explicit, _current
+    with _state_lock:
+        if _explicit is not None:
+            raise RuntimeError(
+                "a torch-profiled session is already open; sessions do not nest "
+                "(one torch profiler per process)"
+            )
+        if sess.closed:
+            raise RuntimeError("this session has ended; create a new one with session(...)")
+        if _ambient is not None and _ambient._window is not None:
+            with _ambient._lock:
+                _ambient._end_window(partial=True)
+        _explicit = sess
+        _current = sess
+        _register_atexit()
+        sess._start()
+        _refresh_idle()
+
+
+def _exit_explicit(sess: Session) -> None:
+    global _explicit, _current
+    try:
+        sess.close()
+    finally:
+        with _state_lock:
+            if _explicit is sess:
+                _explicit = None
+                _current = _ambient
+            _refresh_idle()
+
+
+def session(
+    *,
+    exporters: Sequence[Any] | None = None,
+    schedule: Schedule | None = None,
+    activities: Sequence[Any] | None = None,
+    record_shapes: bool | None = None,
+    profile_memory: bool | None = None,
+    with_stack: bool | None = None,
+    with_flops: bool | None = None,
+    **fields: Any,
+) -> Session:
+    """An explicit profiling lifetime: ``with session(exporters=[...]) as s: ... s.step()``.
+
+    Unset arguments come from the ambient configuration (environment, then ``configure()``).
+    Exporter names resolve like ``PROFILED_EXPORTERS``; an unknown name raises ``ValueError``.
+    Everything still open is exported when the block exits.
+    """
+    _reject_unknown(fields)
+    given: dict[str, Any] = dict(fields)
+    for key, value in (
+        ("exporters", exporters), ("schedule", schedule), ("activities", activities),
+        ("record_shapes", record_shapes), ("profile_memory", profile_memory),
+        ("with_stack", with_stack), ("with_flops", with_flops),
+    ):
+        if value is not None:
+            given[key] = value
+    config = ambient_config().replace(**given)
+    if "exporters" in given:
+        check_exporter_names(config.exporters)
+    exps = resolve_exporters(config.exporters, builtin_kwargs=_builtin_kwargs(config))
+    if not config.enabled:
+        return _DisabledSession(config, exps)
+    return Session(config, exps, ambient=False)
+
+
+class _DisabledSession(Session):
+    """``PROFILED_ENABLED=0``: a session that never starts a profiler."""
+
+    def __init__(self, config: Config, exporters: Sequence[Any]) -> None:
+        super().__init__(config, exporters, ambient=False)
+        self.finished = True
+
+    def _start(self) -> None:
+        self._started = True
+
+    def close(self) -> None:
+        with self._lock:
+            if not self.closed:
+                self.closed = True
+                shutdown_exporters(self.exporters)
+        _refresh_idle()
+
+
+def configure(**fields: Any) -> None:
+    """Set the ambient configuration from code (overrides the environment).
+
+    Unknown field names raise ``TypeError``, bad values ``ValueError``/``TypeError``. The
+    current ambient session (if any) is closed (an open window is exported as partial) and a
+    new one starts with the next decorated call.
+    """
+    global _ambient, _current, _shut_down
+    _reject_unknown(fields)
+    candidate = dict(_overrides)
+    candidate.update(fields)
+    Config().replace(**candidate)  # validates every value
+    if "exporters" in fields:
+        check_exporter_names(Config().replace(exporters=fields["exporters"]).exporters)
+    with _state_lock:
+        old = _ambient
+        _overrides.clear()
+        _overrides.update(candidate)
+        _ambient = None
+        if _current is old:
+            _current = _explicit
+        _shut_down = False
+        _refresh_idle()
+    if old is not None:
+        old.close()
+
+
+def step() -> None:
+    """End the current step of the current session (explicit, else ambient)."""
+    sess = _current
+    if sess is None:
+        sess = _make_ambient()
+    if sess is not None:
+        if not sess._started:
+            sess._start()
+        sess.step()
+
+
+def shutdown() -> None:
+    """End every session: open windows that recorded steps are exported (``partial=True``)."""
+    global _ambient, _explicit, _current, _shut_down
+    with _state_lock:
+        sessions = [s for s in (_explicit, _ambient) if s is not None]
+        _shut_down = True
+        _ambient = _explicit = _current = None
+        _refresh_idle()
+    for sess in sessions:
+        try:
+            sess.close()
+        except Exception as exc:  # noqa: BLE001
+            warnings.warn(f"torch-profiled shutdown failed: {exc!r}", ExporterWarning, stacklevel=2)
+
+
+def _reset_for_tests() -> None:
+    """Close everything and forget ``configure()``: a fresh process, as far as we can tell."""
+    global _shut_down
+    shutdown()
+    with _state_lock:
+        _overrides.clear()
+        _shut_down = False
+        _refresh_idle()
+
+
+def _at_exit() -> None:
+    shutdown()

@@ -1,0 +1,52 @@
+"""Helpers for tests, ours and users': capture reports without touching the environment.
+
+    from instrument.testing import capture
+
+    def test_my_model_is_profiled():
+        with capture(schedule=Schedule(wait=0, warmup=0, active=2)) as cap:
+            for _ in range(2):
+                model_step()
+        assert cap.reports[0].ranges["model_step"].calls == 2
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from exporters import InMemoryExporter
+import importlib
+
+_session = importlib.import_module("instrument.session")
+
+__all__ = ["Capture", "capture", "reset"]
+
+
+class Capture:
+    """What ``capture()`` yields: the session and the in-memory exporter behind it."""
+
+    def __init__(self, sess: _session.Session, exporter: InMemoryExporter) -> None:
+        self.session = sess
+        self.exporter = exporter
+
+    @property
+    def reports(self) -> list[Any]:
+        return self.exporter.reports
+
+    def step(self) -> None:
+        self.session.step()
+
+
+@contextmanager
+def capture(**session_fields: Any) -> Iterator[Capture]:
+    """An explicit session whose reports land in memory (plus any ``exporters`` given)."""
+    mem = InMemoryExporter()
+    extra = list(session_fields.pop("exporters", ()))
+    with _session.session(exporters=[mem, *extra], **session_fields) as sess:
+        yield Capture(sess, mem)
+
+
+def reset() -> None:
+    """End every session and forget ``configure()``: as if the process had just started."""
+    _session._reset_for_tests()

@@ -1,0 +1,110 @@
+"""Reading, shaping and atomically writing Chrome/Kineto trace JSON. No torch imports.
+
+Shaping a window's raw trace (``shape_trace``):
+- ``@profiled`` ranges are recorded with ``_RecordFunctionFast`` (a ``cpu_op`` event); they are
+  re-labelled ``user_annotation``, the category torch gives ``record_function`` ranges, so
+  trace viewers and Holistic Trace Analysis treat them as user ranges.
+- Step markers (zero-length ``profiled::step#N`` events the session emits when a recorded
+  step begins, and ``profiled::window_end``) become ``ProfilerStep#N`` spans from one boundary
+  to the next, as torch's own schedule writes them; HTA finds iterations from these.
+- ``distributedInfo`` is always present and carries rank and world size, written with
+  ``"rank": N`` spacing (HTA finds ranks with the regex ``"rank":\\s+(\\d+)``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["MARKER_PREFIX", "STEP_MARKER", "STEP_PREFIX", "WINDOW_END", "load_trace", "shape_trace", "write_json_atomic"]
+
+STEP_PREFIX = "ProfilerStep#"
+MARKER_PREFIX = "profiled::"
+STEP_MARKER = "profiled::step#"  # + step index, emitted when a recorded step begins
+WINDOW_END = "profiled::window_end"
+
+
+def load_trace(path: str) -> dict[str, Any]:
+    """Load a ``.json`` or ``.json.gz`` trace."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def shape_trace(
+    trace: dict[str, Any],
+    range_names: Iterable[str],
+    distributed: dict[str, Any],
+) -> dict[str, Any]:
+    """Shape a raw window trace in place (see module docstring); returns it."""
+    names = frozenset(range_names)
+    events = trace.get("traceEvents", [])
+    markers: list[dict[str, Any]] = []
+    kept: list[dict[str, Any]] = []
+    for ev in events:
+        name = ev.get("name")
+        if ev.get("ph") == "X" and ev.get("cat") in ("cpu_op", "user_annotation"):
+            if isinstance(name, str) and name.startswith(MARKER_PREFIX):
+                markers.append(ev)
+                continue
+            if name in names:
+                ev["cat"] = "user_annotation"
+        kept.append(ev)
+    if markers:
+        markers.sort(key=lambda e: float(e.get("ts", 0.0)))
+        tid = markers[0].get("tid")
+        for here, nxt in zip(markers, markers[1:]):
+            if here.get("name") == WINDOW_END:
+                continue
+            span = dict(here)
+            span["name"] = STEP_PREFIX + here["name"][len(STEP_MARKER):]
+            span["cat"] = "user_annotation"
+            span["tid"] = tid
+            span["dur"] = round(float(nxt["ts"]) - float(here["ts"]), 3)
+            kept.append(span)
+    trace["traceEvents"] = kept
+    info = dict(trace.get("distributedInfo") or {})
+    info.setdefault("backend", distributed.get("backend"))
+    info["rank"] = int(distributed.get("rank", 0))
+    info["world_size"] = int(distributed.get("world_size", 1))
+    trace["distributedInfo"] = info
+    return trace
+
+
+def write_json_atomic(obj: Any, path: str, *, compress: bool) -> None:
+    """Write JSON so that ``path`` either does not exist or is complete.
+
+    Writes a hidden temporary file in the same directory, flushes it to disk and renames it
+    over ``path``. On any error the temporary file is removed and the error re-raised.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".partial", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            if compress:
+                with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) as gz:
+                    _dump(obj, gz)
+            else:
+                _dump(obj, raw)
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _dump(obj: Any, binary) -> None:
+    import io
+
+    text = io.TextIOWrapper(binary, encoding="utf-8")
+    json.dump(obj, text)  # default separators: '"rank": 0', as HTA's regex needs
+    text.flush()
+    text.detach()
