@@ -1,0 +1,54 @@
+"""Shared fixtures: every test starts from a fresh SDK state and its own trace directory."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+import pytest
+
+import instrument.testing
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_sdk(tmp_path, monkeypatch):
+    """No PROFILED_* leaks in from the outside; traces go to the test's tmp dir."""
+    for var in list(os.environ):
+        if var.startswith("PROFILED_"):
+            monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PROFILED_TRACE_DIR", str(tmp_path / "traces"))
+    monkeypatch.setenv("PROFILED_EXPORTERS", "memory")
+    instrument.testing.reset()
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        instrument.testing.reset()
+
+
+@pytest.fixture
+def run_python(tmp_path):
+    """Run a Python snippet in a fresh interpreter (real process, real exit)."""
+    import subprocess
+
+    def run(code: str, env: dict[str, str] | None = None, timeout: float = 120):
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("PROFILED_")}
+        full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
+        full_env.update(env or {})
+        return subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=tmp_path,
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    return run
+
+
+cuda = pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU"
+)
