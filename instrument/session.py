@@ -293,6 +293,8 @@ class Session:
         steps = self.step_index
         first_record = self.schedule.skip_first + self.schedule.wait + self.schedule.warmup
         needed = first_record + 1
+        if steps >= needed:
+            return f"no table: no window recorded a step in the {steps} step(s) that ended."
         if steps == 0:
             return (
                 "no table: no step ended before the program stopped (a step ends when a root "
@@ -402,6 +404,10 @@ def _enter_explicit(sess: Session) -> None:
             raise RuntimeError("this session has ended; create a new one with session(...)")
         if _ambient is not None and _ambient._window is not None:
             with _ambient._lock:
+                if not _ambient._window_steps:
+                    _ambient._skip_reason = (
+                        "an explicit session() started before the ambient window recorded a step"
+                    )
                 _ambient._end_window(partial=True)
         _explicit = sess
         _current = sess
