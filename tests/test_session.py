@@ -1,0 +1,404 @@
+"""Sessions, steps and windows, driven through real torch.profiler windows."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import warnings
+
+import pytest
+import torch
+
+import instrument
+from exporters import ExportResult, Exporter, InMemoryExporter
+from instrument import Schedule, configure, profiled, session, shutdown, step
+from instrument.testing import capture
+
+X = torch.randn(32, 32)
+
+
+@profiled("work")
+def work() -> torch.Tensor:
+    return X @ X
+
+
+@profiled("train_step", step=True)
+def train_step() -> torch.Tensor:
+    return work() + 1
+
+
+def test_default_schedule_records_steps_1_to_3_once():
+    mem = InMemoryExporter()
+    configure(exporters=[mem])
+    for _ in range(10):
+        work()
+    reports = mem.reports
+    assert len(reports) == 1
+    report = reports[0]
+    assert report.steps == (1, 2, 3)
+    assert report.partial is False
+    assert report.ranges["work"].calls == 3
+    # the schedule is over: decorated calls are idle again
+    assert instrument.decorator._IDLE is True
+
+
+def test_repeat_gives_one_report_per_window_and_wait_steps_are_not_recorded():
+    with capture(schedule=Schedule(wait=2, warmup=1, active=2, repeat=2)) as cap:
+        for _ in range(12):
+            work()
+    reports = cap.reports
+    assert [r.steps for r in reports] == [(3, 4), (8, 9)]
+    assert [r.window for r in reports] == [0, 1]
+    assert all(r.ranges["work"].calls == 2 for r in reports)
+
+
+def test_repeat_zero_is_unlimited_and_skip_first_is_honoured():
+    with capture(schedule=Schedule(wait=0, warmup=1, active=1, repeat=0, skip_first=3)) as cap:
+        for _ in range(11):
+            work()
+    assert [r.steps for r in cap.reports] == [(4,), (6,), (8,), (10,)]
+
+
+def test_step_function_declares_steps_root_calls_no_longer_count():
+    with capture(schedule=Schedule(wait=0, warmup=1, active=2)) as cap:
+        for _ in range(4):
+            train_step()
+            work()  # a root call, but the program has a step function: not a step
+            work()
+    (report,) = cap.reports
+    assert report.steps == (1, 2)
+    assert report.ranges["train_step"].calls == 2
+    # 2 nested in train_step + 2 roots per recorded step
+    assert report.ranges["work"].calls == 6
+
+
+def test_root_calls_end_steps_until_step_is_first_called():
+    with capture(schedule=Schedule(wait=0, warmup=1, active=2)) as cap:
+        work()  # ends step 0
+        work()  # ends step 1 (recorded)
+        cap.session.step()  # ends step 2 and declares steps
+        work()
+        work()
+    (report,) = cap.reports
+    assert report.steps == (1, 2)
+    assert report.ranges["work"].calls == 1
+
+
+def test_explicit_step_calls_define_steps():
+    with capture(schedule=Schedule(wait=0, warmup=1, active=2)) as cap:
+        for _ in range(5):
+            cap.session.step()  # the first call declares steps before any root call returns
+            work()
+            work()
+    (report,) = cap.reports
+    assert report.steps == (1, 2)
+    assert report.ranges["work"].calls == 4
+
+
+def test_module_level_step_function_reaches_the_current_session():
+    mem = InMemoryExporter()
+    configure(exporters=[mem], schedule=Schedule(wait=0, warmup=1, active=1))
+    step()  # creates the ambient session, declares steps, ends step 0 (warm-up)
+    work()
+    work()
+    step()  # ends step 1, the recorded one
+    (report,) = mem.reports
+    assert report.steps == (1,)
+    assert report.ranges["work"].calls == 2
+
+
+def test_session_exit_exports_partial_window():
+    with capture(schedule=Schedule(wait=0, warmup=1, active=5)) as cap:
+        for _ in range(3):
+            work()
+    (report,) = cap.reports
+    assert report.partial is True
+    assert report.steps == (1, 2)
+
+
+def test_shutdown_exports_partial_ambient_window_then_stays_idle():
+    mem = InMemoryExporter()
+    configure(exporters=[mem], schedule=Schedule(wait=0, warmup=1, active=10))
+    for _ in range(3):
+        work()
+    assert mem.reports == []
+    shutdown()
+    (report,) = mem.reports
+    assert report.partial and report.steps == (1, 2)
+    assert mem.is_shutdown
+    work()
+    assert not torch.autograd.profiler._is_profiler_enabled
+    assert len(mem.reports) == 1
+
+
+def test_no_steps_recorded_gives_one_line_why():
+    with capture(schedule=Schedule(wait=0, warmup=1, active=3)) as cap:
+        work()  # step 0 is the warm-up step: nothing recorded
+    assert cap.reports == []
+    (line,) = cap.exporter.notices
+    assert "no table" in line and "schedule" in line and "at least 2 steps" in line
+
+
+def test_report_identity_fields():
+    before = time.time_ns()
+    with capture(schedule=Schedule(wait=0, warmup=1, active=2)) as cap:
+        for _ in range(3):
+            work()
+    after = time.time_ns()
+    (r,) = cap.reports
+    assert before <= r.start_ns < r.end_ns <= after
+    assert (r.rank, r.world_size) == (0, 1)
+    assert r.host == socket.gethostname()
+    assert r.pid == os.getpid()
+    assert r.device == ("cpu" if not torch.cuda.is_available() else torch.cuda.get_device_name())
+    assert r.activities[0] == "cpu"
+    assert r.raw_trace_path is not None and not os.path.exists(r.raw_trace_path)
+
+
+def test_rank_and_world_size_from_environment(monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    with capture(schedule=Schedule(wait=0, warmup=1, active=1)) as cap:
+        work()
+        work()
+    (r,) = cap.reports
+    assert (r.rank, r.world_size) == (3, 8)
+
+
+def test_report_numbers_are_consistent_and_exclude_bookkeeping():
+    with capture(schedule=Schedule(wait=0, warmup=1, active=3)) as cap:
+        for _ in range(4):
+            train_step()
+    (r,) = cap.reports
+    outer, inner = r.ranges["train_step"], r.ranges["work"]
+    assert outer.calls == inner.calls == 3
+    assert outer.cpu_time_us > inner.cpu_time_us > 0
+    assert 0 <= outer.self_cpu_time_us < outer.cpu_time_us
+    assert inner.device_time_us == 0.0 and inner.kernel_launches == 0
+    op_names = [op.name for op in r.top_ops]
+    assert "aten::mm" in op_names
+    assert not any(n.startswith(("ProfilerStep", "profiled::")) for n in op_names)
+    # the self times of everything recorded add up to the total; steps are not user time
+    total_self = sum(x.self_cpu_time_us for x in r.ranges.values()) + sum(
+        op.self_cpu_time_us for op in r.top_ops
+    )
+    assert total_self == pytest.approx(r.self_cpu_time_total_us, rel=1e-6)
+    assert r.self_cpu_time_total_us <= outer.cpu_time_us + 1e-6
+
+
+def test_sessions_do_not_nest():
+    with session(exporters=[InMemoryExporter()]):
+        with pytest.raises(RuntimeError, match="already open"):
+            with session(exporters=[InMemoryExporter()]):
+                pass
+
+
+def test_session_rejects_bad_fields_at_once():
+    with pytest.raises(TypeError, match="bogus"):
+        session(bogus=1)
+    with pytest.raises(ValueError, match="nope"):
+        session(exporters=["nope"])
+    with pytest.raises(TypeError, match="schedule"):
+        session(schedule="wait=1")
+    with pytest.raises(ValueError, match="active"):
+        Schedule(active=0)
+
+
+def test_explicit_session_takes_over_from_ambient_and_ambient_resumes():
+    amb = InMemoryExporter()
+    configure(exporters=[amb], schedule=Schedule(wait=0, warmup=1, active=2, repeat=0))
+    work()  # ambient: step 0 (warm-up) ends, window recording from step 1
+    assert torch.autograd.profiler._is_profiler_enabled
+    with capture(schedule=Schedule(wait=0, warmup=1, active=1)) as cap:
+        work()
+        work()
+    assert [r.steps for r in cap.reports] == [(1,)]
+    # the ambient window recorded nothing before the explicit session started: no report
+    assert amb.reports == []
+    for _ in range(6):
+        work()
+    assert len(amb.reports) >= 1
+
+
+def test_user_profiler_running_means_no_window_and_a_reason():
+    with capture(schedule=Schedule(wait=1, warmup=1, active=1)) as cap:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(5):
+                work()
+        assert torch.autograd.profiler._is_profiler_enabled is False
+    assert cap.reports == []
+    assert "your own torch.profiler" in cap.exporter.notices[0]
+    names = [e.name for e in prof.events()]
+    assert names.count("work") == 5
+
+
+class _Raising(Exporter):
+    def export(self, report):
+        raise RuntimeError("backend down")
+
+
+class _Failing(Exporter):
+    def export(self, report):
+        return ExportResult.FAILURE
+
+
+def test_raising_exporter_costs_a_warning_not_the_program():
+    mem = InMemoryExporter()
+    with pytest.warns(UserWarning, match="backend down"):
+        with capture(exporters=[_Raising(), _Failing()], schedule=Schedule(wait=0, warmup=1,
+                                                                           active=1)) as cap:
+            result = [work() for _ in range(3)]
+    assert len(result) == 3
+    assert len(cap.reports) == 1
+    del mem
+
+
+def test_disabled_session_starts_no_profiler(monkeypatch):
+    monkeypatch.setenv("PROFILED_ENABLED", "0")
+    mem = InMemoryExporter()
+    with session(exporters=[mem], schedule=Schedule(wait=0, warmup=0, active=1)):
+        on = []
+        for _ in range(3):
+            work()
+            on.append(torch.autograd.profiler._is_profiler_enabled)
+    assert on == [False, False, False]
+    assert mem.reports == []
+
+
+def test_activities_validation():
+    with pytest.raises(ValueError, match="activity"):
+        session(activities=["gpu"])
+    with capture(activities=["cpu"], schedule=Schedule(wait=0, warmup=1, active=1)) as cap:
+        work()
+        work()
+    assert cap.reports[0].activities == ("cpu",)
+
+
+# ---------------------------------------------------------------- real processes
+
+
+def test_interpreter_exit_exports_partial_window(run_python, tmp_path):
+    code = """
+import torch
+from instrument import profiled
+
+@profiled("mm")
+def mm(x):
+    return x @ x
+
+x = torch.randn(16, 16)
+for _ in range(3):
+    mm(x)
+print("done", flush=True)
+"""
+    out = run_python(
+        code,
+        env={
+            "PROFILED_SCHEDULE": "warmup=1,active=10",
+            "PROFILED_EXPORTERS": "console,trace",
+            "PROFILED_TRACE_DIR": str(tmp_path / "tr"),
+            "PROFILED_TRACE_GZIP": "0",
+        },
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "done\n"  # nothing of ours on standard output
+    assert "steps 1-2 (partial)" in out.stderr
+    assert "mm" in out.stderr and "Self CPU time total:" in out.stderr
+    (name,) = os.listdir(tmp_path / "tr")
+    trace = json.load(open(tmp_path / "tr" / name))
+    assert any(e.get("name") == "mm" and e.get("cat") == "user_annotation"
+               for e in trace["traceEvents"])
+
+
+def test_program_too_short_prints_why(run_python):
+    code = """
+from instrument import profiled
+
+@profiled
+def f():
+    return 1
+
+f()
+"""
+    out = run_python(code, env={"PROFILED_EXPORTERS": "console"})
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("torch-profiled:")]
+    assert len(lines) == 1 and "no table" in lines[0], out.stderr
+    assert out.stdout == ""
+
+
+def test_environment_drives_the_ambient_session(run_python, tmp_path):
+    code = """
+import torch
+from instrument import profiled
+
+@profiled("mm")
+def mm(x):
+    return x @ x
+
+x = torch.randn(16, 16)
+for _ in range(12):
+    mm(x)
+"""
+    out = run_python(
+        code,
+        env={
+            "PROFILED_SCHEDULE": "wait=1,warmup=1,active=2,repeat=2",
+            "PROFILED_EXPORTERS": "trace",
+            "PROFILED_TRACE_DIR": str(tmp_path / "tr"),
+            "PROFILED_TRACE_KEEP": "1",
+        },
+    )
+    assert out.returncode == 0, out.stderr
+    files = os.listdir(tmp_path / "tr")
+    assert len(files) == 1 and files[0].endswith(".pt.trace.json.gz")
+
+
+def test_bad_environment_warns_once_and_program_runs(run_python):
+    code = """
+from instrument import profiled
+
+@profiled
+def f():
+    return 1
+
+for _ in range(6):
+    f()
+print("ok")
+"""
+    out = run_python(code, env={"PROFILED_SCHEDULE": "wait=x", "PROFILED_EXPORTERS": "memory"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "ok\n"
+    assert out.stderr.count("PROFILED_SCHEDULE='wait=x' is invalid") == 1
+    strict = run_python(code, env={"PROFILED_SCHEDULE": "wait=x", "PROFILED_STRICT": "1"})
+    assert strict.returncode != 0
+    assert "ValueError" in strict.stderr and "PROFILED_SCHEDULE" in strict.stderr
+
+
+def test_warnings_are_not_errors_for_unknown_exporter_names(run_python):
+    code = """
+from instrument import profiled
+
+@profiled
+def f():
+    return 1
+
+f(); f()
+print("ok")
+"""
+    out = run_python(code, env={"PROFILED_EXPORTERS": "memory,nosuch"})
+    assert out.returncode == 0
+    assert "unknown exporter 'nosuch'" in out.stderr and "console" in out.stderr
+
+
+def test_idle_flag_tracks_schedule_end():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        configure(exporters=[], schedule=Schedule(wait=0, warmup=1, active=1))
+    assert instrument.decorator._IDLE is False
+    work()
+    assert instrument.decorator._IDLE is False
+    work()
+    assert instrument.decorator._IDLE is True
