@@ -1,0 +1,135 @@
+"""analysis.analyze_events on synthetic traces (device attribution) and on real CPU windows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from instrument import Schedule, profiled
+from instrument.analysis import analyze_events
+from instrument.testing import capture
+
+
+def X(name, ts, dur, cat="cpu_op", tid=1, **args):
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
+            "args": args}
+
+
+def test_device_time_follows_launch_correlation_not_time():
+    events = [
+        X("step", 0, 100, cat="user_annotation"),
+        X("aten::mm", 10, 20),
+        X("cudaLaunchKernel", 12, 5, cat="cuda_runtime", correlation=7),
+        X("cudaLaunchKernel", 50, 5, cat="cuda_runtime", correlation=8),
+        # a launch outside the range
+        X("cudaLaunchKernel", 150, 5, cat="cuda_runtime", correlation=9),
+        # device events: their timestamps are on the device timeline and overlap nothing
+        X("gemm", 1000, 40, cat="kernel", tid=7, correlation=7),
+        X("Memcpy HtoD", 1100, 3, cat="gpu_memcpy", tid=7, correlation=8),
+        X("other", 2000, 11, cat="kernel", tid=7, correlation=9),
+        # the device-side annotation spans idle time: must not be counted
+        X("step", 990, 500, cat="gpu_user_annotation", tid=7),
+        X("Activity Buffer Request", 200, 30),
+        X("ProfilerStep#1", 0, 160, cat="user_annotation"),
+    ]
+    a = analyze_events(events, {"step"})
+    r = a.ranges["step"]
+    assert r.calls == 1
+    assert r.device_time_us == pytest.approx(43.0)
+    assert r.kernel_launches == 2
+    assert r.cpu_time_us == pytest.approx(100.0)
+    # self time of the range: 100 - aten::mm 20 - launch at 50 (5)
+    assert r.self_cpu_time_us == pytest.approx(75.0)
+    assert a.self_device_time_total_us == pytest.approx(54.0)
+    assert a.profiler_overhead_us == pytest.approx(30.0)
+    kernels = {(k.name, k.kind): k for k in a.top_kernels}
+    assert kernels[("gemm", "kernel")].device_time_us == 40
+    assert kernels[("Memcpy HtoD", "memcpy")].calls == 1
+    ops = {o.name: o for o in a.top_ops}
+    assert "ProfilerStep#1" not in ops and "Activity Buffer Request" not in ops
+    assert ops["aten::mm"].self_cpu_time_us == pytest.approx(15.0)  # minus nested launch
+    assert ops["cudaLaunchKernel"].calls == 3
+    # user totals: every CPU event's self time, bookkeeping excluded
+    assert a.self_cpu_time_total_us == pytest.approx(75 + 15 + 5 + 5 + 5)
+
+
+def test_nested_ranges_both_get_device_time_and_recursion_counts_once():
+    events = [
+        X("outer", 0, 100, cat="user_annotation"),
+        X("outer", 10, 50, cat="user_annotation"),  # recursive
+        X("inner", 20, 10, cat="user_annotation"),
+        X("cudaLaunchKernel", 22, 2, cat="cuda_runtime", correlation=1),
+        X("k", 500, 8, cat="kernel", tid=9, correlation=1),
+    ]
+    a = analyze_events(events, {"outer", "inner"})
+    assert a.ranges["outer"].calls == 2
+    assert a.ranges["outer"].cpu_time_us == pytest.approx(100.0)  # outermost only
+    assert a.ranges["outer"].device_time_us == pytest.approx(8.0)  # not 16
+    assert a.ranges["inner"].device_time_us == pytest.approx(8.0)
+    assert a.ranges["outer"].kernel_launches == 1
+
+
+def test_threads_are_nested_separately():
+    events = [
+        X("r", 0, 100, cat="user_annotation", tid=1),
+        X("aten::add", 10, 80, tid=2),  # another thread, overlapping in time
+    ]
+    a = analyze_events(events, {"r"})
+    assert a.ranges["r"].self_cpu_time_us == pytest.approx(100.0)
+    assert a.top_ops[0].self_cpu_time_us == pytest.approx(80.0)
+
+
+@profiled("mb")
+def mb(x, w, b):
+    return x @ w + b
+
+
+def test_real_window_numbers_match_its_trace_file(tmp_path):
+    """The report agrees with the events of the trace file it wrote."""
+    from exporters import TraceFileExporter
+
+    x, w, b = torch.randn(64, 64), torch.randn(64, 64), torch.randn(64)
+    with capture(schedule=Schedule(wait=0, warmup=1, active=3),
+                 exporters=[TraceFileExporter(tmp_path, gzip=False)]) as cap:
+        for _ in range(4):
+            mb(x, w, b)
+    (report,) = cap.reports
+    trace = json.load(open(report.trace_file))
+    # replay the trace's CPU events through torch's own aggregation for comparison
+    ours = {o.name: o for o in report.top_ops}
+    mm = [e for e in trace["traceEvents"] if e.get("name") == "aten::mm"]
+    assert ours["aten::mm"].calls == len(mm) == 3
+    expected_self = sum(e["dur"] for e in mm) - sum(
+        e["dur"] for e in trace["traceEvents"]
+        if e.get("ph") == "X" and e.get("name") in ("aten::resolve_conj",)
+        and any(m["ts"] <= e["ts"] <= m["ts"] + m["dur"] and m["tid"] == e["tid"] for m in mm)
+    )
+    assert ours["aten::mm"].self_cpu_time_us == pytest.approx(expected_self, rel=1e-6)
+    assert report.ranges["mb"].calls == 3
+    assert report.ranges["mb"].cpu_time_us == pytest.approx(
+        sum(e["dur"] for e in trace["traceEvents"] if e.get("name") == "mb"), rel=1e-9
+    )
+
+
+def test_per_operator_self_cpu_agrees_with_key_averages(tmp_path):
+    """Our numbers from the trace file vs torch's key_averages() on the same profile."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from instrument.tracefile import load_trace
+
+    x, w, b = torch.randn(128, 128), torch.randn(128, 128), torch.randn(128)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(20):
+            mb(x, w, b)
+    path = str(tmp_path / "t.json")
+    prof.export_chrome_trace(path)
+    ours = analyze_events(load_trace(path)["traceEvents"], {"mb"}, top=1000)
+    theirs = {e.key: e for e in prof.key_averages()}
+    for op in ours.top_ops:
+        ref = theirs[op.name]
+        assert op.calls == ref.count, op.name
+        assert op.self_cpu_time_us == pytest.approx(ref.self_cpu_time_total, rel=0.01, abs=0.01)
+    assert ours.ranges["mb"].calls == theirs["mb"].count == 20
+    assert ours.ranges["mb"].cpu_time_us == pytest.approx(theirs["mb"].cpu_time_total, rel=0.01)
