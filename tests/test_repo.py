@@ -1,0 +1,82 @@
+"""The repository's promises to a new user: the two README commands, the demo, the layout."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+
+def _readme_commands() -> list[str]:
+    text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    return re.findall(r"```bash\n(.*?)\n```", text, flags=re.S)[:2]
+
+
+def test_readme_opens_with_demo_and_test_commands_and_ci_runs_the_second():
+    demo, tests = _readme_commands()
+    assert "examples/01_matmul_bias.py" in demo
+    assert "pytest" in tests
+    assert "constraints.txt" in demo and "constraints.txt" in tests
+    ci = open(os.path.join(REPO, ".ci", "run"), encoding="utf-8").read()
+    command_lines = [ln for ln in ci.splitlines() if ln and not ln.startswith(("#", "set ", "cd "))]
+    assert command_lines == [tests]
+    assert "torch==2.13.0" in open(os.path.join(REPO, "constraints.txt")).read()
+
+
+def test_layout_and_typing_marker():
+    for path in ("pyproject.toml", "instrument", "exporters", "tests", "examples", "bench",
+                 "CHANGELOG.md", "README.md", "BENCHMARKS.md", "instrument/py.typed",
+                 "exporters/py.typed"):
+        assert os.path.exists(os.path.join(REPO, path)), path
+    changelog = open(os.path.join(REPO, "CHANGELOG.md")).read()
+    assert "## [Unreleased]" in changelog
+
+
+def test_public_names():
+    import exporters
+    import instrument
+
+    for name in ("profiled", "session", "configure", "step", "shutdown", "Schedule"):
+        assert name in instrument.__all__ and hasattr(instrument, name)
+    for name in ("Exporter", "ExportResult", "ConsoleExporter", "TraceFileExporter",
+                 "InMemoryExporter"):
+        assert name in exporters.__all__ and hasattr(exporters, name)
+
+
+def test_every_env_variable_is_documented_in_the_readme():
+    from instrument.config import ENV_VARS
+
+    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    for var in ENV_VARS:
+        assert f"| `{var}` |" in readme, var
+
+
+def test_seed_demo_runs_and_writes_loadable_traces(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROFILED_")}
+    env["PYTHONPATH"] = REPO
+    out = subprocess.run(
+        [sys.executable, os.path.join(REPO, "examples", "01_matmul_bias.py")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("matmul_bias ") == 2  # the two sizes are announced on stdout
+    tables = out.stderr.count("@profiled range")
+    assert tables == 2, out.stderr
+    assert out.stderr.count("Self CPU time total:") == 2
+    assert "no table" not in out.stderr
+    files = sorted(os.listdir(tmp_path / "profiled_traces"))
+    assert len(files) == 2 and all(f.endswith(".pt.trace.json.gz") for f in files)
+    for name in files:
+        raw = gzip.open(tmp_path / "profiled_traces" / name, "rt").read()
+        trace = json.loads(raw)
+        assert trace["traceEvents"]
+        assert any(e.get("cat") == "user_annotation" and e.get("name") == "matmul_bias"
+                   for e in trace["traceEvents"])
+        assert trace["distributedInfo"]["rank"] == 0
+        assert re.search(r'"rank":\s+(\d+)', raw)
+        assert f"Trace: ./profiled_traces/{name}" in out.stderr
