@@ -1,0 +1,108 @@
+"""The GPU path on a real CUDA device (skipped without one; run on the device machine)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from exporters import TraceFileExporter
+from instrument import Schedule, profiled
+from instrument.analysis import analyze_events
+from instrument.testing import capture
+from instrument.tracefile import load_trace
+
+pytestmark = pytest.mark.cuda
+
+
+@profiled("matmul_bias")
+def matmul_bias(x, w, b):
+    return x @ w + b
+
+
+def _tensors(n):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    kw = dict(device="cuda", dtype=torch.bfloat16, generator=g)
+    return torch.randn(n, n, **kw), torch.randn(n, n, **kw), torch.randn(n, **kw)
+
+
+def _window(n, tmp_path, steps=5):
+    x, w, b = _tensors(n)
+    matmul_bias(x, w, b)
+    torch.cuda.synchronize()
+    with capture(schedule=Schedule(wait=1, warmup=1, active=3),
+                 exporters=[TraceFileExporter(tmp_path, gzip=False)]) as cap:
+        for _ in range(steps):
+            matmul_bias(x, w, b)
+    (report,) = cap.reports
+    return report
+
+
+def test_small_matmul_is_overhead_bound(tmp_path):
+    r = _window(64, tmp_path).ranges["matmul_bias"]
+    assert r.calls == 3
+    assert r.kernel_launches >= 3  # at least one kernel per call
+    assert 0 < r.device_time_us < 0.5 * r.cpu_time_us
+
+
+def test_large_matmul_is_compute_bound(tmp_path):
+    report = _window(4096, tmp_path)
+    r = report.ranges["matmul_bias"]
+    assert r.device_time_us > r.cpu_time_us
+    assert report.device != "cpu" and "cuda" in report.activities
+    kinds = {k.kind for k in report.top_kernels}
+    assert "kernel" in kinds
+    assert report.self_device_time_total_us >= r.device_time_us * 0.99
+    trace = json.load(open(report.trace_file))
+    cats = {e.get("cat") for e in trace["traceEvents"]}
+    assert {"kernel", "cuda_runtime", "user_annotation"} <= cats
+
+
+def test_kernel_device_time_agrees_with_key_averages(tmp_path):
+    from torch.profiler import ProfilerActivity, profile
+
+    x, w, b = _tensors(512)
+    matmul_bias(x, w, b)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            matmul_bias(x, w, b)
+        torch.cuda.synchronize()
+    path = str(tmp_path / "t.json")
+    prof.export_chrome_trace(path)
+    ours = analyze_events(load_trace(path)["traceEvents"], {"matmul_bias"}, top=1000)
+    theirs = {e.key: e for e in prof.key_averages()}
+    for k in ours.top_kernels:
+        if k.kind != "kernel":
+            continue
+        ref = theirs[k.name]
+        assert k.calls == ref.count, k.name
+        ref_time = getattr(ref, "self_device_time_total", None)
+        if ref_time is None:
+            ref_time = ref.self_cuda_time_total
+        assert k.device_time_us == pytest.approx(ref_time, rel=0.01, abs=0.01), k.name
+    assert ours.ranges["matmul_bias"].calls == 10
+    assert ours.ranges["matmul_bias"].kernel_launches >= 10
+
+
+def test_ranges_from_threads_carry_device_time(tmp_path):
+    import threading
+
+    x, w, b = _tensors(256)
+    matmul_bias(x, w, b)
+    torch.cuda.synchronize()
+    with capture(schedule=Schedule(wait=0, warmup=1, active=2)) as cap:
+        cap.step()
+        threads = [threading.Thread(target=lambda: [matmul_bias(x, w, b) for _ in range(5)])
+                   for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        torch.cuda.synchronize()
+        cap.step()
+        cap.step()
+    r = cap.reports[0].ranges["matmul_bias"]
+    assert r.calls == 20
+    assert r.device_time_us > 0 and r.kernel_launches >= 20
