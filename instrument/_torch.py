@@ -153,8 +153,15 @@ def host_name() -> str:
     return socket.gethostname()
 
 
-def _experimental_config() -> Any:
-    """Record ranges from every thread, not only the one that started the profiler."""
+def _experimental_config(profile_memory: bool) -> Any:
+    """Record ranges from every thread, not only the one that started the profiler.
+
+    Not with ``profile_memory``: with ``profile_all_threads=True`` torch 2.13 records no
+    ``[memory]`` events at all (seen here), so asking for memory keeps torch's default of
+    recording the thread that started the window.
+    """
+    if profile_memory:
+        return None
     try:
         from torch._C._profiler import _ExperimentalConfig
 
@@ -185,7 +192,7 @@ class ProfilerWindow:
             with_stack=with_stack,
             with_flops=with_flops,
         )
-        config = _experimental_config()
+        config = _experimental_config(profile_memory)
         if config is not None:
             kwargs["experimental_config"] = config
         self._prof = torch.profiler.profile(**kwargs)

@@ -402,3 +402,64 @@ def test_idle_flag_tracks_schedule_end():
     assert instrument.decorator._IDLE is False
     work()
     assert instrument.decorator._IDLE is True
+
+
+def test_each_report_is_given_once_to_every_exporter():
+    a, b = InMemoryExporter(), InMemoryExporter()
+    with session(exporters=[a, b], schedule=Schedule(wait=0, warmup=1, active=1, repeat=3)):
+        for _ in range(8):
+            work()
+    assert len(a.reports) == len(b.reports) == 3
+    assert [r.window for r in a.reports] == [0, 1, 2]
+    assert all(x is y for x, y in zip(a.reports, b.reports))
+
+
+@profiled("options")
+def _options_work(x):
+    return torch.nn.functional.linear(x, x)
+
+
+def test_profiler_options_reach_torch(tmp_path):
+    from exporters import TraceFileExporter
+
+    x = torch.randn(16, 16)
+    with session(
+        exporters=[TraceFileExporter(tmp_path, gzip=False)],
+        schedule=Schedule(wait=0, warmup=1, active=1),
+        record_shapes=True, profile_memory=True, with_stack=True,
+    ):
+        _options_work(x)
+        _options_work(x)
+    (name,) = os.listdir(tmp_path)
+    events = json.load(open(tmp_path / name))["traceEvents"]
+    ops = [e for e in events if e.get("cat") == "cpu_op"]
+    assert any("Input Dims" in e.get("args", {}) for e in ops)  # record_shapes
+    assert any(e.get("name") == "[memory]" for e in events)  # profile_memory
+    assert any(e.get("cat") == "python_function" for e in events)  # with_stack
+    # with_flops: torch 2.13's trace carries no FLOP counts, but flops need the shapes
+    with session(exporters=[TraceFileExporter(tmp_path / "flops", gzip=False)],
+                 schedule=Schedule(wait=0, warmup=1, active=1), with_flops=True):
+        _options_work(x)
+        _options_work(x)
+    (name,) = os.listdir(tmp_path / "flops")
+    events = json.load(open(tmp_path / "flops" / name))["traceEvents"]
+    assert any("Input Dims" in e.get("args", {}) for e in events if e.get("name") == "aten::mm")
+    with session(exporters=[TraceFileExporter(tmp_path / "plain", gzip=False)],
+                 schedule=Schedule(wait=0, warmup=1, active=1)):
+        _options_work(x)
+        _options_work(x)
+    (name,) = os.listdir(tmp_path / "plain")
+    events = json.load(open(tmp_path / "plain" / name))["traceEvents"]
+    assert not any("Input Dims" in e.get("args", {}) for e in events)
+    assert not any(e.get("cat") == "python_function" for e in events)
+
+
+def test_default_activities_are_cpu_plus_the_accelerator():
+    from instrument._torch import default_activities
+
+    expected = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+    assert default_activities() == expected
+    with capture(schedule=Schedule(wait=0, warmup=1, active=1)) as cap:
+        work()
+        work()
+    assert cap.reports[0].activities == expected
