@@ -221,5 +221,12 @@ class ProfilerWindow:
             self._prof.stop_trace()
         self.prepared = False
 
+    def abandon(self) -> None:
+        """Forget a prepared window without touching torch: used when the user's own profiler
+        started meanwhile (its own prepare replaced ours; starting or stopping ours would
+        disable theirs)."""
+        self.prepared = False
+        self.recording = False
+
     def export_chrome_trace(self, path: str) -> None:
         self._prof.export_chrome_trace(path)

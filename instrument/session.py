@@ -172,6 +172,12 @@ class Session:
             window = self._window
             assert window is not None
             if not window.recording:
+                if _torch.profiler_on():  # the user's profiler started during our warm-up
+                    self._skip_reason = self._foreign_reason()
+                    window.abandon()
+                    self._window = None
+                    self._window_steps = []
+                    return
                 try:
                     window.start()
                 except Exception as exc:  # noqa: BLE001
@@ -183,11 +189,7 @@ class Session:
 
     def _open_window(self) -> bool:
         if _torch.profiler_on():
-            self._skip_reason = (
-                "your own torch.profiler was running when a window was due, so torch-profiled "
-                "started none (a second profiler breaks the first); the @profiled ranges are "
-                "in your profile"
-            )
+            self._skip_reason = self._foreign_reason()
             return False
         try:
             window = _torch.ProfilerWindow(
@@ -205,6 +207,14 @@ class Session:
         self._window = window
         self._window_steps = []
         return True
+
+    @staticmethod
+    def _foreign_reason() -> str:
+        return (
+            "your own torch.profiler was running when a window was due, so torch-profiled "
+            "started none (a second profiler breaks the first); the @profiled ranges are "
+            "in your profile"
+        )
 
     def _discard_window(self) -> None:
         window, self._window = self._window, None

@@ -463,3 +463,22 @@ def test_default_activities_are_cpu_plus_the_accelerator():
         work()
         work()
     assert cap.reports[0].activities == expected
+
+
+def test_user_profiler_started_during_our_warmup_keeps_its_events():
+    mem = InMemoryExporter()
+    configure(exporters=[mem], schedule=Schedule(wait=0, warmup=2, active=2),
+              activities=["cpu"])
+    work()  # step 0 ends: the SDK has prepared its window, step 1 is still warm-up
+    assert torch.autograd.profiler._is_profiler_enabled is False
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(5):
+            work()
+        torch.ones(3) + 1
+    names = [e.name for e in prof.events()]
+    assert names.count("work") == 5
+    assert "aten::add" in names
+    assert torch.autograd.profiler._is_profiler_enabled is False
+    shutdown()
+    assert mem.reports == []
+    assert "your own torch.profiler" in mem.notices[0]
