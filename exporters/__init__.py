@@ -79,23 +79,33 @@ _BUILTINS: dict[str, Callable[..., Exporter]] = {
 
 
 def _entry_points() -> dict[str, Any]:
+    """Entry points of the group by lower-cased name (names are matched case-insensitively,
+    like ``PROFILED_EXPORTERS``, which is lower-cased when parsed)."""
     try:
         eps = metadata.entry_points(group=ENTRY_POINT_GROUP)
     except Exception:  # noqa: BLE001 - broken metadata must not break the program
         return {}
-    return {ep.name: ep for ep in eps}
+    return {ep.name.strip().lower(): ep for ep in eps}
 
 
 def known_exporter_names() -> list[str]:
+    """Built-in names and entry-point names (lower case), sorted."""
     return sorted(set(_BUILTINS) | set(_entry_points()))
 
 
 def check_exporter_names(items: Iterable[Any]) -> None:
     """Raise ``ValueError`` for a name that is neither built in nor an entry point (for
     names given in code, which are checked strictly)."""
-    known = known_exporter_names()
+    known: list[str] | None = None
     for item in items:
-        if isinstance(item, str) and item.strip().lower() not in known:
+        if not isinstance(item, str):
+            continue
+        name = item.strip().lower()
+        if name in _BUILTINS:
+            continue
+        if known is None:
+            known = known_exporter_names()
+        if name not in known:
             raise ValueError(f"unknown exporter {item!r}; known exporters: {', '.join(known)}")
 
 
@@ -125,7 +135,7 @@ def resolve_exporters(
         ep = eps.get(name)
         if ep is None:
             warnings.warn(
-                f"unknown exporter {name!r} in PROFILED_EXPORTERS; known exporters: "
+                f"unknown exporter {name!r}; known exporters: "
                 f"{', '.join(known_exporter_names())}; it is skipped",
                 ExporterWarning,
                 stacklevel=2,

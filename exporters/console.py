@@ -2,12 +2,14 @@
 
 Per ``@profiled`` range first (CPU time, device time and how much of the CPU time the device
 was busy with launched work), then the top operators and device kernels, then the two totals
-the way torch's own table prints them, then the trace file's path. At most 100 columns, no
-colour.
+the way torch's own table prints them, then the trace file's path (relative to the working
+directory when that is shorter). At most 100 columns, no colour; a trace path too long for that
+gets a line of its own and is never cut.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from typing import TYPE_CHECKING, TextIO
@@ -33,6 +35,12 @@ def format_time_us(us: float) -> str:
 
 def _fit(name: str, width: int) -> str:
     return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def _row(name: str, name_w: int, rest: str) -> str:
+    """A table row: the name column shrinks when wide numbers would pass ``WIDTH``."""
+    width = max(min(name_w, WIDTH - len(rest)), 8)
+    return f"{_fit(name, width):<{width}}{rest}"
 
 
 def _steps(steps: tuple[int, ...]) -> str:
@@ -63,12 +71,13 @@ def format_report(report: "WindowReport", rows: int = 15) -> str:
     )
     if report.ranges:
         for r in list(report.ranges.values())[:rows]:
-            lines.append(
-                f"{_fit(r.name, name_w):<{name_w}} {r.calls:>6} "
+            lines.append(_row(
+                r.name, name_w,
+                f" {r.calls:>6} "
                 f"{format_time_us(r.cpu_time_us):>11} {format_time_us(r.cpu_time_per_call_us):>11} "
                 f"{format_time_us(r.device_time_us):>11} "
-                f"{100.0 * r.device_to_cpu_ratio:>9.1f}% {r.kernel_launches:>9}"
-            )
+                f"{100.0 * r.device_to_cpu_ratio:>9.1f}% {r.kernel_launches:>9}",
+            ))
     else:
         lines.append("(no @profiled range ran in this window)")
 
@@ -81,11 +90,12 @@ def format_report(report: "WindowReport", rows: int = 15) -> str:
         )
         total = report.self_cpu_time_total_us or 1.0
         for op in report.top_ops[:rows]:
-            lines.append(
-                f"{_fit(op.name, name_w):<{name_w}} {op.calls:>7} "
+            lines.append(_row(
+                op.name, name_w,
+                f" {op.calls:>7} "
                 f"{format_time_us(op.self_cpu_time_us):>11} {format_time_us(op.cpu_time_us):>11} "
-                f"{100.0 * op.self_cpu_time_us / total:>9.1f}%"
-            )
+                f"{100.0 * op.self_cpu_time_us / total:>9.1f}%",
+            ))
     if report.top_kernels:
         lines.append(rule)
         name_w = 60
@@ -95,22 +105,45 @@ def format_report(report: "WindowReport", rows: int = 15) -> str:
         )
         total = report.self_device_time_total_us or 1.0
         for k in report.top_kernels[:rows]:
-            lines.append(
-                f"{_fit(k.name, name_w):<{name_w}} {k.kind:>7} {k.calls:>7} "
-                f"{format_time_us(k.device_time_us):>11} {100.0 * k.device_time_us / total:>9.1f}%"
-            )
+            lines.append(_row(
+                k.name, name_w,
+                f" {k.kind:>7} {k.calls:>7} "
+                f"{format_time_us(k.device_time_us):>11} {100.0 * k.device_time_us / total:>9.1f}%",
+            ))
     lines.append(rule)
     lines.append(f"Self CPU time total: {format_time_us(report.self_cpu_time_total_us)}")
-    if any(a != "cpu" for a in report.activities):
-        lines.append(f"Self CUDA time total: {format_time_us(report.self_device_time_total_us)}")
+    accelerators = [a for a in report.activities if a != "cpu"]
+    if accelerators:
+        label = accelerators[0].upper()  # torch's table: "Self CUDA time total", "Self XPU ..."
+        lines.append(
+            f"Self {label} time total: {format_time_us(report.self_device_time_total_us)}"
+        )
     if report.profiler_overhead_us:
         lines.append(
             f"Profiler bookkeeping (not in the totals): "
             f"{format_time_us(report.profiler_overhead_us)}"
         )
     if report.trace_file:
-        lines.append(f"Trace: {report.trace_file}")
+        shown = _display_path(report.trace_file)
+        if len("Trace: ") + len(shown) <= WIDTH:
+            lines.append(f"Trace: {shown}")
+        else:  # a path is never cut (it must stay usable); it gets a line of its own
+            lines.append("Trace:")
+            lines.append(shown)
     return "\n".join(lines) + "\n"
+
+
+def _display_path(path: str) -> str:
+    """``path`` relative to the working directory when it lies below it and that is shorter
+    (``./profiled_traces/host_1_rank0.1.pt.trace.json.gz``), else as given."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        return path
+    if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+        return path
+    rel = os.curdir + os.sep + rel
+    return rel if len(rel) < len(path) else path
 
 
 class ConsoleExporter(Exporter):

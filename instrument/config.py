@@ -143,6 +143,18 @@ class Config:
             if name == "strict":
                 continue
             values[name] = _env_value(env, var, _ENV_PARSERS[name], getattr(default, name), strict)
+        if strict and values["exporters"]:
+            # Without strict, unknown names warn (ExporterWarning) when the exporters are
+            # resolved; strict turns them into an error here, with the other bad values.
+            from exporters import check_exporter_names
+
+            try:
+                check_exporter_names(values["exporters"])
+            except ValueError as exc:
+                raise ValueError(
+                    f"{PROFILED_EXPORTERS}={env.get(PROFILED_EXPORTERS)!r} is invalid ({exc}); "
+                    f"PROFILED_STRICT=1 makes this an error"
+                ) from None
         return cls(**values)
 
 
@@ -189,13 +201,21 @@ def _check_field(name: str, value: Any) -> Any:
         if value is None:
             return None
         if isinstance(value, str):
+            if value.strip().lower() == "auto":
+                return None
             value = (value,)
+        if not hasattr(value, "__iter__"):
+            raise TypeError(
+                f"activities must be 'auto', None or a sequence of names, got "
+                f"{type(value).__name__} {value!r}"
+            )
         out = []
         for item in value:
             text = str(getattr(item, "name", item)).lower()  # accepts ProfilerActivity too
             if text not in KNOWN_ACTIVITIES:
                 raise ValueError(
-                    f"unknown activity {item!r}; expected some of {', '.join(KNOWN_ACTIVITIES)}"
+                    f"activities: unknown activity {item!r}; expected 'auto' or some of "
+                    f"{', '.join(KNOWN_ACTIVITIES)}"
                 )
             if text not in out:
                 out.append(text)
@@ -208,8 +228,8 @@ def _check_field(name: str, value: Any) -> Any:
         items = tuple(value)
         for item in items:
             if isinstance(item, str):
-                if not item:
-                    raise ValueError("exporter names must not be empty")
+                if not item.strip():
+                    raise ValueError("exporters: exporter names must not be empty")
             elif not (hasattr(item, "export") and hasattr(item, "shutdown")):
                 raise TypeError(
                     f"exporters must be names or Exporter instances, got {type(item).__name__}"
@@ -220,8 +240,14 @@ def _check_field(name: str, value: Any) -> Any:
 
 # ---------------------------------------------------------------- environment parsing
 
-_warned: set[tuple[str, str]] = set()
+_warned: set[tuple[str, str]] = set()  # (variable, raw value) pairs already warned about
 _warned_lock = threading.Lock()
+
+
+def _reset_warnings() -> None:
+    """Forget which bad values were warned about (``instrument.testing.reset()``)."""
+    with _warned_lock:
+        _warned.clear()
 
 
 def _parse_bool(text: str) -> bool:

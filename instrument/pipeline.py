@@ -1,8 +1,10 @@
 """Hands a finished window's report to every exporter, isolating their failures.
 
 Exporters that write the trace file run first, so that the others (the console table) can
-name the file. An exporter that raises or returns ``FAILURE`` costs a warning naming it and
-what was lost; the other exporters still get the report and the program never sees the error.
+name the file. An exporter that raises costs a warning (``ExporterWarning``) naming it and what
+was lost; the other exporters still get the report and the program never sees the error. An
+exporter that returns ``FAILURE`` has said why itself (``TraceFileExporter`` warns once per
+kind of failure), so the pipeline adds no second warning.
 """
 
 from __future__ import annotations

@@ -62,6 +62,8 @@ class Schedule:
 
     def action(self, step: int) -> Action:
         """The action for ``step`` (0-based); the same table as ``torch.profiler.schedule``."""
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
         if step < self.skip_first:
             return Action.NONE
         step -= self.skip_first

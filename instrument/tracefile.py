@@ -16,7 +16,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Iterable
 from typing import Any
 
@@ -82,7 +82,7 @@ def write_json_atomic(obj: Any, path: str, *, compress: bool) -> None:
     over ``path``. On any error the temporary file is removed and the error re-raised.
     """
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".partial", dir=directory)
+    fd, tmp = _open_temp(directory)
     try:
         with os.fdopen(fd, "wb") as raw:
             if compress:
@@ -99,6 +99,20 @@ def write_json_atomic(obj: Any, path: str, *, compress: bool) -> None:
         except OSError:
             pass
         raise
+
+
+def _open_temp(directory: str) -> tuple[int, str]:
+    """A new hidden file created with mode 0o666 less the umask (``mkstemp`` gives 0o600,
+    which a trace viewer running as another user cannot read)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    flags |= getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = os.path.join(directory, f".tmp-{secrets.token_hex(8)}.partial")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {directory!r}")  # pragma: no cover
 
 
 def _dump(obj: Any, binary) -> None:
