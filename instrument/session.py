@@ -32,7 +32,7 @@ from exporters import ExporterWarning, check_exporter_names, resolve_exporters
 
 from . import _torch, decorator
 from .analysis import analyze_events
-from .config import Config, _reject_unknown
+from .config import Config, _reject_unknown, _reset_warnings
 from .pipeline import export_report, notify, shutdown_exporters
 from .report import WindowReport
 from .sampling import Action, Schedule
@@ -365,6 +365,23 @@ def _register_atexit() -> None:
         _atexit_registered = True
 
 
+_exporter_warnings_seen: set[str] = set()
+
+
+def _resolve_warning_once(config: Config) -> list[Any]:
+    """Resolve the ambient exporters; a warning about a name is given once per process, like
+    warnings about other environment values (the ambient session is rebuilt by configure())."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exporters = resolve_exporters(config.exporters, builtin_kwargs=_builtin_kwargs(config))
+    for w in caught:
+        text = str(w.message)
+        if text not in _exporter_warnings_seen:
+            _exporter_warnings_seen.add(text)
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return exporters
+
+
 def session_for_calls() -> Session | None:
     """The session a decorated call reports to, or None when none needs it."""
     cur = _current
@@ -391,9 +408,7 @@ def _make_ambient() -> Session | None:
             sess = Session(config, [], ambient=True)
             sess.finished = True
         else:
-            with warnings.catch_warnings():
-                warnings.simplefilter("default")
-                exporters = resolve_exporters(config.exporters, builtin_kwargs=_builtin_kwargs(config))
+            exporters = _resolve_warning_once(config)
             sess = Session(config, exporters, ambient=True)
         _ambient = sess
         _current = sess
@@ -548,6 +563,8 @@ def _reset_for_tests() -> None:
     """Close everything and forget ``configure()``: a fresh process, as far as we can tell."""
     global _shut_down
     shutdown()
+    _reset_warnings()
+    _exporter_warnings_seen.clear()
     with _state_lock:
         _overrides.clear()
         _shut_down = False
