@@ -411,6 +411,8 @@ def _ratios(by: dict[str, Variant], identity: dict[str, bool]) -> list[dict[str,
          "armed-idle @profiled / plain closure"),
         ("on_vs_fast_range", "profiled_on", "fast_range_on", 1.5,
          "profiler-on @profiled / closure around _RecordFunctionFast (on)"),
+        ("window_vs_fast_range", "profiled_window", "fast_range_on", 1.5,
+         "@profiled in the SDK's own window / closure around _RecordFunctionFast (on)"),
         ("disabled_vs_bare", "disabled", "bare", 1.0,
          "PROFILED_ENABLED=0 @profiled / bare call"),
     ):

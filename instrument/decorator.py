@@ -66,9 +66,15 @@ def _hooks() -> Any:
     return _session_hooks
 
 
-def set_idle(idle: bool) -> None:
-    global _IDLE
+# The started session that decorated calls report to, while it counts steps; else None
+# (then ``_call`` asks the session module, which builds the ambient session on first use).
+_SESSION: Any = None
+
+
+def set_idle(idle: bool, session: Any = None) -> None:
+    global _IDLE, _SESSION
     _IDLE = idle
+    _SESSION = None if idle else session
 
 
 # ---------------------------------------------------------------- range enter/exit
@@ -99,11 +105,30 @@ def _exit(state: tuple[Any, Any, int, Any], is_step: bool, root_ends_step: bool 
 
 
 def _call(f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: Any) -> Any:
-    state = _enter(name)
+    """A sync call while a session counts steps (the lean twin of ``_enter``/``_exit``)."""
+    sess = _SESSION or _hooks().session_for_calls()
+    if sess is None or sess._steps_declared:  # root calls do not end steps: no depth needed
+        try:
+            if _FLAG._is_profiler_enabled:
+                with _FastRange(name):
+                    return f(*args, **kwargs)
+            return f(*args, **kwargs)
+        finally:
+            if is_step and sess is not None:
+                sess._step_function_returned()
+    depth = _DEPTH.get()
+    token = _DEPTH.set(depth + 1)
     try:
+        if _FLAG._is_profiler_enabled:
+            with _FastRange(name):
+                return f(*args, **kwargs)
         return f(*args, **kwargs)
     finally:
-        _exit(state, is_step)
+        _DEPTH.reset(token)
+        if is_step:
+            sess._step_function_returned()
+        elif depth == 0:
+            sess._root_call_returned()
 
 
 # ---------------------------------------------------------------- wrappers per kind
@@ -112,8 +137,12 @@ def _call(f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: An
 def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[..., Any]:
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if _IDLE and not _FLAG._is_profiler_enabled:
-            return f(*args, **kwargs)
+        if _IDLE:
+            if not _FLAG._is_profiler_enabled or _is_compiling():
+                return f(*args, **kwargs)
+            # someone else's profiler records and no session counts steps: only the range
+            with _FastRange(name):
+                return f(*args, **kwargs)
         if _is_compiling():
             return f(*args, **kwargs)
         return _call(f, name, is_step, args, kwargs)
@@ -254,8 +283,11 @@ def _wrap_callable_object(obj: Any, name: str, is_step: bool) -> Any:
         return wrapt.FunctionWrapper(obj, kind_wrapper)
 
     def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        if _IDLE and not _FLAG._is_profiler_enabled:
-            return wrapped(*args, **kwargs)
+        if _IDLE:
+            if not _FLAG._is_profiler_enabled or _is_compiling():
+                return wrapped(*args, **kwargs)
+            with _FastRange(name):
+                return wrapped(*args, **kwargs)
         if _is_compiling():
             return wrapped(*args, **kwargs)
         return _call(wrapped, name, is_step, args, kwargs)

@@ -71,6 +71,7 @@ class Session:
         self._window_index = 0
         self._steps_declared = False
         self._started = False
+        self._idle_until = 0  # steps before this one are idle (no window, action NONE)
         self._skip_reason: str | None = None
         self._tmpdir: str | None = None
 
@@ -132,6 +133,7 @@ class Session:
             self._transition(Action.NONE, first, 0)
             self._action = first
             self._check_finished()
+        _refresh_idle()
 
     def _advance(self) -> None:
         with self._lock:
@@ -139,6 +141,9 @@ class Session:
                 return
             if not self._started:
                 self._start()
+            if self._window is None and self.step_index + 1 < self._idle_until:
+                self.step_index += 1  # an idle step (wait, skip_first): nothing else changes
+                return
             ended = self.step_index
             prev = self._action
             if prev in _RECORDING and self._window is not None and self._window.recording:
@@ -150,9 +155,13 @@ class Session:
             self._check_finished()
 
     def _check_finished(self) -> None:
-        if self._window is None and self.schedule.finished(self.step_index):
-            self.finished = True
-            _refresh_idle()
+        if self._window is None:
+            if self.schedule.finished(self.step_index):
+                self.finished = True
+                _refresh_idle()
+            elif self._action is Action.NONE:
+                nxt = self.schedule.next_active(self.step_index)
+                self._idle_until = self.step_index if nxt is None else nxt
 
     def _transition(self, prev: Action, cur: Action, step: int) -> None:
         if prev is Action.RECORD_AND_SAVE:
@@ -343,7 +352,7 @@ def _refresh_idle() -> None:
     if cur is None:
         decorator.set_idle(_shut_down)
     else:
-        decorator.set_idle(cur.finished or cur.closed)
+        decorator.set_idle(cur.finished or cur.closed, cur if cur._started else None)
 
 
 def ambient_config() -> Config:

@@ -418,3 +418,18 @@ def test_schedule_env_round_trip_and_negative_step():
     assert Schedule.parse(s.to_env()) == s
     with pytest.raises(ValueError, match="step"):
         s.action(-1)
+
+
+def test_next_active_agrees_with_action_everywhere():
+    import itertools
+
+    from instrument.sampling import Action
+
+    for wait, warmup, active, repeat, skip in itertools.product(
+        (0, 1, 3), (0, 1, 2), (1, 2), (0, 1, 2), (0, 2)
+    ):
+        sched = Schedule(wait=wait, warmup=warmup, active=active, repeat=repeat, skip_first=skip)
+        for step in range(40):
+            expected = next((s for s in range(step, 80) if sched.action(s) is not Action.NONE),
+                            None)
+            assert sched.next_active(step) == expected, (sched, step)
