@@ -31,6 +31,7 @@ __all__ = [
     "distributed_info",
     "is_compiling",
     "profiler_on",
+    "run_after_graph",
 ]
 
 TORCH_VERSION = torch.__version__
@@ -69,6 +70,19 @@ try:
     from torch.compiler import is_compiling
 except ImportError:  # pragma: no cover - old torch
     from torch._dynamo import is_compiling  # type: ignore[no-redef]
+
+
+def run_after_graph(fn: Any) -> bool:
+    """Let ``fn()`` be called inside ``torch.compile``d code without a graph break: Dynamo
+    moves the call to after the graph runs (``reorderable_logging_functions``, torch >= 2.5).
+    Returns False where torch has no such option (the call then breaks the graph)."""
+    try:
+        import torch._dynamo.config as dynamo_config
+
+        dynamo_config.reorderable_logging_functions.add(fn)
+        return True
+    except Exception:  # noqa: BLE001 - old torch or no Dynamo
+        return False
 
 
 _ACTIVITY = {

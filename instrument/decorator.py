@@ -144,6 +144,10 @@ def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...,
             with _FastRange(name):
                 return f(*args, **kwargs)
         if _is_compiling():
+            if is_step:  # in compiled code the step still ends, right after the graph runs
+                result = f(*args, **kwargs)
+                _compiled_step_returned()
+                return result
             return f(*args, **kwargs)
         return _call(f, name, is_step, args, kwargs)
 
@@ -250,6 +254,19 @@ def _athrower(agen: Any, exc: BaseException) -> Callable[[Any], Any]:
     return lambda _ignored: agen.athrow(exc)
 
 
+def _compiled_step_returned() -> None:
+    """A ``step=True`` function returned inside ``torch.compile``d code.
+
+    Registered with Dynamo as a reorderable logging function (``_torch.run_after_graph``):
+    Dynamo does not trace it, and the compiled code calls it after the graph has run, so
+    steps are counted even when the whole step is compiled (``fullgraph=True`` included).
+    """
+    _step_if_counting()
+
+
+_torch.run_after_graph(_compiled_step_returned)
+
+
 def _step_if_counting() -> None:
     sess = _hooks().session_for_calls()
     if sess is not None:
@@ -289,6 +306,10 @@ def _wrap_callable_object(obj: Any, name: str, is_step: bool) -> Any:
             with _FastRange(name):
                 return wrapped(*args, **kwargs)
         if _is_compiling():
+            if is_step:
+                result = wrapped(*args, **kwargs)
+                _compiled_step_returned()
+                return result
             return wrapped(*args, **kwargs)
         return _call(wrapped, name, is_step, args, kwargs)
 
@@ -357,7 +378,11 @@ class _Profiled:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if not self.enabled or _is_compiling():
+        if not self.enabled:
+            return None
+        if _is_compiling():
+            if self.step:
+                _compiled_step_returned()
             return None
         stack = _CM_STACK.get()
         # innermost entry of this instance (always the last one unless exits were misnested)

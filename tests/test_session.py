@@ -482,3 +482,26 @@ def test_user_profiler_started_during_our_warmup_keeps_its_events():
     shutdown()
     assert mem.reports == []
     assert "your own torch.profiler" in mem.notices[0]
+
+
+@profiled("compiled_step", step=True)
+def _compiled_step(x):
+    return (x @ x).relu()
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_steps_end_when_the_whole_step_function_is_compiled(backend):
+    """torch.compile(step function): the range is not recorded inside the graph, but every
+    call still ends a step, so windows open and close on schedule."""
+    compiled = torch.compile(_compiled_step, fullgraph=True, backend=backend)
+    x = torch.randn(8, 8)
+    with capture(schedule=Schedule(wait=1, warmup=1, active=2)) as cap:
+        seen = []
+        for _ in range(6):
+            compiled(x)
+            seen.append(cap.session.step_index)
+    # one step per call until the schedule is over (then nothing needs counting)
+    assert seen[:4] == [1, 2, 3, 4]
+    (report,) = cap.reports
+    assert report.steps == (2, 3)
+    assert report.partial is False
