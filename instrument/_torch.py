@@ -239,5 +239,70 @@ class ProfilerWindow:
         self.prepared = False
         self.recording = False
 
+    def events(self) -> list[tuple]:
+        """The stopped window's events as ``analysis.Event`` tuples, read straight from
+        Kineto's results (no trace JSON, no ``key_averages()``)."""
+        return kineto_events(self._prof.profiler.kineto_results)
+
     def export_chrome_trace(self, path: str) -> None:
         self._prof.export_chrome_trace(path)
+
+
+def kineto_events(results: Any) -> list[tuple]:
+    """Normalise ``_ProfilerResult.events()`` into ``analysis.Event`` tuples.
+
+    Mirrors ``torch.autograd.profiler.profile._parse_kineto_results``: a CPU operator's id is
+    its ``correlation_id()``; runtime calls and device work point at it through
+    ``linked_correlation_id()``; runtime calls take the thread of the operator they belong to
+    (Kineto reports them with the OS thread id, operators with torch's own).
+    """
+    from .analysis import (
+        CPU_OP_CATEGORIES,
+        DEVICE_CATEGORIES,
+        FILTERED_NAMES,
+        RUNTIME_CATEGORIES,
+        input_bytes,
+        is_bookkeeping,
+    )
+
+    raw = results.events() if results is not None else []
+    op_thread: dict[int, Any] = {}
+    out: list[tuple] = []
+    runtime: list[tuple] = []
+    append = out.append
+    for e in raw:
+        name = e.name()
+        if name in FILTERED_NAMES:
+            continue
+        cat = e.activity_type()
+        start = e.start_ns()
+        dur = e.duration_ns()
+        if cat in CPU_OP_CATEGORIES:
+            if e.is_hidden_event():
+                continue
+            thread = ("cpu", e.start_thread_id())
+            if is_bookkeeping(name):
+                append(("overhead", name, start, dur, thread, 0, 0, 0, 0, False))
+                continue
+            ext = e.correlation_id()
+            op_thread[ext] = thread
+            flops = e.flops()
+            nbytes = input_bytes(e.shapes(), e.dtypes()) if flops else 0
+            append(("cpu", name, start, dur, thread, ext, 0, flops, nbytes,
+                    cat == "user_annotation"))
+        elif cat in RUNTIME_CATEGORIES:
+            if is_bookkeeping(name):
+                append(("overhead", name, start, dur, ("os", e.start_thread_id()), 0, 0, 0, 0,
+                        False))
+                continue
+            runtime.append((name, start, dur, e.start_thread_id(), e.linked_correlation_id()))
+        elif cat in DEVICE_CATEGORIES:
+            append((DEVICE_CATEGORIES[cat], name, start, dur, ("dev", e.device_index(),
+                    e.device_resource_id()), 0, e.linked_correlation_id(), 0, 0, False))
+        elif cat == "overhead" or is_bookkeeping(name):
+            append(("overhead", name, start, dur, ("cpu", e.start_thread_id()), 0, 0, 0, 0,
+                    False))
+    for name, start, dur, tid, link in runtime:
+        thread = op_thread.get(link, ("os", tid))
+        append(("cpu", name, start, dur, thread, 0, link, 0, 0, False))
+    return out

@@ -1,10 +1,25 @@
-"""Chrome/Kineto trace events -> the numbers in a ``WindowReport``. No torch imports.
+"""A window's events -> the numbers and verdicts in a ``WindowReport``. No torch imports.
 
-Works on the trace JSON (``traceEvents``) that ``export_chrome_trace`` writes, never through
-``key_averages()`` (~30 µs per event). Per thread, complete (``ph == "X"``) CPU events are
-nested by time; an event's self time is its duration minus its direct children's. Device
-time of a range is the duration of the kernels, memcpys and memsets whose launch (a runtime
-event carrying ``args.correlation``) happened inside the range on the same thread.
+Events come from one of two front ends, both producing the same plain tuples (``Event``):
+``events_from_trace`` reads Chrome/Kineto trace JSON (a saved file, any torch.profiler user's),
+and ``instrument._torch.window_events`` reads the profiler's raw Kineto results directly
+(no JSON, no ``key_averages()``: ~30 µs per event there, a few µs here).
+
+How the numbers are made:
+- Per thread, CPU events are nested by time; an event's self time is its duration minus its
+  direct children's (runtime calls such as ``cudaLaunchKernel`` are children of the operator
+  that made them), as in torch's table.
+- A *range* is a ``@profiled`` name (``range_names``) or any ``user_annotation`` event (a
+  ``record_function`` range in a plain torch.profiler trace). Calls count every occurrence;
+  inclusive CPU time counts only the outermost occurrence of a name (recursion is not counted
+  twice).
+- Device work (kernels, memcpys, memsets) belongs to the CPU operator whose id it is linked to
+  (``External id`` in a trace, ``linked_correlation_id`` in Kineto results), hence to every
+  range open around that operator. Device busy time is the union of those intervals (no
+  idle gaps, unlike ``gpu_user_annotation``); wall time runs from a range's start to the later
+  of its end and the end of its last kernel.
+- Profiler bookkeeping (``ProfilerStep#N``, "Activity Buffer Request", our step markers) is
+  never user time: it is reported as ``profiler_overhead_us``.
 """
 
 from __future__ import annotations
@@ -14,32 +29,155 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .report import FrozenMap, KernelStats, OpStats, RangeStats
+from .verdict import CPU_ONLY, Verdict, judge
 
-__all__ = ["Analysis", "analyze_events", "is_bookkeeping"]
+__all__ = [
+    "Analysis",
+    "Event",
+    "analyze",
+    "analyze_events",
+    "analyze_trace",
+    "events_from_trace",
+    "is_bookkeeping",
+]
 
-CPU_CATEGORIES = frozenset(
-    {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "privateuse1_runtime",
-     "xpu_runtime", "mtia_runtime", "python_function"}
+# Event tuple fields
+KIND, NAME, START, DUR, THREAD, EXT, LINK, FLOPS, NBYTES, ANNOTATION = range(10)
+Event = tuple  # (kind, name, start_ns, dur_ns, thread, ext_id, link_id, flops, bytes, annotation)
+
+CPU_OP_CATEGORIES = frozenset({"cpu_op", "user_annotation", "python_function"})
+RUNTIME_CATEGORIES = frozenset(
+    {"cuda_runtime", "cuda_driver", "privateuse1_runtime", "privateuse1_driver", "xpu_runtime",
+     "xpu_driver", "mtia_runtime", "hpu_runtime"}
 )
-DEVICE_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
-# The profiler's own work: never user time.
-BOOKKEEPING_NAMES = frozenset({"Activity Buffer Request", "Iteration Start: PyTorch Profiler"})
+DEVICE_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset",
+                     "mtia_ccp_events": "kernel"}
+# Names torch's own table drops (torch.autograd.profiler_util._filter_name).
+FILTERED_NAMES = frozenset({
+    "profiler::_record_function_exit", "profiler::_call_end_callbacks_on_jit_fut",
+    "profiler::_record_function_enter", "profiler::_record_function_enter_new",
+    "profiler::_record_function_exit._RecordFunction", "aten::is_leaf", "aten::output_nr",
+    "aten::_version",
+})
+BOOKKEEPING_NAMES = frozenset({"Activity Buffer Request", "Iteration Start: PyTorch Profiler",
+                               "Record Window End"})
 BOOKKEEPING_PREFIXES = ("ProfilerStep#", "PyTorch Profiler", "profiled::", "## ")
-
-_EPS_US = 1e-3  # timestamps carry nanoseconds as 3 decimals of a microsecond
+_DTYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "int": 4,
+                "long int": 8, "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1,
+                "c10::complex<float>": 8, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1}
 
 
 def is_bookkeeping(name: str) -> bool:
     return name in BOOKKEEPING_NAMES or name.startswith(BOOKKEEPING_PREFIXES)
 
 
+def dtype_bytes(dtype: str) -> int:
+    return _DTYPE_BYTES.get(dtype, 4)
+
+
+def mm_flops(name: str, dims: list[Any]) -> int:
+    """FLOPs of the matrix products torch's ``with_flops`` counts, from input shapes.
+
+    Used for traces (torch 2.13's trace JSON carries shapes but no FLOP counts)."""
+    try:
+        if name == "aten::mm" and len(dims[0]) == 2 and len(dims[1]) == 2:
+            (m, k), (_, n) = dims[0], dims[1]
+            return 2 * m * k * n
+        if name == "aten::addmm" and len(dims[1]) == 2 and len(dims[2]) == 2:
+            (m, k), (_, n) = dims[1], dims[2]
+            return 2 * m * k * n
+        if name == "aten::bmm" and len(dims[0]) == 3 and len(dims[1]) == 3:
+            (b, m, k), (_, _, n) = dims[0], dims[1]
+            return 2 * b * m * k * n
+        if name == "aten::baddbmm" and len(dims[1]) == 3 and len(dims[2]) == 3:
+            (b, m, k), (_, _, n) = dims[1], dims[2]
+            return 2 * b * m * k * n
+    except (TypeError, ValueError, IndexError):
+        return 0
+    return 0
+
+
+def input_bytes(dims: Iterable[Any], dtypes: Iterable[Any]) -> int:
+    total = 0
+    for shape, dtype in zip(dims, dtypes):
+        if isinstance(shape, list) and all(isinstance(d, int) for d in shape) and shape:
+            n = 1
+            for d in shape:
+                n *= d
+            total += n * dtype_bytes(str(dtype))
+    return total
+
+
+# ---------------------------------------------------------------- trace JSON front end
+
+
+def events_from_trace(trace: Mapping[str, Any]) -> list[Event]:
+    """Normalise a Chrome/Kineto trace's events (``export_chrome_trace`` output)."""
+    out: list[Event] = []
+    append = out.append
+    for ev in trace.get("traceEvents", ()):
+        if ev.get("ph") != "X":
+            continue
+        cat = ev.get("cat")
+        name = ev.get("name", "")
+        try:
+            start = round(float(ev.get("ts", 0.0)) * 1000.0)
+            dur = round(float(ev.get("dur", 0.0)) * 1000.0)
+        except (TypeError, ValueError):
+            continue
+        args = ev.get("args") or {}
+        thread = (ev.get("pid"), ev.get("tid"))
+        if cat in CPU_OP_CATEGORIES:
+            if name in FILTERED_NAMES:
+                continue
+            if is_bookkeeping(name):
+                append(("overhead", name, start, dur, thread, 0, 0, 0, 0, False))
+                continue
+            flops = int(args.get("flops", 0) or 0)
+            nbytes = 0
+            dims = args.get("Input Dims")
+            if dims is not None:
+                if not flops:
+                    flops = mm_flops(name, dims)
+                if flops:
+                    nbytes = input_bytes(dims, args.get("Input type") or ())
+            append(("cpu", name, start, dur, thread, int(args.get("External id", 0) or 0), 0,
+                    flops, nbytes, cat == "user_annotation"))
+        elif cat in RUNTIME_CATEGORIES:
+            if is_bookkeeping(name):
+                append(("overhead", name, start, dur, thread, 0, 0, 0, 0, False))
+                continue
+            append(("cpu", name, start, dur, thread, 0, int(args.get("External id", 0) or 0),
+                    0, 0, False))
+        elif cat in DEVICE_CATEGORIES:
+            append((DEVICE_CATEGORIES[cat], name, start, dur, thread, 0,
+                    int(args.get("External id", 0) or 0), 0, 0, False))
+        elif cat == "overhead" or (cat != "Trace" and is_bookkeeping(name)):
+            append(("overhead", name, start, dur, thread, 0, 0, 0, 0, False))
+    return out
+
+
+# ---------------------------------------------------------------- the analysis
+
+
 @dataclass
-class _Agg:
+class _Range:
     calls: int = 0
-    self_us: float = 0.0
-    incl_us: float = 0.0
-    device_us: float = 0.0
+    self_ns: int = 0
+    incl_ns: int = 0
+    device_ns: int = 0
     launches: int = 0
+    flops: int = 0
+    nbytes: int = 0
+    occurrences: list[list[int]] = field(default_factory=list)  # [start, end, last device end]
+    intervals: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
+class _Op:
+    calls: int = 0
+    self_ns: int = 0
+    incl_ns: int = 0
 
 
 @dataclass
@@ -50,125 +188,194 @@ class Analysis:
     self_cpu_time_total_us: float = 0.0
     self_device_time_total_us: float = 0.0
     profiler_overhead_us: float = 0.0
+    device_busy_us: float = 0.0
+    wall_time_us: float = 0.0
+    flops: int = 0
+    verdict: Verdict = field(default_factory=lambda: Verdict(CPU_ONLY, "no events"))
     event_count: int = 0
 
 
-def analyze_events(
-    events: Iterable[Mapping[str, Any]],
-    range_names: Iterable[str],
-    *,
-    top: int = 20,
-) -> Analysis:
-    """Aggregate one window's trace events. ``range_names`` are the ``@profiled`` names."""
-    names = frozenset(range_names)
-    cpu_by_thread: dict[tuple[Any, Any], list[Mapping[str, Any]]] = {}
-    device_by_corr: dict[Any, list[tuple[str, str, float]]] = {}
-    device_events: list[tuple[str, str, float]] = []
-    overhead = 0.0
-    count = 0
+def _union_ns(intervals: list[tuple[int, int]]) -> int:
+    if not intervals:
+        return 0
+    intervals.sort()
+    total = 0
+    cur_s, cur_e = intervals[0]
+    for s, e in intervals[1:]:
+        if s > cur_e:
+            total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    return total + cur_e - cur_s
 
+
+def analyze(events: Iterable[Event], range_names: Iterable[str] = (), *, top: int = 20,
+            ) -> Analysis:
+    """Aggregate one window's normalised events (see module docstring)."""
+    names = frozenset(range_names)
+    by_thread: dict[Any, list[Event]] = {}
+    device: list[Event] = []
+    overhead_ns = 0
+    count = 0
+    first = last = None
     for ev in events:
         count += 1
-        if ev.get("ph") != "X":
+        kind = ev[KIND]
+        if kind == "cpu":
+            by_thread.setdefault(ev[THREAD], []).append(ev)
+        elif kind == "overhead":
+            overhead_ns += ev[DUR]
             continue
-        cat = ev.get("cat")
-        if cat in CPU_CATEGORIES:
-            name = ev.get("name", "")
-            if is_bookkeeping(name):
-                if not name.startswith("ProfilerStep#"):
-                    overhead += float(ev.get("dur", 0.0))
-                continue
-            cpu_by_thread.setdefault((ev.get("pid"), ev.get("tid")), []).append(ev)
-        elif cat in DEVICE_CATEGORIES:
-            item = (ev.get("name", ""), DEVICE_CATEGORIES[cat], float(ev.get("dur", 0.0)))
-            device_events.append(item)
-            corr = (ev.get("args") or {}).get("correlation")
-            if corr is not None:
-                device_by_corr.setdefault(corr, []).append(item)
-        elif cat == "Trace" or is_bookkeeping(ev.get("name", "")):
-            continue
+        else:
+            device.append(ev)
+        s, e = ev[START], ev[START] + ev[DUR]
+        if first is None or s < first:
+            first = s
+        if last is None or e > last:
+            last = e
 
-    ranges: dict[str, _Agg] = {}
-    ops: dict[str, _Agg] = {}
-    self_total = 0.0
+    ranges: dict[str, _Range] = {}
+    ops: dict[str, _Op] = {}
+    op_ranges: dict[int, tuple[tuple[_Range, list[int]], ...]] = {}
+    self_total = 0
+    total_flops = 0
 
-    for evs in cpu_by_thread.values():
-        evs.sort(key=lambda e: (float(e.get("ts", 0.0)), -float(e.get("dur", 0.0))))
-        # stack entries: [end_us, name, child_us, agg_key_is_range, event]
+    for evs in by_thread.values():
+        evs.sort(key=lambda e: (e[START], -e[DUR]))
+        # stack entries: [end, name, child_ns, dur, is_range]
         stack: list[list[Any]] = []
-        open_names: dict[str, int] = {}  # name -> how many occurrences are on the stack
+        depth: dict[str, int] = {}
+        outer: dict[str, tuple[_Range, list[int]]] = {}  # outermost open occurrence per name
 
         def close(entry: list[Any]) -> None:
             nonlocal self_total
-            end, name, child, dur = entry
-            self_us = max(dur - child, 0.0)
-            self_total += self_us
-            open_names[name] -= 1
-            target = ranges if name in names else ops
-            agg = target.get(name)
-            if agg is None:
-                agg = target[name] = _Agg()
-            agg.calls += 1
-            agg.self_us += self_us
-            if open_names[name] == 0:  # outermost occurrence: count inclusive time once
-                agg.incl_us += dur
+            end, name, child, dur, is_range = entry
+            self_ns = dur - child if dur > child else 0
+            self_total += self_ns
+            depth[name] -= 1
+            if is_range:
+                agg = ranges[name]
+                agg.self_ns += self_ns
+                if depth[name] == 0:
+                    agg.incl_ns += dur
+                    del outer[name]
+            else:
+                op = ops.get(name)
+                if op is None:
+                    op = ops[name] = _Op()
+                op.calls += 1
+                op.self_ns += self_ns
+                if depth[name] == 0:
+                    op.incl_ns += dur
 
         for ev in evs:
-            ts = float(ev.get("ts", 0.0))
-            dur = float(ev.get("dur", 0.0))
-            while stack and stack[-1][0] <= ts + _EPS_US:
+            start, dur, name = ev[START], ev[DUR], ev[NAME]
+            while stack and stack[-1][0] <= start:
                 close(stack.pop())
             if stack:
                 parent = stack[-1]
-                parent[2] += min(dur, max(parent[0] - ts, 0.0))
-            name = ev.get("name", "")
-            corr = (ev.get("args") or {}).get("correlation")
-            if corr is not None and corr in device_by_corr and open_names:
-                launched = device_by_corr[corr]
-                dev_us = sum(item[2] for item in launched)
-                for rname, depth in open_names.items():
-                    if depth > 0 and rname in names:
-                        agg = ranges.get(rname)
-                        if agg is None:
-                            agg = ranges[rname] = _Agg()
-                        agg.device_us += dev_us
-                        agg.launches += 1
-            open_names[name] = open_names.get(name, 0) + 1
-            stack.append([ts + dur, name, 0.0, dur])
+                overlap = parent[0] - start
+                parent[2] += dur if dur < overlap else overlap
+            is_range = name in names or ev[ANNOTATION]
+            d = depth.get(name, 0)
+            depth[name] = d + 1
+            if is_range:
+                agg = ranges.get(name)
+                if agg is None:
+                    agg = ranges[name] = _Range()
+                agg.calls += 1
+                if d == 0:
+                    occ = [start, start + dur, 0]
+                    agg.occurrences.append(occ)
+                    outer[name] = (agg, occ)
+            if ev[FLOPS]:
+                total_flops += ev[FLOPS]
+                for agg, _occ in outer.values():
+                    agg.flops += ev[FLOPS]
+                    agg.nbytes += ev[NBYTES]
+            ext = ev[EXT] or ev[LINK]
+            if ext and outer:
+                op_ranges[ext] = tuple(outer.values())
+            stack.append([start + dur, name, 0, dur, is_range])
         while stack:
             close(stack.pop())
 
-    range_stats = {
-        name: RangeStats(
-            name=name,
-            calls=agg.calls,
-            cpu_time_us=agg.incl_us,
-            self_cpu_time_us=agg.self_us,
-            device_time_us=agg.device_us,
-            kernel_launches=agg.launches,
-        )
-        for name, agg in sorted(ranges.items(), key=lambda kv: -kv[1].incl_us)
-        if agg.calls
-    }
-    op_stats = sorted(
-        (OpStats(name, a.calls, a.self_us, a.incl_us) for name, a in ops.items()),
-        key=lambda o: (-o.self_cpu_time_us, o.name),
-    )
-    kernels: dict[tuple[str, str], list[float]] = {}
-    for name, kind, dur in device_events:
-        entry = kernels.setdefault((name, kind), [0, 0.0])
+    kernels: dict[tuple[str, str], list[int]] = {}
+    device_total = 0
+    all_intervals: list[tuple[int, int]] = []
+    for ev in device:
+        start, dur = ev[START], ev[DUR]
+        end = start + dur
+        device_total += dur
+        all_intervals.append((start, end))
+        entry = kernels.get((ev[NAME], ev[KIND]))
+        if entry is None:
+            entry = kernels[(ev[NAME], ev[KIND])] = [0, 0]
         entry[0] += 1
         entry[1] += dur
+        for agg, occ in op_ranges.get(ev[LINK], ()):
+            agg.device_ns += dur
+            agg.launches += 1
+            agg.intervals.append((start, end))
+            if end > occ[2]:
+                occ[2] = end
+
+    range_stats = {}
+    for name, agg in sorted(ranges.items(), key=lambda kv: -kv[1].incl_ns):
+        busy = _union_ns(agg.intervals)
+        wall = _union_ns([(s, max(e, dev_end)) for s, e, dev_end in agg.occurrences])
+        cpu_us = agg.incl_ns / 1000.0
+        range_stats[name] = RangeStats(
+            name=name,
+            calls=agg.calls,
+            cpu_time_us=cpu_us,
+            self_cpu_time_us=agg.self_ns / 1000.0,
+            device_time_us=agg.device_ns / 1000.0,
+            kernel_launches=agg.launches,
+            device_busy_us=busy / 1000.0,
+            wall_time_us=wall / 1000.0,
+            flops=agg.flops,
+            verdict=judge(device_us=agg.device_ns / 1000.0, busy_us=busy / 1000.0,
+                          wall_us=wall / 1000.0, cpu_us=cpu_us, flops=agg.flops,
+                          input_bytes=agg.nbytes),
+        )
+    op_stats = sorted(
+        (OpStats(name, o.calls, o.self_ns / 1000.0, o.incl_ns / 1000.0) for name, o in ops.items()),
+        key=lambda o: (-o.self_cpu_time_us, o.name),
+    )
     kernel_stats = sorted(
-        (KernelStats(name, kind, int(n), t) for (name, kind), (n, t) in kernels.items()),
+        (KernelStats(name, kind, n, t / 1000.0) for (name, kind), (n, t) in kernels.items()),
         key=lambda k: (-k.device_time_us, k.name),
     )
+    busy_all = _union_ns(all_intervals)
+    wall_all = (last - first) if first is not None and last is not None else 0
+    window_bytes = sum(a.nbytes for a in ranges.values()) if ranges else 0
     return Analysis(
         ranges=FrozenMap(range_stats),
         top_ops=tuple(op_stats[:top]),
         top_kernels=tuple(kernel_stats[:top]),
-        self_cpu_time_total_us=self_total,
-        self_device_time_total_us=sum(d for _, _, d in device_events),
-        profiler_overhead_us=overhead,
+        self_cpu_time_total_us=self_total / 1000.0,
+        self_device_time_total_us=device_total / 1000.0,
+        profiler_overhead_us=overhead_ns / 1000.0,
+        device_busy_us=busy_all / 1000.0,
+        wall_time_us=wall_all / 1000.0,
+        flops=total_flops,
+        verdict=judge(device_us=device_total / 1000.0, busy_us=busy_all / 1000.0,
+                      wall_us=wall_all / 1000.0, cpu_us=self_total / 1000.0,
+                      flops=total_flops, input_bytes=window_bytes),
         event_count=count,
     )
+
+
+def analyze_trace(trace: Mapping[str, Any], range_names: Iterable[str] = (), *,
+                  top: int = 20) -> Analysis:
+    """Analyse a loaded Chrome/Kineto trace (``tracefile.load_trace``)."""
+    return analyze(events_from_trace(trace), range_names, top=top)
+
+
+def analyze_events(events: Iterable[Mapping[str, Any]], range_names: Iterable[str], *,
+                   top: int = 20) -> Analysis:
+    """Analyse raw Chrome trace event dicts (``trace["traceEvents"]``)."""
+    return analyze(events_from_trace({"traceEvents": events}), range_names, top=top)
+

@@ -10,7 +10,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
-__all__ = ["FrozenMap", "KernelStats", "OpStats", "RangeStats", "WindowReport"]
+from .verdict import CPU_ONLY, Verdict
+
+__all__ = ["FrozenMap", "KernelStats", "OpStats", "RangeStats", "Verdict", "WindowReport"]
 
 V = TypeVar("V")
 
@@ -60,6 +62,10 @@ class RangeStats:
     self_cpu_time_us: float  # minus the time of operators and ranges nested inside
     device_time_us: float  # device kernels/memcpy/memset launched inside the range
     kernel_launches: int
+    device_busy_us: float = 0.0  # union of those kernels' intervals (no idle gaps)
+    wall_time_us: float = 0.0  # range start -> later of range end and its last kernel's end
+    flops: int = 0  # with_flops: FLOPs of the operators inside the range
+    verdict: Verdict = field(default_factory=lambda: Verdict(CPU_ONLY, ""))
 
     @property
     def cpu_time_per_call_us(self) -> float:
@@ -69,6 +75,16 @@ class RangeStats:
     def device_to_cpu_ratio(self) -> float:
         """Device time over CPU time: << 1 means the device idles while the CPU dispatches."""
         return self.device_time_us / self.cpu_time_us if self.cpu_time_us else 0.0
+
+    @property
+    def device_busy_share(self) -> float:
+        """Share of the range's wall time during which its kernels kept the device busy."""
+        return self.device_busy_us / self.wall_time_us if self.wall_time_us else 0.0
+
+    @property
+    def flops_per_s(self) -> float:
+        """Achieved FLOP/s over device time (0 when FLOPs or device time are unknown)."""
+        return self.flops / (self.device_time_us * 1e-6) if self.flops and self.device_time_us else 0.0
 
 
 @dataclass(frozen=True)
@@ -112,6 +128,9 @@ class WindowReport:
     self_cpu_time_total_us: float = 0.0  # torch's "Self CPU time total", bookkeeping excluded
     self_device_time_total_us: float = 0.0  # torch's "Self CUDA time total"
     profiler_overhead_us: float = 0.0  # the profiler's own bookkeeping, not user time
+    device_busy_us: float = 0.0  # union of all device work in the window
+    flops: int = 0
+    verdict: Verdict = field(default_factory=lambda: Verdict(CPU_ONLY, ""))
     event_count: int = 0
     raw_trace_path: str | None = None  # the window's trace JSON; valid while exporters run
     trace_file: str | None = None  # the file a trace exporter wrote, when one did

@@ -31,7 +31,7 @@ from typing import Any
 from exporters import ExporterWarning, check_exporter_names, resolve_exporters
 
 from . import _torch, decorator
-from .analysis import analyze_events
+from .analysis import analyze
 from .config import Config, _reject_unknown, _reset_warnings
 from .pipeline import export_report, notify, shutdown_exporters
 from .report import WindowReport
@@ -275,15 +275,16 @@ class Session:
         partial: bool,
         end_ns: int,
     ) -> WindowReport:
+        names = set(decorator.RANGE_NAMES)
+        analysis = analyze(window.events(), names)  # the report: straight from Kineto's events
+        # the trace file exporters get: torch's JSON, shaped (see tracefile.shape_trace)
         if self._tmpdir is None:
             self._tmpdir = tempfile.mkdtemp(prefix="torch-profiled-")
         raw = os.path.join(self._tmpdir, f"window{index}.pt.trace.json")
-        window.export_chrome_trace(raw)
         dist = _torch.distributed_info()
-        names = set(decorator.RANGE_NAMES)
+        window.export_chrome_trace(raw)
         trace = shape_trace(load_trace(raw), names, dist)
         write_json_atomic(trace, raw, compress=False)
-        analysis = analyze_events(trace.get("traceEvents", ()), names)
         return WindowReport(
             window=index,
             steps=steps,
@@ -302,6 +303,9 @@ class Session:
             self_cpu_time_total_us=analysis.self_cpu_time_total_us,
             self_device_time_total_us=analysis.self_device_time_total_us,
             profiler_overhead_us=analysis.profiler_overhead_us,
+            device_busy_us=analysis.device_busy_us,
+            flops=analysis.flops,
+            verdict=analysis.verdict,
             event_count=analysis.event_count,
             raw_trace_path=raw,
         )

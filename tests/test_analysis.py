@@ -12,27 +12,32 @@ from instrument.analysis import analyze_events
 from instrument.testing import capture
 
 
-def X(name, ts, dur, cat="cpu_op", tid=1, **args):
+def E(name, ts, dur, cat="cpu_op", tid=1, external=0, correlation=None):
+    args = {"External id": external}
+    if correlation is not None:
+        args["correlation"] = correlation
     return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
             "args": args}
 
 
-def test_device_time_follows_launch_correlation_not_time():
+def test_device_time_follows_the_launching_operator_not_time():
     events = [
-        X("step", 0, 100, cat="user_annotation"),
-        X("aten::mm", 10, 20),
-        X("cudaLaunchKernel", 12, 5, cat="cuda_runtime", correlation=7),
-        X("cudaLaunchKernel", 50, 5, cat="cuda_runtime", correlation=8),
-        # a launch outside the range
-        X("cudaLaunchKernel", 150, 5, cat="cuda_runtime", correlation=9),
+        E("step", 0, 100, cat="user_annotation", external=1),
+        E("aten::mm", 10, 20, external=2),
+        E("cudaLaunchKernel", 12, 5, cat="cuda_runtime", external=2, correlation=7),
+        E("aten::copy_", 45, 15, external=3),
+        E("cudaMemcpyAsync", 50, 5, cat="cuda_runtime", external=3, correlation=8),
+        # an operator outside the range launches too
+        E("aten::add", 140, 20, external=4),
+        E("cudaLaunchKernel", 150, 5, cat="cuda_runtime", external=4, correlation=9),
         # device events: their timestamps are on the device timeline and overlap nothing
-        X("gemm", 1000, 40, cat="kernel", tid=7, correlation=7),
-        X("Memcpy HtoD", 1100, 3, cat="gpu_memcpy", tid=7, correlation=8),
-        X("other", 2000, 11, cat="kernel", tid=7, correlation=9),
+        E("gemm", 1000, 40, cat="kernel", tid=7, external=2, correlation=7),
+        E("Memcpy HtoD", 1100, 3, cat="gpu_memcpy", tid=7, external=3, correlation=8),
+        E("other", 2000, 11, cat="kernel", tid=7, external=4, correlation=9),
         # the device-side annotation spans idle time: must not be counted
-        X("step", 990, 500, cat="gpu_user_annotation", tid=7),
-        X("Activity Buffer Request", 200, 30),
-        X("ProfilerStep#1", 0, 160, cat="user_annotation"),
+        E("step", 990, 500, cat="gpu_user_annotation", tid=7),
+        E("Activity Buffer Request", 200, 30, cat="cuda_runtime"),
+        E("ProfilerStep#1", 0, 170, cat="user_annotation"),
     ]
     a = analyze_events(events, {"step"})
     r = a.ranges["step"]
@@ -40,30 +45,34 @@ def test_device_time_follows_launch_correlation_not_time():
     assert r.device_time_us == pytest.approx(43.0)
     assert r.kernel_launches == 2
     assert r.cpu_time_us == pytest.approx(100.0)
-    # self time of the range: 100 - aten::mm 20 - launch at 50 (5)
-    assert r.self_cpu_time_us == pytest.approx(75.0)
+    # self time of the range: 100 - aten::mm 20 - aten::copy_ 15
+    assert r.self_cpu_time_us == pytest.approx(65.0)
+    # busy: 40 + 3 (disjoint); wall: range start 0 .. last kernel end 1103
+    assert r.device_busy_us == pytest.approx(43.0)
+    assert r.wall_time_us == pytest.approx(1103.0)
     assert a.self_device_time_total_us == pytest.approx(54.0)
-    assert a.profiler_overhead_us == pytest.approx(30.0)
+    assert a.profiler_overhead_us == pytest.approx(30.0 + 170.0)
     kernels = {(k.name, k.kind): k for k in a.top_kernels}
     assert kernels[("gemm", "kernel")].device_time_us == 40
     assert kernels[("Memcpy HtoD", "memcpy")].calls == 1
     ops = {o.name: o for o in a.top_ops}
     assert "ProfilerStep#1" not in ops and "Activity Buffer Request" not in ops
     assert ops["aten::mm"].self_cpu_time_us == pytest.approx(15.0)  # minus nested launch
-    assert ops["cudaLaunchKernel"].calls == 3
+    assert ops["cudaLaunchKernel"].calls == 2
     # user totals: every CPU event's self time, bookkeeping excluded
-    assert a.self_cpu_time_total_us == pytest.approx(75 + 15 + 5 + 5 + 5)
+    assert a.self_cpu_time_total_us == pytest.approx(65 + 15 + 5 + 10 + 5 + 15 + 5)
 
 
 def test_nested_ranges_both_get_device_time_and_recursion_counts_once():
     events = [
-        X("outer", 0, 100, cat="user_annotation"),
-        X("outer", 10, 50, cat="user_annotation"),  # recursive
-        X("inner", 20, 10, cat="user_annotation"),
-        X("cudaLaunchKernel", 22, 2, cat="cuda_runtime", correlation=1),
-        X("k", 500, 8, cat="kernel", tid=9, correlation=1),
+        E("outer", 0, 100, cat="user_annotation", external=1),
+        E("outer", 10, 50, cat="user_annotation", external=2),  # recursive
+        E("inner", 20, 10, cat="user_annotation", external=3),
+        E("aten::mul", 21, 5, external=4),
+        E("cudaLaunchKernel", 22, 2, cat="cuda_runtime", external=4, correlation=1),
+        E("k", 500, 8, cat="kernel", tid=9, external=4, correlation=1),
     ]
-    a = analyze_events(events, {"outer", "inner"})
+    a = analyze_events(events, set())  # user_annotation events are ranges by themselves
     assert a.ranges["outer"].calls == 2
     assert a.ranges["outer"].cpu_time_us == pytest.approx(100.0)  # outermost only
     assert a.ranges["outer"].device_time_us == pytest.approx(8.0)  # not 16
@@ -73,8 +82,8 @@ def test_nested_ranges_both_get_device_time_and_recursion_counts_once():
 
 def test_threads_are_nested_separately():
     events = [
-        X("r", 0, 100, cat="user_annotation", tid=1),
-        X("aten::add", 10, 80, tid=2),  # another thread, overlapping in time
+        E("r", 0, 100, cat="user_annotation", tid=1),
+        E("aten::add", 10, 80, tid=2),  # another thread, overlapping in time
     ]
     a = analyze_events(events, {"r"})
     assert a.ranges["r"].self_cpu_time_us == pytest.approx(100.0)
