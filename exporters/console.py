@@ -1,8 +1,10 @@
 """``ConsoleExporter``: the window table a person reads first.
 
-Per ``@profiled`` range first (CPU time, device time and how much of the CPU time the device
-was busy with launched work), then the top operators and device kernels, then the two totals
-the way torch's own table prints them, then the trace file's path (relative to the working
+First the window's verdict with the numbers behind it, then one line per ``@profiled`` range:
+calls, inclusive CPU time, device time of the kernels it launched, device time over CPU time,
+the share of the range's wall time the device was busy, and the verdict (overhead-bound,
+compute-bound, cpu-only; see ``instrument.verdict``). Then the top operators and device
+kernels, then the two totals the way torch's own table prints them, then the trace file's path (relative to the working
 directory when that is shorter). At most 100 columns, no colour; a trace path too long for that
 gets a line of its own and is never cut.
 """
@@ -43,6 +45,25 @@ def _row(name: str, name_w: int, rest: str) -> str:
     return f"{_fit(name, width):<{width}}{rest}"
 
 
+def _pct(share: float) -> str:
+    if share >= 0.0995 or share == 0.0:
+        return f"{100.0 * share:.0f}%"
+    return f"{100.0 * share:.1f}%"
+
+
+def _si(value: float) -> str:
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= factor:
+            return f"{value / factor:.2f} {prefix}"
+    return f"{value:.0f} "
+
+
+def _wrap(text: str) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False) or [""]
+
+
 def _steps(steps: tuple[int, ...]) -> str:
     if not steps:
         return "no steps"
@@ -64,20 +85,31 @@ def format_report(report: "WindowReport", rows: int = 15) -> str:
     rule = "-" * WIDTH
     lines.append(rule)
 
-    name_w = 36
+    verdict = getattr(report, "verdict", None)
+    if verdict is not None and verdict.reason:
+        lines.extend(_wrap(f"window: {verdict}: {verdict.reason}"))
+        lines.append(rule)
+
+    name_w = 30
     lines.append(
-        f"{'@profiled range':<{name_w}} {'calls':>6} {'CPU total':>11} {'CPU/call':>11} "
-        f"{'device':>11} {'device/CPU':>10} {'launches':>9}"
+        f"{'@profiled range':<{name_w}} {'calls':>6} {'CPU total':>11} {'device':>11} {'dev/CPU':>8} "
+        f"{'busy':>5}  {'verdict':<16}"
     )
     if report.ranges:
-        for r in list(report.ranges.values())[:rows]:
+        shown = list(report.ranges.values())[:rows]
+        for r in shown:
             lines.append(_row(
                 r.name, name_w,
-                f" {r.calls:>6} "
-                f"{format_time_us(r.cpu_time_us):>11} {format_time_us(r.cpu_time_per_call_us):>11} "
-                f"{format_time_us(r.device_time_us):>11} "
-                f"{100.0 * r.device_to_cpu_ratio:>9.1f}% {r.kernel_launches:>9}",
+                f" {r.calls:>6} {format_time_us(r.cpu_time_us):>11} "
+                f"{format_time_us(r.device_time_us):>11} {_pct(r.device_to_cpu_ratio):>8} "
+                f"{_pct(r.device_busy_share) if r.device_time_us else '-':>5}  "
+                f"{str(r.verdict) if r.verdict.reason else '':<16}",
             ))
+        for r in shown:
+            if r.flops:
+                per_call = r.flops / r.calls if r.calls else 0.0
+                rate = f", {_si(r.flops_per_s)}FLOP/s on the device" if r.flops_per_s else ""
+                lines.append(_fit(f"  {r.name}: {_si(per_call)}FLOP per call{rate}", WIDTH))
     else:
         lines.append("(no @profiled range ran in this window)")
 
@@ -130,7 +162,7 @@ def format_report(report: "WindowReport", rows: int = 15) -> str:
         else:  # a path is never cut (it must stay usable); it gets a line of its own
             lines.append("Trace:")
             lines.append(shown)
-    return "\n".join(lines) + "\n"
+    return "\n".join(line.rstrip() for line in lines) + "\n"
 
 
 def _display_path(path: str) -> str:

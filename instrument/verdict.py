@@ -66,6 +66,15 @@ class Verdict:
         return base
 
 
+def _t(us: float) -> str:
+    """torch's table units: ``23.104us``, ``2.314ms``, ``1.250s``."""
+    if us >= 1e6:
+        return f"{us / 1e6:.3f}s"
+    if us >= 1e3:
+        return f"{us / 1e3:.3f}ms"
+    return f"{us:.3f}us"
+
+
 def judge(
     *,
     device_us: float,
@@ -77,11 +86,11 @@ def judge(
 ) -> Verdict:
     """The verdict for a range or a window from its numbers (µs, FLOPs, bytes)."""
     if device_us <= 0.0:
-        return Verdict(CPU_ONLY, f"no device work in {cpu_us:.1f} µs of CPU time")
+        return Verdict(CPU_ONLY, f"no device work in {_t(cpu_us)} of CPU time")
     share = busy_us / wall_us if wall_us > 0 else 1.0
     numbers = (
-        f"device busy {busy_us:.1f} µs of {wall_us:.1f} µs wall ({100 * share:.0f}%), "
-        f"CPU {cpu_us:.1f} µs"
+        f"device busy {_t(busy_us)} of {_t(wall_us)} wall ({100 * share:.0f}%), "
+        f"CPU {_t(cpu_us)}"
     )
     detail = ""
     if flops > 0 and input_bytes > 0:
