@@ -18,6 +18,7 @@ python3 -m pytest tests -q -p no:cacheprovider -rs 2>&1 | tee "$OUT/tests.log"
 rc=${PIPESTATUS[0]}
 (cd "$(mktemp -d)" && python3 "$OLDPWD/examples/01_matmul_bias.py") 2>&1 | grep -v USDT | tee "$OUT/example.log"
 python3 bench/seed_tables.py 2>&1 | grep -v USDT | tee "$OUT/seed_tables.log"
+python3 bench/analysis_speed.py --json "$OUT/analysis_speed.json" 2>&1 | grep -v USDT | tee "$OUT/analysis_speed.log"
 if [ -f bench/overhead.py ]; then
   python3 bench/overhead.py --json "$OUT/overhead.json" 2>&1 | grep -v USDT | tee "$OUT/overhead.log"
 fi

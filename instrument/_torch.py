@@ -208,6 +208,7 @@ class ProfilerWindow:
             kwargs["experimental_config"] = config
         self._prof = torch.profiler.profile(**kwargs)
         self.thread = threading.get_ident()
+        self.with_flops = with_flops
         self.prepared = False
         self.recording = False
 
@@ -242,13 +243,13 @@ class ProfilerWindow:
     def events(self) -> list[tuple]:
         """The stopped window's events as ``analysis.Event`` tuples, read straight from
         Kineto's results (no trace JSON, no ``key_averages()``)."""
-        return kineto_events(self._prof.profiler.kineto_results)
+        return kineto_events(self._prof.profiler.kineto_results, self.with_flops)
 
     def export_chrome_trace(self, path: str) -> None:
         self._prof.export_chrome_trace(path)
 
 
-def kineto_events(results: Any) -> list[tuple]:
+def kineto_events(results: Any, with_flops: bool = True) -> list[tuple]:
     """Normalise ``_ProfilerResult.events()`` into ``analysis.Event`` tuples.
 
     Mirrors ``torch.autograd.profiler.profile._parse_kineto_results``: a CPU operator's id is
@@ -270,38 +271,48 @@ def kineto_events(results: Any) -> list[tuple]:
     out: list[tuple] = []
     runtime: list[tuple] = []
     append = out.append
+    # per (name, category): 0 skip, 1 operator, 2 bookkeeping, 3 runtime, 4 device, 5 other
+    classes: dict[tuple[str, str], int] = {}
+    threads: dict[int, tuple[str, int]] = {}
     for e in raw:
         name = e.name()
-        if name in FILTERED_NAMES:
-            continue
         cat = e.activity_type()
-        start = e.start_ns()
-        dur = e.duration_ns()
-        if cat in CPU_OP_CATEGORIES:
+        cls = classes.get((name, cat))
+        if cls is None:
+            if name in FILTERED_NAMES:
+                cls = 0
+            elif cat in CPU_OP_CATEGORIES or cat in RUNTIME_CATEGORIES:
+                cls = 2 if is_bookkeeping(name) else (1 if cat in CPU_OP_CATEGORIES else 3)
+            elif cat in DEVICE_CATEGORIES:
+                cls = 4
+            elif cat == "overhead" or is_bookkeeping(name):
+                cls = 2
+            else:
+                cls = 0
+            classes[(name, cat)] = cls
+        if cls == 1:
             if e.is_hidden_event():
                 continue
-            thread = ("cpu", e.start_thread_id())
-            if is_bookkeeping(name):
-                append(("overhead", name, start, dur, thread, 0, 0, 0, 0, False))
-                continue
+            tid = e.start_thread_id()
+            thread = threads.get(tid)
+            if thread is None:
+                thread = threads[tid] = ("cpu", tid)
             ext = e.correlation_id()
             op_thread[ext] = thread
-            flops = e.flops()
+            flops = e.flops() if with_flops else 0
             nbytes = input_bytes(e.shapes(), e.dtypes()) if flops else 0
-            append(("cpu", name, start, dur, thread, ext, 0, flops, nbytes,
+            append(("cpu", name, e.start_ns(), e.duration_ns(), thread, ext, 0, flops, nbytes,
                     cat == "user_annotation"))
-        elif cat in RUNTIME_CATEGORIES:
-            if is_bookkeeping(name):
-                append(("overhead", name, start, dur, ("os", e.start_thread_id()), 0, 0, 0, 0,
-                        False))
-                continue
-            runtime.append((name, start, dur, e.start_thread_id(), e.linked_correlation_id()))
-        elif cat in DEVICE_CATEGORIES:
-            append((DEVICE_CATEGORIES[cat], name, start, dur, ("dev", e.device_index(),
-                    e.device_resource_id()), 0, e.linked_correlation_id(), 0, 0, False))
-        elif cat == "overhead" or is_bookkeeping(name):
-            append(("overhead", name, start, dur, ("cpu", e.start_thread_id()), 0, 0, 0, 0,
-                    False))
+        elif cls == 3:
+            runtime.append((name, e.start_ns(), e.duration_ns(), e.start_thread_id(),
+                            e.linked_correlation_id()))
+        elif cls == 4:
+            append((DEVICE_CATEGORIES[cat], name, e.start_ns(), e.duration_ns(),
+                    ("dev", e.device_index(), e.device_resource_id()), 0,
+                    e.linked_correlation_id(), 0, 0, False))
+        elif cls == 2:
+            append(("overhead", name, e.start_ns(), e.duration_ns(), ("os", e.start_thread_id()),
+                    0, 0, 0, 0, False))
     for name, start, dur, tid, link in runtime:
         thread = op_thread.get(link, ("os", tid))
         append(("cpu", name, start, dur, thread, 0, link, 0, 0, False))

@@ -174,13 +174,6 @@ class _Range:
 
 
 @dataclass
-class _Op:
-    calls: int = 0
-    self_ns: int = 0
-    incl_ns: int = 0
-
-
-@dataclass
 class Analysis:
     ranges: FrozenMap[RangeStats] = field(default_factory=FrozenMap)
     top_ops: tuple[OpStats, ...] = ()
@@ -193,6 +186,10 @@ class Analysis:
     flops: int = 0
     verdict: Verdict = field(default_factory=lambda: Verdict(CPU_ONLY, "no events"))
     event_count: int = 0
+
+
+def _order(ev: Event) -> tuple[int, int]:
+    return (ev[START], -ev[DUR])  # parents (same start, longer) before their children
 
 
 def _union_ns(intervals: list[tuple[int, int]]) -> int:
@@ -218,88 +215,106 @@ def analyze(events: Iterable[Event], range_names: Iterable[str] = (), *, top: in
     device: list[Event] = []
     overhead_ns = 0
     count = 0
-    first = last = None
     for ev in events:
         count += 1
-        kind = ev[KIND]
+        kind = ev[0]
         if kind == "cpu":
-            by_thread.setdefault(ev[THREAD], []).append(ev)
+            lst = by_thread.get(ev[4])
+            if lst is None:
+                lst = by_thread[ev[4]] = []
+            lst.append(ev)
         elif kind == "overhead":
-            overhead_ns += ev[DUR]
-            continue
+            overhead_ns += ev[3]
         else:
             device.append(ev)
-        s, e = ev[START], ev[START] + ev[DUR]
-        if first is None or s < first:
-            first = s
-        if last is None or e > last:
-            last = e
 
     ranges: dict[str, _Range] = {}
-    ops: dict[str, _Op] = {}
+    ops: dict[str, list[int]] = {}  # name -> [calls, self_ns, incl_ns]
     op_ranges: dict[int, tuple[tuple[_Range, list[int]], ...]] = {}
     self_total = 0
     total_flops = 0
 
+    first = last = None
     for evs in by_thread.values():
-        evs.sort(key=lambda e: (e[START], -e[DUR]))
-        # stack entries: [end, name, child_ns, dur, is_range]
+        evs.sort(key=_order)
+        if first is None or evs[0][START] < first:
+            first = evs[0][START]
+        # The hot loop (a window can hold 100k+ events): locals only, closing inlined.
+        # stack entries: [end, name, child_ns, dur, agg] where agg is a _Range or an op list
         stack: list[list[Any]] = []
         depth: dict[str, int] = {}
         outer: dict[str, tuple[_Range, list[int]]] = {}  # outermost open occurrence per name
-
-        def close(entry: list[Any]) -> None:
-            nonlocal self_total
-            end, name, child, dur, is_range = entry
-            self_ns = dur - child if dur > child else 0
-            self_total += self_ns
-            depth[name] -= 1
-            if is_range:
-                agg = ranges[name]
-                agg.self_ns += self_ns
-                if depth[name] == 0:
-                    agg.incl_ns += dur
-                    del outer[name]
-            else:
-                op = ops.get(name)
-                if op is None:
-                    op = ops[name] = _Op()
-                op.calls += 1
-                op.self_ns += self_ns
-                if depth[name] == 0:
-                    op.incl_ns += dur
-
-        for ev in evs:
-            start, dur, name = ev[START], ev[DUR], ev[NAME]
+        open_ranges: tuple[tuple[_Range, list[int]], ...] = ()  # tuple(outer.values())
+        thread_last = 0
+        for _kind, name, start, dur, _thread, ext, link, flops, nbytes, annotation in evs:
             while stack and stack[-1][0] <= start:
-                close(stack.pop())
+                end, cname, child, cdur, agg = stack.pop()
+                self_ns = cdur - child if cdur > child else 0
+                self_total += self_ns
+                d = depth[cname] - 1
+                depth[cname] = d
+                if agg.__class__ is list:  # an operator: [calls, self_ns, incl_ns]
+                    agg[0] += 1
+                    agg[1] += self_ns
+                    if d == 0:
+                        agg[2] += cdur
+                else:
+                    agg.self_ns += self_ns
+                    if d == 0:
+                        agg.incl_ns += cdur
+                        del outer[cname]
+                        open_ranges = tuple(outer.values())
+            end = start + dur
+            if end > thread_last:
+                thread_last = end
             if stack:
                 parent = stack[-1]
                 overlap = parent[0] - start
                 parent[2] += dur if dur < overlap else overlap
-            is_range = name in names or ev[ANNOTATION]
             d = depth.get(name, 0)
             depth[name] = d + 1
-            if is_range:
+            if annotation or name in names:
                 agg = ranges.get(name)
                 if agg is None:
                     agg = ranges[name] = _Range()
                 agg.calls += 1
                 if d == 0:
-                    occ = [start, start + dur, 0]
+                    occ = [start, end, 0]
                     agg.occurrences.append(occ)
                     outer[name] = (agg, occ)
-            if ev[FLOPS]:
-                total_flops += ev[FLOPS]
-                for agg, _occ in outer.values():
-                    agg.flops += ev[FLOPS]
-                    agg.nbytes += ev[NBYTES]
-            ext = ev[EXT] or ev[LINK]
-            if ext and outer:
-                op_ranges[ext] = tuple(outer.values())
-            stack.append([start + dur, name, 0, dur, is_range])
+                    open_ranges = tuple(outer.values())
+            else:
+                agg = ops.get(name)
+                if agg is None:
+                    agg = ops[name] = [0, 0, 0]
+            if flops:
+                total_flops += flops
+                for rng, _occ in open_ranges:
+                    rng.flops += flops
+                    rng.nbytes += nbytes
+            if open_ranges:
+                key = ext or link
+                if key:
+                    op_ranges[key] = open_ranges
+            stack.append([end, name, 0, dur, agg])
         while stack:
-            close(stack.pop())
+            end, cname, child, cdur, agg = stack.pop()
+            self_ns = cdur - child if cdur > child else 0
+            self_total += self_ns
+            d = depth[cname] - 1
+            depth[cname] = d
+            if agg.__class__ is list:
+                agg[0] += 1
+                agg[1] += self_ns
+                if d == 0:
+                    agg[2] += cdur
+            else:
+                agg.self_ns += self_ns
+                if d == 0:
+                    agg.incl_ns += cdur
+                    del outer[cname]
+        if last is None or thread_last > last:
+            last = thread_last
 
     kernels: dict[tuple[str, str], list[int]] = {}
     device_total = 0
@@ -307,6 +322,10 @@ def analyze(events: Iterable[Event], range_names: Iterable[str] = (), *, top: in
     for ev in device:
         start, dur = ev[START], ev[DUR]
         end = start + dur
+        if first is None or start < first:
+            first = start
+        if last is None or end > last:
+            last = end
         device_total += dur
         all_intervals.append((start, end))
         entry = kernels.get((ev[NAME], ev[KIND]))
@@ -341,7 +360,7 @@ def analyze(events: Iterable[Event], range_names: Iterable[str] = (), *, top: in
                           input_bytes=agg.nbytes),
         )
     op_stats = sorted(
-        (OpStats(name, o.calls, o.self_ns / 1000.0, o.incl_ns / 1000.0) for name, o in ops.items()),
+        (OpStats(name, o[0], o[1] / 1000.0, o[2] / 1000.0) for name, o in ops.items()),
         key=lambda o: (-o.self_cpu_time_us, o.name),
     )
     kernel_stats = sorted(

@@ -1,0 +1,691 @@
+"""The ``torch-profiled`` command: ``summarize`` and ``diff`` saved traces.
+
+    torch-profiled summarize PATH... [--json] [--range NAME]... [--rows N]
+    torch-profiled diff A B [--json] [--rows N]
+    python -m instrument ...          (the same command)
+
+A PATH is a Chrome/Kineto trace file (``.json`` or ``.json.gz``) or a directory of them: the
+files directly inside it named ``*.pt.trace.json[.gz]`` (what ``TraceFileExporter`` and
+``torch.profiler.tensorboard_trace_handler`` write) or, when there are none of those,
+``*.json[.gz]``. Traces may come from this SDK or from any ``torch.profiler`` user
+(``prof.export_chrome_trace(path)``): ``record_function`` ranges (``user_annotation`` events)
+are the ranges; ``--range NAME`` also finds a range recorded as a plain operator (an
+``@profiled`` call inside someone else's profiler).
+
+``summarize`` prints the console table for each trace (``--json``: ``WindowReport.to_dict()``,
+an object for one trace and a list for several). When the traces come from several ranks
+(``distributedInfo``) it adds "ranks side by side": each range's CPU time per rank, the slowest
+rank and the spread (``--json``: ``{"reports": [...], "ranks": {...}}``).
+
+``diff A B`` sums each side over its traces and lists, per range, per device kernel and per
+operator (self CPU time), before, after, delta and after/before, largest change first.
+
+Bad input (a missing file, a file that is not a trace, a directory with no traces) ends with
+one line on standard error, ``torch-profiled: error: PATH: what was wrong; expected ...``, and
+exit status 2, as do usage errors. Importing this module is cheap: the analysis and the
+console formatting are imported when a command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gzip
+import json
+import os
+import statistics
+import sys
+import zlib
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .report import WindowReport
+
+__all__ = ["InputError", "find_traces", "load_checked", "main", "report_from_trace"]
+
+PROG = "torch-profiled"
+WIDTH = 100
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+EXPECT_PATH = "expected a trace file (.json or .json.gz) or a directory of them"
+EXPECT_TRACE = (
+    "expected a Chrome/Kineto trace (torch.profiler's export_chrome_trace or "
+    "tensorboard_trace_handler, or torch-profiled's trace files)"
+)
+PREFERRED_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+TRACE_SUFFIXES = (".json", ".json.gz")
+DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+STEP_PREFIX = "ProfilerStep#"
+_ALL = sys.maxsize  # analysis "top": every operator and kernel (diff sums before cutting)
+
+
+class InputError(Exception):
+    """Bad input: printed as one line, ``torch-profiled: error: PATH: WHAT; EXPECTED``."""
+
+    def __init__(self, path: str, what: str, expected: str = EXPECT_TRACE) -> None:
+        super().__init__(f"{path}: {what}; {expected}")
+        self.path = path
+        self.what = what
+        self.expected = expected
+
+
+class _UsageError(Exception):
+    """A well-formed command that cannot be answered (``--range`` names no range)."""
+
+
+# ---------------------------------------------------------------- finding and loading traces
+
+
+def find_traces(path: str) -> list[str]:
+    """The trace files ``path`` names: itself, or the traces directly inside a directory."""
+    if os.path.isdir(path):
+        try:
+            entries = [e for e in os.scandir(path) if not e.name.startswith(".")]
+            files = sorted(e.name for e in entries if e.is_file())
+        except OSError as exc:
+            raise InputError(path, f"cannot list the directory ({exc.strerror or exc})",
+                             EXPECT_PATH) from None
+        chosen = [n for n in files if n.endswith(PREFERRED_SUFFIXES)]
+        if not chosen:
+            chosen = [n for n in files if n.endswith(TRACE_SUFFIXES)]
+        if not chosen:
+            raise InputError(
+                path,
+                "directory holds no trace files (*.pt.trace.json[.gz], *.json, *.json.gz)",
+                EXPECT_PATH,
+            )
+        return [os.path.join(path, n) for n in chosen]
+    if os.path.isfile(path):
+        return [path]
+    if not os.path.lexists(path):
+        raise InputError(path, "no such file or directory", EXPECT_PATH)
+    if os.path.islink(path):
+        raise InputError(path, "broken symbolic link", EXPECT_PATH)
+    raise InputError(path, "neither a regular file nor a directory", EXPECT_PATH)
+
+
+def _is_gzip(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == b"\x1f\x8b"
+    except OSError:
+        return False
+
+
+def load_checked(path: str) -> dict[str, Any]:
+    """``tracefile.load_trace`` with every failure turned into an ``InputError``."""
+    from .tracefile import load_trace
+
+    gz = path.endswith(".gz")
+    try:
+        trace = load_trace(path)
+    except gzip.BadGzipFile as exc:
+        raise InputError(path, f"not gzip data ({exc})",
+                         "expected a gzip-compressed trace (.json.gz) or plain .json") from None
+    except EOFError:
+        raise InputError(path, "truncated gzip file (the compressed data ends early)",
+                         "expected a complete .json.gz trace") from None
+    except zlib.error as exc:
+        raise InputError(path, f"corrupt gzip data ({exc})",
+                         "expected a complete .json.gz trace") from None
+    except OSError as exc:
+        raise InputError(path, f"cannot read ({exc.strerror or exc})", EXPECT_PATH) from None
+    except UnicodeDecodeError:
+        what = ("gzip-compressed data in a file not named .gz" if not gz and _is_gzip(path)
+                else "not JSON (not UTF-8 text)")
+        raise InputError(path, what, EXPECT_TRACE) from None
+    except json.JSONDecodeError as exc:
+        what = f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        if exc.pos >= len(exc.doc.rstrip()) and exc.pos > 0:
+            what = f"truncated JSON (the text ends at line {exc.lineno} column {exc.colno})"
+        raise InputError(path, what, EXPECT_TRACE) from None
+    except (ValueError, RecursionError, MemoryError) as exc:
+        raise InputError(path, f"unreadable JSON ({type(exc).__name__}: {exc})",
+                         EXPECT_TRACE) from None
+    if isinstance(trace, list):  # Chrome's "JSON array format": the events alone
+        trace = {"traceEvents": trace}
+    if not isinstance(trace, dict):
+        raise InputError(path, f"JSON {type(trace).__name__}, not an object with "
+                               "\"traceEvents\"", EXPECT_TRACE)
+    events = trace.get("traceEvents")
+    if events is None:
+        raise InputError(path, "JSON without \"traceEvents\"", EXPECT_TRACE)
+    if not isinstance(events, list):
+        raise InputError(path, f"\"traceEvents\" is a JSON {type(events).__name__}, not a list",
+                         EXPECT_TRACE)
+    for i, ev in enumerate(events):
+        if not isinstance(ev, dict):
+            raise InputError(path, f"\"traceEvents\"[{i}] is not an object", EXPECT_TRACE)
+    return trace
+
+
+# ---------------------------------------------------------------- a trace -> WindowReport
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _int(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def report_from_trace(
+    path: str,
+    trace: dict[str, Any],
+    *,
+    rows: int = 15,
+    range_names: Iterable[str] = (),
+    window: int = 0,
+) -> "WindowReport":
+    """The ``WindowReport`` the console table shows for one loaded trace.
+
+    ``range_names`` are ranges even when recorded as plain operators (``cpu_op``)."""
+    from .analysis import analyze_trace
+    from .report import FrozenMap, WindowReport
+
+    names = frozenset(range_names)
+    events = trace["traceEvents"]
+    try:
+        analysis = analyze_trace(trace, names, top=rows)
+    except Exception as exc:  # noqa: BLE001 - a malformed event: bad input, not a crash
+        raise InputError(path, f"events could not be analysed ({type(exc).__name__}: {exc})",
+                         EXPECT_TRACE) from None
+
+    pid = 0
+    lo = hi = None
+    steps: set[int] = set()
+    device = False
+    for ev in events:
+        if not pid:
+            p = ev.get("pid")
+            if isinstance(p, int) and not isinstance(p, bool):
+                pid = p
+        name = ev.get("name")
+        if isinstance(name, str) and name.startswith(STEP_PREFIX):
+            try:
+                steps.add(int(name[len(STEP_PREFIX):]))
+            except ValueError:
+                pass
+        if ev.get("cat") in DEVICE_CATEGORIES:
+            device = True
+        if ev.get("ph") == "X":
+            ts = _number(ev.get("ts"))
+            if ts is None:
+                continue
+            end = ts + (_number(ev.get("dur")) or 0.0)
+            lo = ts if lo is None or ts < lo else lo
+            hi = end if hi is None or end > hi else hi
+
+    start_ns = end_ns = 0
+    base = trace.get("baseTimeNanoseconds")
+    if lo is not None and hi is not None:
+        if isinstance(base, int) and not isinstance(base, bool):
+            start_ns, end_ns = base + round(lo * 1000), base + round(hi * 1000)
+        elif lo >= 1e15:  # older torch: absolute epoch microseconds, no baseTimeNanoseconds
+            start_ns, end_ns = round(lo * 1000), round(hi * 1000)
+
+    dist = trace.get("distributedInfo")
+    rank, world_size = 0, 1
+    if isinstance(dist, dict):
+        rank = _int(dist.get("rank"), 0)
+        world_size = _int(dist.get("world_size"), max(1, rank + 1))
+    props = trace.get("deviceProperties")
+    device_name = "cpu"
+    if isinstance(props, list) and props and isinstance(props[0], dict) and props[0].get("name"):
+        device_name = str(props[0]["name"])
+
+    ranges = analysis.ranges
+    if names:
+        ranges = FrozenMap({n: r for n, r in ranges.items() if n in names})
+    host = trace.get("host_name")
+    return WindowReport(
+        window=window,
+        steps=tuple(sorted(steps)),
+        partial=False,
+        start_ns=start_ns,
+        end_ns=end_ns,
+        rank=rank,
+        world_size=world_size,
+        host=host if isinstance(host, str) else "",
+        pid=pid,
+        device=device_name,
+        activities=("cpu", "cuda") if device else ("cpu",),
+        ranges=ranges,
+        top_ops=analysis.top_ops,
+        top_kernels=analysis.top_kernels,
+        self_cpu_time_total_us=analysis.self_cpu_time_total_us,
+        self_device_time_total_us=analysis.self_device_time_total_us,
+        profiler_overhead_us=analysis.profiler_overhead_us,
+        device_busy_us=analysis.device_busy_us,
+        flops=analysis.flops,
+        verdict=analysis.verdict,
+        event_count=analysis.event_count,
+        trace_file=path,
+    )
+
+
+def _collect(paths: Sequence[str]) -> list[str]:
+    """Every trace file the paths name, each once, in the order given."""
+    files: list[str] = []
+    seen: set[str] = set()
+    for path in paths:
+        for f in find_traces(path):
+            key = os.path.realpath(f)
+            if key not in seen:
+                seen.add(key)
+                files.append(f)
+    return files
+
+
+def _reports(paths: Sequence[str], *, rows: int, range_names: Iterable[str] = ()
+             ) -> list["WindowReport"]:
+    """One report per trace; a directory's traces ordered by rank, then time."""
+    names = tuple(range_names)
+    out: list[WindowReport] = []
+    for path in paths:
+        group = [report_from_trace(f, load_checked(f), rows=rows, range_names=names)
+                 for f in _collect([path])]
+        if os.path.isdir(path):
+            group.sort(key=lambda r: (r.rank, r.start_ns, r.trace_file or ""))
+        out.extend(group)
+    # window index: the report's place among this command's reports of the same rank
+    count: dict[int, int] = {}
+    numbered = []
+    for r in out:
+        numbered.append(dataclasses.replace(r, window=count.get(r.rank, 0)))
+        count[r.rank] = count.get(r.rank, 0) + 1
+    return numbered
+
+
+# ---------------------------------------------------------------- formatting helpers
+
+
+def _t(us: float | None) -> str:
+    from exporters.console import format_time_us
+
+    return "-" if us is None else format_time_us(us)
+
+
+def _delta(us: float) -> str:
+    from exporters.console import format_time_us
+
+    return ("-" if us < 0 else "+") + format_time_us(abs(us))
+
+
+def _ratio_text(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def _ratio(after: float | None, before: float | None) -> float | None:
+    if after is None or before is None or before <= 0:
+        return None
+    return after / before
+
+
+def _fit(name: str, width: int) -> str:
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def _row(name: str, rest: str) -> str:
+    width = max(WIDTH - len(rest), 8)
+    return f"{_fit(name, width):<{width}}{rest}"
+
+
+# ---------------------------------------------------------------- ranks side by side
+
+
+def rank_summary(reports: Sequence["WindowReport"]) -> dict[str, Any] | None:
+    """Per range, its CPU time on every rank (summed over a rank's traces), the slowest rank
+    and the spread; None when the reports come from fewer than two ranks."""
+    ranks = sorted({r.rank for r in reports})
+    if len(ranks) < 2:
+        return None
+    per_rank: dict[str, dict[int, float]] = {}
+    totals: dict[int, float] = {}
+    traces: dict[int, int] = {}
+    for rep in reports:
+        traces[rep.rank] = traces.get(rep.rank, 0) + 1
+        totals[rep.rank] = totals.get(rep.rank, 0.0) + rep.self_cpu_time_total_us
+        for name, stats in rep.ranges.items():
+            by_rank = per_rank.setdefault(name, {})
+            by_rank[rep.rank] = by_rank.get(rep.rank, 0.0) + stats.cpu_time_us
+
+    def spread(by_rank: dict[int, float]) -> dict[str, Any]:
+        values = [by_rank[r] for r in ranks if r in by_rank]
+        lo, hi = min(values), max(values)
+        slowest = max((r for r in ranks if r in by_rank), key=lambda r: (by_rank[r], -r))
+        return {
+            "by_rank_us": {str(r): by_rank[r] for r in ranks if r in by_rank},
+            "min_us": lo,
+            "median_us": statistics.median(values),
+            "max_us": hi,
+            "slowest_rank": slowest,
+            "spread_us": hi - lo,
+            "ratio": _ratio(hi, lo),
+            "missing_ranks": [r for r in ranks if r not in by_rank],
+        }
+
+    order = sorted(per_rank, key=lambda n: (-max(per_rank[n].values()), n))
+    return {
+        "ranks": ranks,
+        "traces_per_rank": {str(r): traces[r] for r in ranks},
+        "ranges": {name: spread(per_rank[name]) for name in order},
+        "self_cpu_time_total": spread(totals),
+    }
+
+
+def format_rank_summary(summary: dict[str, Any], rows: int) -> str:
+    ranks: list[int] = summary["ranks"]
+    tail_w = 10 + 12 + 9  # slowest, spread, max/min
+    each = len(ranks) * 12 <= WIDTH - 24 - tail_w
+    lines = [_fit(f"ranks side by side | CPU time per range (inclusive) | {len(ranks)} ranks",
+                  WIDTH), "-" * WIDTH]
+    if each:
+        cols = "".join(f"{'rank ' + str(r):>12}" for r in ranks)
+        extra = ""
+    else:
+        cols = f"{'min':>12}{'median':>12}{'max':>12}"
+        extra = f"{'ranks':>8}"
+    tail = f"{'slowest':>10}{'spread':>12}{'max/min':>9}"
+    lines.append(_row("range", cols + tail + extra))
+
+    def line(name: str, s: dict[str, Any]) -> str:
+        by_rank = s["by_rank_us"]
+        if each:
+            vals = "".join(f"{_t(by_rank.get(str(r))):>12}" for r in ranks)
+            more = ""
+        else:
+            vals = f"{_t(s['min_us']):>12}{_t(s['median_us']):>12}{_t(s['max_us']):>12}"
+            more = f"{str(len(by_rank)) + '/' + str(len(ranks)):>8}"
+        rest = (f"{'rank ' + str(s['slowest_rank']):>10}{_t(s['spread_us']):>12}"
+                f"{_ratio_text(s['ratio']):>9}")
+        return _row(name, vals + rest + more)
+
+    if summary["ranges"]:
+        for name, s in list(summary["ranges"].items())[:rows]:
+            lines.append(line(name, s))
+    else:
+        lines.append("(no range ran on any rank)")
+    lines.append(line("Self CPU time total", summary["self_cpu_time_total"]))
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- diff
+
+
+def _side(path: str) -> dict[str, Any]:
+    """One side of a diff: its traces summed per name."""
+    ranges: dict[str, list[float]] = {}  # name -> [calls, cpu_us, device_us]
+    kernels: dict[str, list[Any]] = {}  # name -> [calls, device_us, kind]
+    ops: dict[str, list[float]] = {}  # name -> [calls, self_cpu_us]
+    totals = {"self_cpu_time_total_us": 0.0, "self_device_time_total_us": 0.0}
+    files = _collect([path])
+    for f in files:
+        rep = report_from_trace(f, load_checked(f), rows=_ALL)
+        for name, r in rep.ranges.items():
+            acc = ranges.setdefault(name, [0, 0.0, 0.0])
+            acc[0] += r.calls
+            acc[1] += r.cpu_time_us
+            acc[2] += r.device_time_us
+        for k in rep.top_kernels:
+            acc = kernels.setdefault(k.name, [0, 0.0, k.kind])
+            acc[0] += k.calls
+            acc[1] += k.device_time_us
+        for o in rep.top_ops:
+            acc = ops.setdefault(o.name, [0, 0.0])
+            acc[0] += o.calls
+            acc[1] += o.self_cpu_time_us
+        totals["self_cpu_time_total_us"] += rep.self_cpu_time_total_us
+        totals["self_device_time_total_us"] += rep.self_device_time_total_us
+    return {"path": path, "traces": files, "ranges": ranges, "kernels": kernels, "ops": ops,
+            "totals": totals}
+
+
+def _compare(before: dict[str, list[Any]], after: dict[str, list[Any]], index: int,
+             rows: int, kinds: bool = False) -> list[dict[str, Any]]:
+    """Rows for names on either side, largest absolute change first."""
+    out = []
+    for name in set(before) | set(after):
+        b, a = before.get(name), after.get(name)
+        bv = b[index] if b is not None else None
+        av = a[index] if a is not None else None
+        row = {
+            "name": name,
+            "before_us": bv,
+            "after_us": av,
+            "delta_us": (av or 0.0) - (bv or 0.0),
+            "ratio": _ratio(av, bv),
+            "calls_before": b[0] if b is not None else None,
+            "calls_after": a[0] if a is not None else None,
+        }
+        if kinds:
+            row["kind"] = (a or b)[2]  # type: ignore[index]
+        out.append(row)
+    out.sort(key=lambda r: (-abs(r["delta_us"]), r["name"]))
+    return out[:rows]
+
+
+def diff_sides(a: dict[str, Any], b: dict[str, Any], rows: int) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "before": {"path": a["path"], "traces": a["traces"]},
+        "after": {"path": b["path"], "traces": b["traces"]},
+        "ranges": _compare(a["ranges"], b["ranges"], 1, rows),
+    }
+    has_device = any(v[2] for side in (a, b) for v in side["ranges"].values())
+    result["range_device_time"] = _compare(a["ranges"], b["ranges"], 2, rows) if has_device else []
+    result["kernels"] = _compare(a["kernels"], b["kernels"], 1, rows, kinds=True)
+    result["operators"] = _compare(a["ops"], b["ops"], 1, rows)
+    totals = {}
+    for key in ("self_cpu_time_total_us", "self_device_time_total_us"):
+        bv, av = a["totals"][key], b["totals"][key]
+        totals[key] = {"before_us": bv, "after_us": av, "delta_us": av - bv,
+                       "ratio": _ratio(av, bv)}
+    result["totals"] = totals
+    return result
+
+
+def _calls(b: int | None, a: int | None) -> str:
+    if b is None or a is None or b == a:
+        return str(a if a is not None else b)
+    return f"{b}->{a}"
+
+
+def format_diff(d: dict[str, Any]) -> str:
+    rule = "-" * WIDTH
+    n_b, n_a = len(d["before"]["traces"]), len(d["after"]["traces"])
+    lines = [
+        "torch-profiled diff | before -> after | delta = after - before, ratio = after/before",
+        f"before: {d['before']['path']} ({n_b} trace{'s' if n_b != 1 else ''})",
+        f"after:  {d['after']['path']} ({n_a} trace{'s' if n_a != 1 else ''})",
+    ]
+
+    def section(title: str, items: list[dict[str, Any]], empty: str) -> None:
+        lines.append(rule)
+        lines.append(_row(title, f"{'before':>12}{'after':>12}{'delta':>13}{'ratio':>9}"
+                                 f"{'calls':>14}"))
+        if not items:
+            lines.append(empty)
+        for it in items:
+            name = it["name"] if "kind" not in it or it["kind"] == "kernel" \
+                else f"{it['name']} [{it['kind']}]"
+            lines.append(_row(
+                name,
+                f"{_t(it['before_us']):>12}{_t(it['after_us']):>12}{_delta(it['delta_us']):>13}"
+                f"{_ratio_text(it['ratio']):>9}{_calls(it['calls_before'], it['calls_after']):>14}",
+            ))
+
+    section("range (CPU total)", d["ranges"], "(no range on either side)")
+    if d["range_device_time"]:
+        section("range (device time)", d["range_device_time"], "")
+    if d["kernels"]:
+        section("device kernel (device time)", d["kernels"], "")
+    section("operator (self CPU)", d["operators"], "(no operator on either side)")
+    lines.append(rule)
+    labels = [("self_cpu_time_total_us", "Self CPU time total")]
+    if d["totals"]["self_device_time_total_us"]["before_us"] or \
+            d["totals"]["self_device_time_total_us"]["after_us"]:
+        labels.append(("self_device_time_total_us", "Self CUDA time total"))
+    for key, label in labels:
+        t = d["totals"][key]
+        lines.append(_row(label, f"{_t(t['before_us']):>12}{_t(t['after_us']):>12}"
+                                 f"{_delta(t['delta_us']):>13}{_ratio_text(t['ratio']):>9}"
+                                 f"{'':>14}"))
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+# ---------------------------------------------------------------- commands
+
+
+def _summarize(args: argparse.Namespace) -> str:
+    from exporters.console import format_report
+
+    wanted = list(dict.fromkeys(args.range or ()))
+    reports = _reports(args.paths, rows=args.rows, range_names=wanted)
+    if wanted:
+        found = {name for r in reports for name in r.ranges}
+        missing = [n for n in wanted if n not in found]
+        if missing:
+            n = len(reports)
+            raise _UsageError(
+                f"range {', '.join(repr(m) for m in missing)} is in none of the {n} "
+                f"trace{'s' if n != 1 else ''} (the ranges there are the record_function / "
+                "@profiled names of the table; run without --range to list them)"
+            )
+    summary = rank_summary(reports)
+    if args.json:
+        docs = [r.to_dict() for r in reports]
+        doc: Any = docs[0] if len(docs) == 1 else docs
+        if summary is not None:
+            doc = {"reports": docs, "ranks": summary}
+        return json.dumps(doc, indent=2) + "\n"
+    text = "\n".join(format_report(r, args.rows) for r in reports)
+    if summary is not None:
+        text += "\n" + format_rank_summary(summary, args.rows)
+    return text
+
+
+def _diff(args: argparse.Namespace) -> str:
+    d = diff_sides(_side(args.before), _side(args.after), args.rows)
+    if args.json:
+        return json.dumps(d, indent=2) + "\n"
+    return format_diff(d)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Summarize and compare torch.profiler traces (Chrome/Kineto JSON, "
+                    ".json or .json.gz), from torch-profiled or from any torch.profiler user.",
+        epilog="Exit status: 0 ok, 2 bad input or usage. See 'torch-profiled COMMAND -h'.",
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    s = sub.add_parser(
+        "summarize", help="print the table for each trace (and the spread between ranks)",
+        description="Print the torch-profiled table for each trace: ranges (record_function / "
+                    "@profiled), top operators and kernels, totals and verdicts. Traces from "
+                    "several ranks also get a 'ranks side by side' section.",
+        epilog="With --json: one object for one trace, a list for several, and "
+               "{\"reports\": [...], \"ranks\": {...}} for traces of several ranks.",
+    )
+    s.add_argument("paths", nargs="+", metavar="PATH",
+                   help="a trace file (.json, .json.gz) or a directory of them")
+    s.add_argument("--json", action="store_true", help="print the report(s) as JSON")
+    s.add_argument("--range", action="append", metavar="NAME",
+                   help="keep only this range (repeatable); also finds a range recorded as "
+                        "an operator")
+    s.add_argument("--rows", type=_positive_int, default=15, metavar="N",
+                   help="rows per table section (default 15)")
+    s.set_defaults(func=_summarize)
+
+    d = sub.add_parser(
+        "diff", help="compare two traces (or directories): did my change make it faster?",
+        description="Per range, device kernel and operator (self CPU time): before, after, "
+                    "delta and ratio (after/before), largest absolute change first. A "
+                    "directory is summed over its traces. '-' marks a name missing on a side.",
+    )
+    d.add_argument("before", metavar="A", help="the trace (or directory) before the change")
+    d.add_argument("after", metavar="B", help="the trace (or directory) after the change")
+    d.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    d.add_argument("--rows", type=_positive_int, default=15, metavar="N",
+                   help="rows per section (default 15)")
+    d.set_defaults(func=_diff)
+    return parser
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null so the exit flush cannot fail again."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except OSError:
+        pass
+
+
+def _error(message: str) -> None:
+    try:
+        sys.stderr.write(f"{PROG}: error: {message}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; returns the exit status (the console script exits with it)."""
+    try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # usage errors (2), --help and --version (0)
+            sys.stdout.flush()
+            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        if args.command is None:
+            parser.print_help(sys.stderr)
+            return EXIT_USAGE
+        try:
+            text = args.func(args)
+        except InputError as exc:
+            _error(str(exc))
+            return EXIT_USAGE
+        except _UsageError as exc:
+            _error(str(exc))
+            return EXIT_USAGE
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return EXIT_OK
+    except BrokenPipeError:  # `torch-profiled summarize ... | head`
+        _silence_stdout()
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - a bug or an input nobody foresaw: one line
+        _error(f"unexpected {type(exc).__name__}: {exc} (please report this with the command "
+               "and the trace)")
+        return EXIT_FAILURE
