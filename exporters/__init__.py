@@ -3,7 +3,7 @@
 Exporters receive a ``WindowReport`` (plain data; ``report.raw_trace_path`` names the window's
 trace JSON while exporters run) and never import torch or see a profiler object.
 
-Names resolve through built-ins (``console``, ``trace``, ``memory``) and the entry-point group
+Names resolve through built-ins (``console``, ``trace``, ``memory``, ``json``) and the entry-point group
 ``torch_profiled.exporters`` (an entry point names a class or a zero-argument factory). An
 unknown name warns and lists the names that are known.
 """
@@ -27,6 +27,7 @@ __all__ = [
     "Exporter",
     "ExporterWarning",
     "InMemoryExporter",
+    "JsonLinesExporter",
     "TraceFileExporter",
     "check_exporter_names",
     "known_exporter_names",
@@ -68,6 +69,7 @@ class Exporter(abc.ABC):
 
 
 from .console import ConsoleExporter  # noqa: E402
+from .json_lines import JsonLinesExporter  # noqa: E402
 from .memory import InMemoryExporter  # noqa: E402
 from .trace_file import TraceFileExporter  # noqa: E402
 
@@ -75,6 +77,7 @@ _BUILTINS: dict[str, Callable[..., Exporter]] = {
     "console": ConsoleExporter,
     "trace": TraceFileExporter,
     "memory": InMemoryExporter,
+    "json": JsonLinesExporter,
 }
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "PROFILED_TRACE_DIR",
     "PROFILED_TRACE_GZIP",
     "PROFILED_TRACE_KEEP",
+    "PROFILED_JSON_PATH",
     "PROFILED_WITH_FLOPS",
     "PROFILED_WITH_STACK",
 ]
@@ -75,6 +76,10 @@ PROFILED_TRACE_GZIP = "PROFILED_TRACE_GZIP"
 PROFILED_TRACE_KEEP = "PROFILED_TRACE_KEEP"
 """``PROFILED_TRACE_KEEP`` [20]: keep only the newest N trace files of this worker (0 = keep all)."""
 
+PROFILED_JSON_PATH = "PROFILED_JSON_PATH"
+"""``PROFILED_JSON_PATH`` [./profiled_reports.jsonl]: where the ``json`` exporter appends one
+line per window report (``-``: standard output)."""
+
 PROFILED_STRICT = "PROFILED_STRICT"
 """``PROFILED_STRICT`` [0]: raise ``ValueError`` on a bad ``PROFILED_*`` value instead of warning."""
 
@@ -90,6 +95,7 @@ ENV_VARS: tuple[str, ...] = (
     PROFILED_TRACE_DIR,
     PROFILED_TRACE_GZIP,
     PROFILED_TRACE_KEEP,
+    PROFILED_JSON_PATH,
     PROFILED_STRICT,
 )
 
@@ -118,6 +124,7 @@ class Config:
     trace_dir: str = "./profiled_traces"
     trace_gzip: bool = True
     trace_keep: int = 20
+    json_path: str = "./profiled_reports.jsonl"
     strict: bool = False
 
     def __post_init__(self) -> None:
@@ -190,12 +197,12 @@ def _check_field(name: str, value: Any) -> Any:
         if value < 0:
             raise ValueError(f"trace_keep must be >= 0 (0 keeps all), got {value}")
         return value
-    if name == "trace_dir":
+    if name in ("trace_dir", "json_path"):
         if not isinstance(value, (str, os.PathLike)):
-            raise TypeError(f"trace_dir must be a path, got {type(value).__name__} {value!r}")
+            raise TypeError(f"{name} must be a path, got {type(value).__name__} {value!r}")
         text = os.fspath(value)
         if not text:
-            raise ValueError("trace_dir must not be empty")
+            raise ValueError(f"{name} must not be empty")
         return text
     if name == "activities":
         if value is None:
@@ -301,6 +308,7 @@ _ENV_PARSERS = {
     "trace_dir": _parse_dir,
     "trace_gzip": _parse_bool,
     "trace_keep": _parse_int,
+    "json_path": _parse_dir,
     "strict": _parse_bool,
 }
 _FIELD_ENV = {
@@ -315,6 +323,7 @@ _FIELD_ENV = {
     "trace_dir": PROFILED_TRACE_DIR,
     "trace_gzip": PROFILED_TRACE_GZIP,
     "trace_keep": PROFILED_TRACE_KEEP,
+    "json_path": PROFILED_JSON_PATH,
     "strict": PROFILED_STRICT,
 }
 

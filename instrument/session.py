@@ -368,7 +368,10 @@ def ambient_config() -> Config:
 
 
 def _builtin_kwargs(config: Config) -> dict[str, dict[str, Any]]:
-    return {"trace": {"dir": config.trace_dir, "gzip": config.trace_gzip, "keep": config.trace_keep}}
+    return {
+        "trace": {"dir": config.trace_dir, "gzip": config.trace_gzip, "keep": config.trace_keep},
+        "json": {"path": config.json_path},
+    }
 
 
 def _register_atexit() -> None:
