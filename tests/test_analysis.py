@@ -142,3 +142,53 @@ def test_per_operator_self_cpu_agrees_with_key_averages(tmp_path):
         assert op.self_cpu_time_us == pytest.approx(ref.self_cpu_time_total, rel=0.01, abs=0.01)
     assert ours.ranges["mb"].calls == theirs["mb"].count == 20
     assert ours.ranges["mb"].cpu_time_us == pytest.approx(theirs["mb"].cpu_time_total, rel=0.01)
+
+
+def _window_with(fn, activities, iterations):
+    from instrument import _torch, decorator
+
+    window = _torch.ProfilerWindow(activities, record_shapes=False, profile_memory=False,
+                                   with_stack=False, with_flops=False)
+    window.start()
+    for _ in range(iterations):
+        fn()
+    window.stop()
+    return window
+
+
+def _assert_agrees_with_key_averages(window, range_name, calls):
+    from instrument.analysis import analyze
+
+    ours = analyze(window.events(), {range_name}, top=10_000)
+    theirs = {e.key: e for e in window._prof.key_averages()}
+    assert ours.ranges[range_name].calls == theirs[range_name].count == calls
+    for op in ours.top_ops:
+        ref = theirs[op.name]
+        assert op.calls == ref.count, op.name
+        assert op.self_cpu_time_us == pytest.approx(ref.self_cpu_time_total, rel=0.01, abs=0.05)
+    for k in ours.top_kernels:
+        ref = theirs[k.name]
+        assert k.calls == ref.count, k.name
+        assert k.device_time_us == pytest.approx(ref.self_device_time_total, rel=0.01, abs=0.05)
+    return ours
+
+
+def test_kineto_path_agrees_with_key_averages_on_cpu():
+    x, w, b = torch.randn(64, 64), torch.randn(64, 64), torch.randn(64)
+    window = _window_with(lambda: mb(x, w, b), ("cpu",), 50)
+    ours = _assert_agrees_with_key_averages(window, "mb", 50)
+    assert ours.verdict.kind == "cpu-only"
+    assert {"aten::mm", "aten::add"} <= {o.name for o in ours.top_ops}
+
+
+@pytest.mark.cuda
+def test_kineto_path_agrees_with_key_averages_on_cuda():
+    x, w, b = (torch.randn(256, 256, device="cuda"), torch.randn(256, 256, device="cuda"),
+               torch.randn(256, device="cuda"))
+    mb(x, w, b)
+    torch.cuda.synchronize()
+    window = _window_with(lambda: mb(x, w, b), ("cpu", "cuda"), 50)
+    ours = _assert_agrees_with_key_averages(window, "mb", 50)
+    assert ours.ranges["mb"].kernel_launches >= 50
+    assert ours.ranges["mb"].device_time_us > 0
+    assert ours.top_kernels
