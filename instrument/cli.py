@@ -42,7 +42,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .report import WindowReport
 
-__all__ = ["InputError", "find_traces", "load_checked", "main", "report_from_trace"]
+__all__ = [
+    "InputError",
+    "build_parser",
+    "diff_sides",
+    "find_traces",
+    "format_diff",
+    "format_rank_summary",
+    "load_checked",
+    "main",
+    "rank_summary",
+    "report_from_trace",
+]
 
 PROG = "torch-profiled"
 WIDTH = 100
@@ -123,6 +134,9 @@ def load_checked(path: str) -> dict[str, Any]:
     try:
         trace = load_trace(path)
     except gzip.BadGzipFile as exc:
+        if _is_gzip(path):  # a gzip header, then damage (a CRC or length mismatch)
+            raise InputError(path, f"corrupt gzip data ({exc})",
+                             "expected a complete .json.gz trace") from None
         raise InputError(path, f"not gzip data ({exc})",
                          "expected a gzip-compressed trace (.json.gz) or plain .json") from None
     except EOFError:
@@ -134,13 +148,17 @@ def load_checked(path: str) -> dict[str, Any]:
     except OSError as exc:
         raise InputError(path, f"cannot read ({exc.strerror or exc})", EXPECT_PATH) from None
     except UnicodeDecodeError:
-        what = ("gzip-compressed data in a file not named .gz" if not gz and _is_gzip(path)
-                else "not JSON (not UTF-8 text)")
-        raise InputError(path, what, EXPECT_TRACE) from None
+        if not gz and _is_gzip(path):
+            raise InputError(path, "gzip-compressed data in a file not named .gz",
+                             "expected plain JSON here (name a compressed trace .json.gz)"
+                             ) from None
+        raise InputError(path, "not JSON (not UTF-8 text)", EXPECT_TRACE) from None
     except json.JSONDecodeError as exc:
         what = f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
-        if exc.pos >= len(exc.doc.rstrip()) and exc.pos > 0:
-            what = f"truncated JSON (the text ends at line {exc.lineno} column {exc.colno})"
+        text = exc.doc.strip()
+        opened = text.startswith(("{", "[")) and not text.endswith(("}", "]"))
+        if opened or exc.pos >= len(text) > 0:
+            what = f"truncated JSON (the document stops before its end; {exc.msg})"
         raise InputError(path, what, EXPECT_TRACE) from None
     except (ValueError, RecursionError, MemoryError) as exc:
         raise InputError(path, f"unreadable JSON ({type(exc).__name__}: {exc})",
@@ -555,10 +573,12 @@ def _summarize(args: argparse.Namespace) -> str:
         missing = [n for n in wanted if n not in found]
         if missing:
             n = len(reports)
+            seen = sorted(found)
+            listed = ", ".join(seen[:10]) + (f", ... ({len(seen)} in all)" if len(seen) > 10 else "")
             raise _UsageError(
-                f"range {', '.join(repr(m) for m in missing)} is in none of the {n} "
-                f"trace{'s' if n != 1 else ''} (the ranges there are the record_function / "
-                "@profiled names of the table; run without --range to list them)"
+                f"--range {', '.join(repr(m) for m in missing)}: in no trace "
+                f"({n} trace{'s' if n != 1 else ''} read; "
+                f"{'ranges there: ' + listed if seen else 'they hold no ranges'})"
             )
     summary = rank_summary(reports)
     if args.json:

@@ -1,0 +1,497 @@
+"""The ``torch-profiled`` command: summarize and diff traces from plain torch.profiler, from
+tensorboard_trace_handler, from the SDK; per-rank directories; every bad input."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import instrument
+from instrument import cli
+from tests.conftest import REPO
+
+ITERS = 10
+
+
+def _run(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    """``python -m instrument ARGS`` in a real process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROFILED_")}
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "instrument", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _main(capsys, *args: str) -> tuple[int, str, str]:
+    rc = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _us(text: str) -> float:
+    """``2.342ms`` -> 2342.0 (the console's time format)."""
+    m = re.fullmatch(r"([\d.]+)(us|ms|s)", text.strip())
+    assert m, text
+    return float(m.group(1)) * {"us": 1.0, "ms": 1e3, "s": 1e6}[m.group(2)]
+
+
+def _self_cpu_total(out: str) -> float:
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("Self CPU time total:")]
+    return _us(line.split(":", 1)[1])
+
+
+def _scaled(trace: dict, factor: float, **top) -> dict:
+    """A copy of ``trace`` whose every complete event is ``factor`` times slower."""
+    out = copy.deepcopy(trace)
+    for ev in out["traceEvents"]:
+        if ev.get("ph") == "X":
+            ev["ts"] = ev["ts"] * factor
+            ev["dur"] = ev["dur"] * factor
+    out.update(top)
+    return out
+
+
+def _write(path, trace) -> str:
+    with open(path, "w") as f:
+        json.dump(trace, f)
+    return str(path)
+
+
+def _mb_loop(x, w, b, n):
+    for _ in range(n):
+        with torch.profiler.record_function("mb"):
+            x @ w + b
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    """Traces written by plain torch.profiler (no SDK), with torch's own totals beside them."""
+    d = tmp_path_factory.mktemp("traces")
+    x, w, b = torch.randn(64, 64), torch.randn(64, 64), torch.randn(64)
+    with torch.profiler.profile() as p:
+        _mb_loop(x, w, b, ITERS)
+    plain = str(d / "plain.json")
+    p.export_chrome_trace(plain)
+    plain_ka = p.key_averages()
+
+    tb_dir = d / "tb"
+    seen = {}
+
+    def on_ready(prof):
+        torch.profiler.tensorboard_trace_handler(str(tb_dir), use_gzip=True)(prof)
+        seen["ka"] = prof.key_averages()
+
+    sched = torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=1)
+    with torch.profiler.profile(schedule=sched, on_trace_ready=on_ready) as p:
+        for _ in range(5):
+            _mb_loop(x, w, b, 5)
+            p.step()
+    return {"dir": d, "plain": plain, "plain_ka": plain_ka, "tb": str(tb_dir),
+            "tb_ka": seen["ka"], "trace": json.load(open(plain))}
+
+
+# ---------------------------------------------------------------- summarize
+
+
+def test_summarize_plain_torch_trace_in_a_real_process(traces):
+    out = _run("summarize", traces["plain"])
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""
+    text = out.stdout
+    (row,) = [ln for ln in text.splitlines() if ln.split()[:1] == ["mb"]]
+    assert row.split()[1] == str(ITERS)  # calls
+    assert "cpu-only" in row
+    assert "cpu-only" in text.split("@profiled range")[0]  # the window's verdict
+    ops = text.split("top operators by self CPU time")[1]
+    assert "aten::mm" in ops and "aten::add" in ops
+    assert all(len(ln) <= 100 for ln in text.splitlines())
+    # "Self CPU time total" as torch's table prints it (record_function self time included)
+    torch_total = sum(e.self_cpu_time_total for e in traces["plain_ka"])
+    assert _self_cpu_total(text) == pytest.approx(torch_total, rel=0.01)
+    assert f"Trace: {traces['plain']}" in text or "plain.json" in text.splitlines()[-1]
+
+
+def test_plain_trace_totals_and_ops_agree_with_key_averages(traces):
+    report = cli.report_from_trace(traces["plain"], cli.load_checked(traces["plain"]), rows=50)
+    ka = {e.key: e for e in traces["plain_ka"]}
+    torch_total = sum(e.self_cpu_time_total for e in ka.values())
+    ours = report.self_cpu_time_total_us + report.profiler_overhead_us
+    assert ours == pytest.approx(torch_total, rel=0.01)
+    assert report.ranges["mb"].calls == ka["mb"].count == ITERS
+    assert report.ranges["mb"].self_cpu_time_us == pytest.approx(ka["mb"].self_cpu_time_total,
+                                                                 rel=0.01)
+    for op in report.top_ops:
+        assert op.calls == ka[op.name].count, op.name
+        assert op.self_cpu_time_us == pytest.approx(ka[op.name].self_cpu_time_total, rel=0.01,
+                                                    abs=0.01), op.name
+    assert report.verdict.kind == "cpu-only"
+    assert report.device == "cpu" and report.activities == ("cpu",)
+    assert report.rank == 0 and report.world_size == 1
+    assert report.start_ns > 1_600_000_000 * 10**9  # epoch ns from baseTimeNanoseconds
+    assert report.end_ns > report.start_ns
+    assert report.pid == os.getpid()
+    assert report.trace_file == traces["plain"]
+
+
+def test_tensorboard_handler_directory_with_gzip(traces, capsys):
+    (name,) = os.listdir(traces["tb"])
+    assert name.endswith(".pt.trace.json.gz")
+    rc, out, err = _main(capsys, "summarize", traces["tb"])
+    assert rc == 0 and err == ""
+    assert "steps 2-3" in out.splitlines()[0]  # ProfilerStep#2, #3
+    (row,) = [ln for ln in out.splitlines() if ln.split()[:1] == ["mb"]]
+    assert row.split()[1] == "10"  # 2 active steps x 5
+    assert name in out
+
+
+def test_tensorboard_trace_user_time_matches_key_averages(traces):
+    """torch's total = user self time + ProfilerStep#N's self time."""
+    (name,) = os.listdir(traces["tb"])
+    path = os.path.join(traces["tb"], name)
+    report = cli.report_from_trace(path, cli.load_checked(path))
+    ka = traces["tb_ka"]
+    torch_total = sum(e.self_cpu_time_total for e in ka)
+    step_self = sum(e.self_cpu_time_total for e in ka if e.key.startswith("ProfilerStep"))
+    assert report.self_cpu_time_total_us + step_self == pytest.approx(torch_total, rel=0.01)
+
+
+@pytest.mark.xfail(reason=(
+    "instrument/analysis.py counts the whole duration of a ProfilerStep#N span as "
+    "profiler_overhead_us, though the span encloses the step's operators: the bookkeeping line "
+    "shows ~the whole step and self total + bookkeeping is ~2x torch's total; torch counts only "
+    "the span's self time"), strict=False)
+def test_tensorboard_trace_bookkeeping_is_the_step_spans_self_time(traces):
+    (name,) = os.listdir(traces["tb"])
+    path = os.path.join(traces["tb"], name)
+    report = cli.report_from_trace(path, cli.load_checked(path))
+    torch_total = sum(e.self_cpu_time_total for e in traces["tb_ka"])
+    ours = report.self_cpu_time_total_us + report.profiler_overhead_us
+    assert ours == pytest.approx(torch_total, rel=0.01)
+
+
+def test_json_output(traces, capsys, tmp_path):
+    rc, out, _ = _main(capsys, "summarize", "--json", traces["plain"])
+    assert rc == 0
+    doc = json.loads(out)
+    assert isinstance(doc, dict)
+    assert doc["ranges"]["mb"]["calls"] == ITERS
+    assert doc["verdict"]["kind"] == "cpu-only"
+    assert doc["trace_file"] == traces["plain"]
+    other = _write(tmp_path / "other.json", traces["trace"])
+    rc, out, _ = _main(capsys, "summarize", "--json", traces["plain"], other)
+    docs = json.loads(out)
+    assert isinstance(docs, list) and len(docs) == 2
+    assert [d["window"] for d in docs] == [0, 1]
+    assert all(d["ranges"]["mb"]["calls"] == ITERS for d in docs)
+
+
+def test_range_filter(traces, capsys, tmp_path):
+    trace = copy.deepcopy(traces["trace"])
+    trace["traceEvents"] += [dict(e, name="other") for e in trace["traceEvents"]
+                             if e.get("name") == "mb"][:1]
+    path = _write(tmp_path / "two_ranges.json", trace)
+    rc, out, _ = _main(capsys, "summarize", "--json", path)
+    assert set(json.loads(out)["ranges"]) == {"mb", "other"}
+    rc, out, _ = _main(capsys, "summarize", "--json", "--range", "mb", path)
+    assert rc == 0 and set(json.loads(out)["ranges"]) == {"mb"}
+    rc, out, _ = _main(capsys, "summarize", "--range", "other", path)
+    assert rc == 0
+    names = [ln.split()[0] for ln in out.split("@profiled range")[1].split("---")[0].splitlines()
+             if ln.strip()][1:]
+    assert "other" in names and "mb" not in names
+    # a range recorded as a plain operator (@profiled inside someone else's profiler)
+    rc, out, _ = _main(capsys, "summarize", "--json", "--range", "aten::mm", path)
+    assert json.loads(out)["ranges"]["aten::mm"]["calls"] == ITERS
+    rc, out, err = _main(capsys, "summarize", "--range", "mb", "--range", "nope", path)
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("torch-profiled: error:")
+    assert "'nope'" in err and "mb" in err
+
+
+def test_rows_limits_every_section(traces, capsys):
+    rc, out, _ = _main(capsys, "summarize", "--rows", "1", traces["plain"])
+    assert rc == 0
+    section = out.split("top operators by self CPU time")[1].split("-" * 20)[0]
+    assert len([ln for ln in section.splitlines()[1:] if ln.strip()]) == 1
+    rc, out, _ = _main(capsys, "summarize", "--json", "--rows", "2", traces["plain"])
+    assert len(json.loads(out)["top_ops"]) == 2
+    for bad in ("0", "-3", "x"):
+        rc, _, err = _main(capsys, "summarize", "--rows", bad, traces["plain"])
+        assert rc == 2 and "--rows" in err
+
+
+def _rank_dir(tmp_path, trace, factors):
+    d = tmp_path / "ranks"
+    d.mkdir()
+    for rank, factor in enumerate(factors):
+        t = _scaled(trace, factor,
+                    distributedInfo={"backend": "gloo", "rank": rank, "world_size": len(factors)})
+        _write(d / f"host_{rank}.{rank}.pt.trace.json", t)
+    (d / "notes.json").write_text("{}")  # ignored: the .pt.trace.json files are preferred
+    return str(d)
+
+
+def test_directory_of_two_ranks(traces, capsys, tmp_path):
+    d = _rank_dir(tmp_path, traces["trace"], [1.0, 2.0])
+    rc, out, err = _main(capsys, "summarize", d)
+    assert rc == 0, err
+    titles = [ln for ln in out.splitlines() if ln.startswith("torch-profiled | window")]
+    assert len(titles) == 2
+    assert "rank 0/2" in titles[0] and "rank 1/2" in titles[1]
+    side = out.split("ranks side by side")[1]
+    assert "rank 0" in side and "rank 1" in side
+    (row,) = [ln for ln in side.splitlines() if ln.startswith("mb ")]
+    cells = row.split()
+    assert cells[-4:-2] == ["rank", "1"]  # slowest rank
+    assert cells[-1] == "2.00x"
+    assert _us(cells[2]) == pytest.approx(2 * _us(cells[1]), rel=0.001)
+    assert _us(cells[-2]) == pytest.approx(_us(cells[1]), rel=0.001)  # spread = max - min
+    assert all(len(ln) <= 100 for ln in out.splitlines())
+
+    rc, out, _ = _main(capsys, "summarize", "--json", d)
+    doc = json.loads(out)
+    assert [r["rank"] for r in doc["reports"]] == [0, 1]
+    mb = doc["ranks"]["ranges"]["mb"]
+    assert mb["slowest_rank"] == 1 and mb["ratio"] == pytest.approx(2.0, rel=1e-3)
+    assert mb["spread_us"] == pytest.approx(mb["by_rank_us"]["0"], rel=1e-3)
+
+
+def test_many_ranks_show_min_median_max_within_100_columns(traces, capsys, tmp_path):
+    d = _rank_dir(tmp_path, traces["trace"], [1 + r / 10 for r in range(8)])
+    rc, out, _ = _main(capsys, "summarize", "--rows", "3", d)
+    assert rc == 0
+    side = out.split("ranks side by side")[1].splitlines()
+    header = next(ln for ln in side if ln.startswith("range"))
+    assert header.split()[1:4] == ["min", "median", "max"]
+    (row,) = [ln for ln in side if ln.startswith("mb ")]
+    assert "rank 7" in row and row.split()[-1] == "8/8"
+    assert all(len(ln) <= 100 for ln in out.splitlines())
+
+
+def test_sdk_trace_files(tmp_path, capsys):
+    from exporters import TraceFileExporter
+    from instrument import Schedule, profiled
+    from instrument.testing import capture
+
+    @profiled("sdk_range")
+    def work(x):
+        return x @ x
+
+    x = torch.randn(32, 32)
+    with capture(schedule=Schedule(wait=0, warmup=1, active=2),
+                 exporters=[TraceFileExporter(tmp_path / "sdk")]) as cap:
+        for _ in range(3):
+            work(x)
+    live = cap.reports[0]
+    rc, out, _ = _main(capsys, "summarize", "--json", str(tmp_path / "sdk"))
+    doc = json.loads(out)
+    assert doc["ranges"]["sdk_range"]["calls"] == live.ranges["sdk_range"].calls == 2
+    assert tuple(doc["steps"]) == live.steps
+    assert doc["rank"] == 0 and doc["world_size"] == 1
+
+
+def _gpu_trace(kernel_us: float, extra_kernel: bool = False) -> dict:
+    def ev(name, ts, dur, cat, tid=1, ext=0):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 7, "tid": tid, "ts": ts, "dur": dur,
+                "args": {"External id": ext, "correlation": ext}}
+
+    events = [
+        ev("step", 0, 100, "user_annotation", ext=1),
+        ev("aten::mm", 10, 20, "cpu_op", ext=2),
+        ev("cudaLaunchKernel", 12, 5, "cuda_runtime", ext=2),
+        ev("gemm", 1000, kernel_us, "kernel", tid=9, ext=2),
+    ]
+    if extra_kernel:
+        events += [ev("aten::add", 40, 10, "cpu_op", ext=3),
+                   ev("cudaLaunchKernel", 42, 5, "cuda_runtime", ext=3),
+                   ev("add_kernel", 2000, 7, "kernel", tid=9, ext=3)]
+    return {"deviceProperties": [{"id": 0, "name": "NVIDIA H200"}],
+            "baseTimeNanoseconds": 1_700_000_000 * 10**9, "traceEvents": events}
+
+
+def test_device_trace_summary(tmp_path, capsys):
+    path = _write(tmp_path / "gpu.json", _gpu_trace(40.0))
+    rc, out, _ = _main(capsys, "summarize", path)
+    assert rc == 0
+    assert "NVIDIA H200" in out.splitlines()[0]
+    assert "gemm" in out and "Self CUDA time total: 40.000us" in out
+    doc = json.loads(_main(capsys, "summarize", "--json", path)[1])
+    assert doc["activities"] == ["cpu", "cuda"]
+    assert doc["ranges"]["step"]["device_time_us"] == pytest.approx(40.0)
+    assert doc["start_ns"] == 1_700_000_000 * 10**9 and doc["end_ns"] > doc["start_ns"]
+
+
+# ---------------------------------------------------------------- diff
+
+
+def test_diff_twice_slower_range(traces, capsys, tmp_path):
+    slow = _write(tmp_path / "slow.json", _scaled(traces["trace"], 2.0))
+    rc, out, _ = _main(capsys, "diff", traces["plain"], slow)
+    assert rc == 0
+    (row,) = [ln for ln in out.splitlines() if ln.startswith("mb ")]
+    cells = row.split()
+    assert cells[4] == "2.00x" and cells[5] == str(ITERS)
+    assert cells[3].startswith("+")
+    assert all(len(ln) <= 100 for ln in out.splitlines())
+    doc = json.loads(_main(capsys, "diff", "--json", traces["plain"], slow)[1])
+    (mb,) = doc["ranges"]
+    assert mb["name"] == "mb" and mb["ratio"] == pytest.approx(2.0, rel=1e-3)
+    assert mb["delta_us"] == pytest.approx(mb["before_us"], rel=1e-3)
+    ops = doc["operators"]
+    assert [abs(o["delta_us"]) for o in ops] == sorted((abs(o["delta_us"]) for o in ops),
+                                                        reverse=True)
+    assert doc["totals"]["self_cpu_time_total_us"]["ratio"] == pytest.approx(2.0, rel=1e-3)
+
+
+def _ranges_trace(durations: dict[str, float]) -> dict:
+    events, ts = [], 0.0
+    for i, (name, dur) in enumerate(durations.items()):
+        events.append({"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": 1,
+                       "ts": ts, "dur": dur, "args": {"External id": i + 1}})
+        ts += dur + 1
+    return {"traceEvents": events}
+
+
+def test_diff_sorts_by_absolute_change_and_marks_missing_names(tmp_path, capsys):
+    a = _write(tmp_path / "a.json", _ranges_trace({"r1": 100, "r2": 50, "gone": 5}))
+    b = _write(tmp_path / "b.json", _ranges_trace({"r1": 110, "r2": 150, "new": 30}))
+    rc, out, _ = _main(capsys, "diff", a, b)
+    assert rc == 0
+    section = out.split("range (CPU total)")[1].split("-" * 20)[0]
+    rows = [ln.split() for ln in section.splitlines()[1:] if ln.strip()]
+    assert [r[0] for r in rows] == ["r2", "new", "r1", "gone"]
+    assert rows[0][1:5] == ["50.000us", "150.000us", "+100.000us", "3.00x"]
+    assert rows[1][1:5] == ["-", "30.000us", "+30.000us", "-"]
+    assert rows[3][1:5] == ["5.000us", "-", "-5.000us", "-"]
+    doc = json.loads(_main(capsys, "diff", "--json", "--rows", "2", a, b)[1])
+    assert [r["name"] for r in doc["ranges"]] == ["r2", "new"]
+    assert doc["ranges"][1]["before_us"] is None and doc["ranges"][1]["ratio"] is None
+
+
+def test_diff_kernels_and_directories(tmp_path, capsys):
+    before = _write(tmp_path / "before.json", _gpu_trace(40.0))
+    after_dir = tmp_path / "after"
+    after_dir.mkdir()
+    _write(after_dir / "a.json", _gpu_trace(10.0, extra_kernel=True))
+    _write(after_dir / "b.json", _gpu_trace(10.0))
+    rc, out, _ = _main(capsys, "diff", before, str(after_dir))
+    assert rc == 0
+    assert "(2 traces)" in out
+    kernels = out.split("device kernel (device time)")[1].split("-" * 20)[0]
+    rows = [ln.split() for ln in kernels.splitlines()[1:] if ln.strip()]
+    assert rows[0][:6] == ["gemm", "40.000us", "20.000us", "-20.000us", "0.50x", "1->2"]
+    assert rows[1][:5] == ["add_kernel", "-", "7.000us", "+7.000us", "-"]
+    assert "Self CUDA time total" in out
+
+
+# ---------------------------------------------------------------- bad input and usage
+
+
+def _bad_inputs(tmp_path, trace) -> dict[str, tuple[str, str]]:
+    """case -> (path, a phrase the error line must hold)."""
+    raw = gzip.compress(json.dumps(trace).encode())
+    files = {
+        "not_json.json": (b"hello, not json", "not JSON"),
+        "truncated.json": (json.dumps(trace)[:300].encode(), "truncated JSON"),
+        "truncated.json.gz": (raw[: len(raw) // 2], "truncated gzip"),
+        "not_gzip.json.gz": (b"{}", "not gzip"),
+        "gzip_named.json": (raw, "gzip-compressed"),
+        "no_events.json": (b'{"schemaVersion": 1}', "without \"traceEvents\""),
+        "events_not_list.json": (b'{"traceEvents": 3}', "not a list"),
+        "event_not_object.json": (b'{"traceEvents": [1]}', "not an object"),
+        "json_number.json": (b"42", "not an object"),
+        "binary.json": (b"\xff\xfe\x00garbage", "not JSON"),
+    }
+    cases = {}
+    for name, (data, phrase) in files.items():
+        (tmp_path / name).write_bytes(data)
+        cases[name] = (str(tmp_path / name), phrase)
+    (tmp_path / "empty_dir").mkdir()
+    (tmp_path / "empty_dir" / "readme.txt").write_text("no traces here")
+    cases["empty_dir"] = (str(tmp_path / "empty_dir"), "no trace files")
+    cases["missing"] = (str(tmp_path / "missing.json"), "no such file")
+    cases["device_file"] = (os.devnull, "neither a regular file nor a directory")
+    return cases
+
+
+def test_every_bad_input_is_one_line_and_exit_2(traces, tmp_path, capsys):
+    for case, (path, phrase) in _bad_inputs(tmp_path, traces["trace"]).items():
+        for argv in (["summarize", path], ["summarize", "--json", traces["plain"], path],
+                     ["diff", traces["plain"], path], ["diff", path, traces["plain"]]):
+            rc, out, err = _main(capsys, *argv)
+            assert rc == 2, (case, argv, err)
+            assert out == "", (case, argv)
+            assert err.count("\n") == 1 and err.endswith("\n"), (case, err)
+            assert err.startswith(f"torch-profiled: error: {path}: "), (case, err)
+            assert phrase in err and "; expected " in err, (case, err)
+            assert "Traceback" not in err
+
+
+def test_bad_input_in_a_real_process_has_no_traceback(traces, tmp_path):
+    cases = _bad_inputs(tmp_path, traces["trace"])
+    out = _run("summarize", cases["truncated.json.gz"][0])
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("torch-profiled: error:") and out.stderr.count("\n") == 1
+    out = _run("diff", traces["plain"], cases["empty_dir"][0])
+    assert out.returncode == 2
+    assert out.stderr.startswith("torch-profiled: error:") and out.stderr.count("\n") == 1
+    assert "Traceback" not in out.stderr
+
+
+def test_usage(capsys):
+    rc, out, err = _main(capsys)
+    assert rc == 2 and "summarize" in err and "diff" in err and out == ""
+    rc, out, _ = _main(capsys, "--version")
+    assert rc == 0 and out.strip() == f"torch-profiled {instrument.__version__}"
+    for argv in (["frobnicate"], ["summarize"], ["diff", "only_one"], ["summarize", "--bogus",
+                                                                        "x.json"]):
+        rc, out, err = _main(capsys, *argv)
+        assert rc == 2, argv
+        assert "torch-profiled" in err and "Traceback" not in err
+
+
+def test_broken_pipe_prints_no_traceback(traces):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROFILED_")}
+    env["PYTHONPATH"] = REPO
+    proc = subprocess.Popen([sys.executable, "-m", "instrument", "summarize", traces["plain"]],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the first write (`| head` that quit)
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(timeout=120) == 1
+    assert err == ""
+
+
+def test_broken_pipe_in_process(traces, monkeypatch):
+    class Closed:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", Closed())
+    assert cli.main(["summarize", traces["plain"]]) == 1
+
+
+def test_console_script_and_cheap_import():
+    import tomllib
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        scripts = tomllib.load(f)["project"]["scripts"]
+    assert scripts["torch-profiled"] == "instrument.cli:main"
+    code = ("import instrument, sys; before = set(sys.modules); import instrument.cli; "
+            "print(sorted(set(sys.modules) - before))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROFILED_")}
+    env["PYTHONPATH"] = REPO
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert eval(out.stdout) == ["instrument.cli"]  # nothing else: analysis loads on use
