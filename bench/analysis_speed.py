@@ -62,6 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     events = window.events()
+    if events is None:
+        print(f"torch {torch.__version__}: Kineto events carry no activity_type(); the report "
+              "comes from the trace JSON there (export + load + analyse)")
+        from instrument.analysis import events_from_trace
+
+        with tempfile.TemporaryDirectory() as tmp:
+            raw = os.path.join(tmp, "w.pt.trace.json")
+            window.export_chrome_trace(raw)
+            events = events_from_trace(load_trace(raw))
     analysis = analyze(events, {"matmul_bias"})
     timings["report"] = time.perf_counter() - t0
     with tempfile.TemporaryDirectory() as tmp:

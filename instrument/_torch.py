@@ -240,10 +240,14 @@ class ProfilerWindow:
         self.prepared = False
         self.recording = False
 
-    def events(self) -> list[tuple]:
+    def events(self) -> list[tuple] | None:
         """The stopped window's events as ``analysis.Event`` tuples, read straight from
-        Kineto's results (no trace JSON, no ``key_averages()``)."""
-        return kineto_events(self._prof.profiler.kineto_results, self.with_flops)
+        Kineto's results (no trace JSON, no ``key_averages()``); None where this torch's
+        events lack what that needs (then analyse the exported trace)."""
+        try:
+            return kineto_events(self._prof.profiler.kineto_results, self.with_flops)
+        except NotImplementedError:
+            return None
 
     def export_chrome_trace(self, path: str) -> None:
         self._prof.export_chrome_trace(path)
@@ -267,6 +271,10 @@ def kineto_events(results: Any, with_flops: bool = True) -> list[tuple]:
     )
 
     raw = results.events() if results is not None else []
+    if raw and not hasattr(raw[0], "activity_type"):
+        # torch < 2.13 (2.11 on the H200 host): no category per event; the caller reads the
+        # trace JSON instead (slower, same numbers)
+        raise NotImplementedError("this torch's Kineto events carry no activity_type()")
     op_thread: dict[int, Any] = {}
     out: list[tuple] = []
     runtime: list[tuple] = []

@@ -19,7 +19,8 @@ How the numbers are made:
   idle gaps, unlike ``gpu_user_annotation``); wall time runs from a range's start to the later
   of its end and the end of its last kernel.
 - Profiler bookkeeping (``ProfilerStep#N``, "Activity Buffer Request", our step markers) is
-  never user time: it is reported as ``profiler_overhead_us``.
+  never user time. It nests like other events and its *self* time is reported as
+  ``profiler_overhead_us``, so user total + overhead = torch's "Self CPU time total".
 """
 
 from __future__ import annotations
@@ -218,13 +219,11 @@ def analyze(events: Iterable[Event], range_names: Iterable[str] = (), *, top: in
     for ev in events:
         count += 1
         kind = ev[0]
-        if kind == "cpu":
-            lst = by_thread.get(ev[4])
+        if kind == "cpu" or kind == "overhead":  # bookkeeping nests too: only its self time
+            lst = by_thread.get(ev[4])          # is overhead (ProfilerStep#N encloses a step)
             if lst is None:
                 lst = by_thread[ev[4]] = []
             lst.append(ev)
-        elif kind == "overhead":
-            overhead_ns += ev[3]
         else:
             device.append(ev)
 
@@ -246,10 +245,13 @@ def analyze(events: Iterable[Event], range_names: Iterable[str] = (), *, top: in
         outer: dict[str, tuple[_Range, list[int]]] = {}  # outermost open occurrence per name
         open_ranges: tuple[tuple[_Range, list[int]], ...] = ()  # tuple(outer.values())
         thread_last = 0
-        for _kind, name, start, dur, _thread, ext, link, flops, nbytes, annotation in evs:
+        for kind, name, start, dur, _thread, ext, link, flops, nbytes, annotation in evs:
             while stack and stack[-1][0] <= start:
                 end, cname, child, cdur, agg = stack.pop()
                 self_ns = cdur - child if cdur > child else 0
+                if agg is None:  # profiler bookkeeping
+                    overhead_ns += self_ns
+                    continue
                 self_total += self_ns
                 d = depth[cname] - 1
                 depth[cname] = d
@@ -271,6 +273,9 @@ def analyze(events: Iterable[Event], range_names: Iterable[str] = (), *, top: in
                 parent = stack[-1]
                 overlap = parent[0] - start
                 parent[2] += dur if dur < overlap else overlap
+            if kind == "overhead":
+                stack.append([end, name, 0, dur, None])
+                continue
             d = depth.get(name, 0)
             depth[name] = d + 1
             if annotation or name in names:
@@ -300,6 +305,9 @@ def analyze(events: Iterable[Event], range_names: Iterable[str] = (), *, top: in
         while stack:
             end, cname, child, cdur, agg = stack.pop()
             self_ns = cdur - child if cdur > child else 0
+            if agg is None:
+                overhead_ns += self_ns
+                continue
             self_total += self_ns
             d = depth[cname] - 1
             depth[cname] = d

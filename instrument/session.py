@@ -31,7 +31,7 @@ from typing import Any
 from exporters import ExporterWarning, check_exporter_names, resolve_exporters
 
 from . import _torch, decorator
-from .analysis import analyze
+from .analysis import analyze, events_from_trace
 from .config import Config, _reject_unknown, _reset_warnings
 from .pipeline import export_report, notify, shutdown_exporters
 from .report import WindowReport
@@ -276,7 +276,8 @@ class Session:
         end_ns: int,
     ) -> WindowReport:
         names = set(decorator.RANGE_NAMES)
-        analysis = analyze(window.events(), names)  # the report: straight from Kineto's events
+        events = window.events()  # the report: straight from Kineto's events when possible
+        analysis = analyze(events, names) if events is not None else None
         # the trace file exporters get: torch's JSON, shaped (see tracefile.shape_trace)
         if self._tmpdir is None:
             self._tmpdir = tempfile.mkdtemp(prefix="torch-profiled-")
@@ -285,6 +286,8 @@ class Session:
         window.export_chrome_trace(raw)
         trace = shape_trace(load_trace(raw), names, dist)
         write_json_atomic(trace, raw, compress=False)
+        if analysis is None:  # older torch: analyse the trace JSON
+            analysis = analyze(events_from_trace(trace), names)
         return WindowReport(
             window=index,
             steps=steps,

@@ -162,11 +162,6 @@ def test_tensorboard_trace_user_time_matches_key_averages(traces):
     assert report.self_cpu_time_total_us + step_self == pytest.approx(torch_total, rel=0.01)
 
 
-@pytest.mark.xfail(reason=(
-    "instrument/analysis.py counts the whole duration of a ProfilerStep#N span as "
-    "profiler_overhead_us, though the span encloses the step's operators: the bookkeeping line "
-    "shows ~the whole step and self total + bookkeeping is ~2x torch's total; torch counts only "
-    "the span's self time"), strict=False)
 def test_tensorboard_trace_bookkeeping_is_the_step_spans_self_time(traces):
     (name,) = os.listdir(traces["tb"])
     path = os.path.join(traces["tb"], name)

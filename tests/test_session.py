@@ -505,3 +505,20 @@ def test_steps_end_when_the_whole_step_function_is_compiled(backend):
     (report,) = cap.reports
     assert report.steps == (2, 3)
     assert report.partial is False
+
+
+def test_report_from_trace_json_where_kineto_events_lack_categories(monkeypatch):
+    """torch < 2.13 (2.11 on the GPU host): Kineto events have no activity_type(); the session
+    analyses the exported trace instead, with the same numbers."""
+    from instrument import _torch
+
+    with capture(schedule=Schedule(wait=0, warmup=1, active=2)) as cap:
+        for _ in range(3):
+            work()
+    monkeypatch.setattr(_torch.ProfilerWindow, "events", lambda self: None)
+    with capture(schedule=Schedule(wait=0, warmup=1, active=2)) as cap_json:
+        for _ in range(3):
+            work()
+    a, b = cap.reports[0], cap_json.reports[0]
+    assert a.ranges["work"].calls == b.ranges["work"].calls == 2
+    assert {o.name: o.calls for o in a.top_ops} == {o.name: o.calls for o in b.top_ops}
