@@ -111,7 +111,7 @@ def format_report(report: "WindowReport", rows: int = 15) -> str:
                 rate = f", {_si(r.flops_per_s)}FLOP/s on the device" if r.flops_per_s else ""
                 lines.append(_fit(f"  {r.name}: {_si(per_call)}FLOP per call{rate}", WIDTH))
     else:
-        lines.append("(no @profiled range ran in this window)")
+        lines.append("(no @profiled or record_function range ran in this window)")
 
     if report.top_ops:
         lines.append(rule)
