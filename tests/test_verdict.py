@@ -1,0 +1,98 @@
+"""Verdicts on synthetic traces: every kind, at and around the thresholds."""
+
+from __future__ import annotations
+
+import pytest
+
+from instrument.analysis import analyze_events
+from instrument.verdict import (
+    COMPUTE_BOUND,
+    COMPUTE_HEAVY_FLOP_PER_BYTE,
+    CPU_ONLY,
+    OVERHEAD_BOUND,
+    OVERHEAD_BOUND_BELOW,
+    judge,
+)
+
+
+def E(name, ts, dur, cat="cpu_op", tid=1, external=0, **args):
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
+            "args": {"External id": external, **args}}
+
+
+def one_range(range_us, kernel_us, *, kernel_start=None, **op_args):
+    """A range of ``range_us`` CPU time launching one kernel of ``kernel_us``."""
+    start = 5 if kernel_start is None else kernel_start
+    return [
+        E("r", 0, range_us, cat="user_annotation", external=1),
+        E("aten::mm", 1, 3, external=2, **op_args),
+        E("cudaLaunchKernel", 2, 1, cat="cuda_runtime", external=2),
+        E("gemm", start, kernel_us, cat="kernel", tid=99, external=2),
+    ]
+
+
+def test_overhead_bound_like_the_seed_at_64x64():
+    # seed, 64x64: ~23 us of device work in ~2.3 ms of CPU time
+    a = analyze_events(one_range(2300, 23), set())
+    r = a.ranges["r"]
+    assert r.verdict.kind == OVERHEAD_BOUND
+    assert "idles" in r.verdict.reason and "1%" in r.verdict.reason
+    assert a.verdict.kind == OVERHEAD_BOUND
+
+
+def test_compute_bound_like_the_seed_at_4096():
+    # the kernel runs past the range's end: wall = 0 .. 5 + 4495
+    a = analyze_events(one_range(50, 4495), set())
+    r = a.ranges["r"]
+    assert r.wall_time_us == pytest.approx(4500)
+    assert r.verdict.kind == COMPUTE_BOUND
+    assert r.verdict.detail == ""  # no FLOPs known
+
+
+def test_threshold_is_the_busy_share_of_wall_time():
+    # busy exactly at the threshold is compute-bound; just under is overhead-bound
+    wall = 1000.0
+    at = judge(device_us=500, busy_us=OVERHEAD_BOUND_BELOW * wall, wall_us=wall, cpu_us=wall)
+    under = judge(device_us=499, busy_us=OVERHEAD_BOUND_BELOW * wall - 1, wall_us=wall,
+                  cpu_us=wall)
+    assert at.kind == COMPUTE_BOUND and under.kind == OVERHEAD_BOUND
+
+
+def test_cpu_only_without_device_work():
+    events = [E("r", 0, 100, cat="user_annotation", external=1), E("aten::add", 1, 50, external=2)]
+    a = analyze_events(events, set())
+    assert a.ranges["r"].verdict.kind == CPU_ONLY
+    assert a.verdict.kind == CPU_ONLY
+    assert str(a.ranges["r"].verdict) == "cpu-only"
+
+
+def test_compute_heavy_and_memory_heavy_from_flops_and_shapes():
+    n = 4096
+    heavy = analyze_events(one_range(50, 4000, **{"Input Dims": [[n, n], [n, n]],
+                                                   "Input type": ["c10::BFloat16"] * 2}), set())
+    r = heavy.ranges["r"]
+    assert r.flops == 2 * n ** 3
+    assert r.verdict.kind == COMPUTE_BOUND and r.verdict.detail == "compute-heavy"
+    assert r.flops_per_s == pytest.approx(2 * n ** 3 / 4000e-6)
+    # a skinny product: 2*4096*1*4096 FLOPs over (4096*1 + 1*4096) * 4 bytes = 1024 FLOP/B...
+    # ...make it memory-heavy instead: (n x 1) @ (1 x 1): 2n FLOPs over (n + 1) * 4 bytes
+    light = analyze_events(one_range(50, 4000, **{"Input Dims": [[n, 1], [1, 1]],
+                                                   "Input type": ["float", "float"]}), set())
+    r = light.ranges["r"]
+    assert r.flops == 2 * n
+    assert r.flops / ((n + 1) * 4) < COMPUTE_HEAVY_FLOP_PER_BYTE
+    assert r.verdict.detail == "memory-heavy"
+    assert r.verdict.short == "compute/mem"
+
+
+def test_window_verdict_uses_all_device_work():
+    events = one_range(2300, 23) + [
+        E("other", 3000, 100, cat="user_annotation", external=3),
+        E("aten::add", 3001, 3, external=4),
+        E("k2", 3010, 90, cat="kernel", tid=99, external=4),
+    ]
+    a = analyze_events(events, set())
+    assert a.ranges["other"].verdict.kind == COMPUTE_BOUND
+    assert a.ranges["r"].verdict.kind == OVERHEAD_BOUND
+    assert a.device_busy_us == pytest.approx(113)
+    assert a.verdict.kind == OVERHEAD_BOUND  # 113 us busy in a 3100 us window
