@@ -60,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     window.stop()
 
     timings: dict[str, float] = {}
+    report_runs = []
+    for _ in range(3):  # the first run is what a session pays; min of 3 shows the noise floor
+        t0 = time.perf_counter()
+        analyze(window.events() or [], {"matmul_bias"})
+        report_runs.append(time.perf_counter() - t0)
     t0 = time.perf_counter()
     events = window.events()
     if events is None:
@@ -90,13 +95,20 @@ def main(argv: list[str] | None = None) -> int:
     r = analysis.ranges["matmul_bias"]
     assert r.calls == ref["matmul_bias"].count == args.iterations, (r.calls, args.iterations)
 
+    if report_runs and window.events() is not None:
+        timings["report"] = report_runs[0]
+        timings["report (min of 3)"] = min(report_runs)
     speedup = timings["key_averages"] / timings["report"]
     print(f"torch-profiled analysis speed   python bench/analysis_speed.py "
           f"--iterations {args.iterations}")
     print(f"  {platform.processor() or platform.machine()}  python {platform.python_version()}"
           f"  torch {torch.__version__}  device {device}  events {len(events)}")
-    for key in ("report", "key_averages", "export_chrome_trace", "trace shaping"):
+    for key in ("report", "report (min of 3)", "key_averages", "export_chrome_trace",
+                "trace shaping"):
+        if key not in timings:
+            continue
         print(f"  {key:<22} {timings[key] * 1e3:10.1f} ms")
+    print("  (report: the first run, what a session pays when a window ends; judged on it)")
     verdict = "PASS" if speedup >= 10 else "MISS"
     print(f"  {verdict}  key_averages / report = {speedup:.1f}x (target >= 10x)")
     if args.json:

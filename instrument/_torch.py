@@ -244,8 +244,11 @@ class ProfilerWindow:
         """The stopped window's events as ``analysis.Event`` tuples, read straight from
         Kineto's results (no trace JSON, no ``key_averages()``); None where this torch's
         events lack what that needs (then analyse the exported trace)."""
+        from .analysis import no_gc
+
         try:
-            return kineto_events(self._prof.profiler.kineto_results, self.with_flops)
+            with no_gc():
+                return kineto_events(self._prof.profiler.kineto_results, self.with_flops)
         except NotImplementedError:
             return None
 

@@ -25,7 +25,9 @@ How the numbers are made:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import contextlib
+import gc
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,9 +210,27 @@ def _union_ns(intervals: list[tuple[int, int]]) -> int:
     return total + cur_e - cur_s
 
 
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while building 100k+ tuples and lists that hold no
+    cycles: otherwise its generation-0 passes rescan them over and over (~30% of the time)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def analyze(events: Iterable[Event], range_names: Iterable[str] = (), *, top: int = 20,
             ) -> Analysis:
     """Aggregate one window's normalised events (see module docstring)."""
+    with no_gc():
+        return _analyze(events, range_names, top)
+
+
+def _analyze(events: Iterable[Event], range_names: Iterable[str], top: int) -> Analysis:
     names = frozenset(range_names)
     by_thread: dict[Any, list[Event]] = {}
     device: list[Event] = []
