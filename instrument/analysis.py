@@ -190,6 +190,24 @@ class Analysis:
     verdict: Verdict = field(default_factory=lambda: Verdict(CPU_ONLY, "no events"))
     event_count: int = 0
 
+    def report_fields(self, **overrides: Any) -> dict[str, Any]:
+        """The ``WindowReport`` fields this analysis fills (the session and the CLI add who,
+        when and where)."""
+        fields = {
+            "ranges": self.ranges,
+            "top_ops": self.top_ops,
+            "top_kernels": self.top_kernels,
+            "self_cpu_time_total_us": self.self_cpu_time_total_us,
+            "self_device_time_total_us": self.self_device_time_total_us,
+            "profiler_overhead_us": self.profiler_overhead_us,
+            "device_busy_us": self.device_busy_us,
+            "flops": self.flops,
+            "verdict": self.verdict,
+            "event_count": self.event_count,
+        }
+        fields.update(overrides)
+        return fields
+
 
 def _order(ev: Event) -> tuple[int, int]:
     return (ev[START], -ev[DUR])  # parents (same start, longer) before their children

@@ -277,17 +277,8 @@ def report_from_trace(
         pid=pid,
         device=device_name,
         activities=("cpu", "cuda") if device else ("cpu",),
-        ranges=ranges,
-        top_ops=analysis.top_ops,
-        top_kernels=analysis.top_kernels,
-        self_cpu_time_total_us=analysis.self_cpu_time_total_us,
-        self_device_time_total_us=analysis.self_device_time_total_us,
-        profiler_overhead_us=analysis.profiler_overhead_us,
-        device_busy_us=analysis.device_busy_us,
-        flops=analysis.flops,
-        verdict=analysis.verdict,
-        event_count=analysis.event_count,
         trace_file=path,
+        **analysis.report_fields(ranges=ranges),
     )
 
 

@@ -300,17 +300,8 @@ class Session:
             pid=os.getpid(),
             device=_torch.device_name(self.activities),
             activities=tuple(self.activities),
-            ranges=analysis.ranges,
-            top_ops=analysis.top_ops,
-            top_kernels=analysis.top_kernels,
-            self_cpu_time_total_us=analysis.self_cpu_time_total_us,
-            self_device_time_total_us=analysis.self_device_time_total_us,
-            profiler_overhead_us=analysis.profiler_overhead_us,
-            device_busy_us=analysis.device_busy_us,
-            flops=analysis.flops,
-            verdict=analysis.verdict,
-            event_count=analysis.event_count,
             raw_trace_path=raw,
+            **analysis.report_fields(),
         )
 
     def _why_no_report(self) -> str:
