@@ -14,7 +14,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
   python3 -c "import torch, sys; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'python', sys.version.split()[0])"
   lscpu | grep -E "Model name|^CPU\(s\)"
 } 2>&1 | tee "$OUT/machine.txt"
-python3 -m pytest tests -q -p no:cacheprovider -rs 2>&1 | tee "$OUT/tests.log"
+python3 -m pytest ${PYTEST_ARGS:-tests} -q -p no:cacheprovider -rs 2>&1 | tee "$OUT/tests.log"
 rc=${PIPESTATUS[0]}
 (cd "$(mktemp -d)" && python3 "$OLDPWD/examples/01_matmul_bias.py") 2>&1 | grep -v USDT | tee "$OUT/example.log"
 python3 bench/seed_tables.py 2>&1 | grep -v USDT | tee "$OUT/seed_tables.log"

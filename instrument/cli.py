@@ -258,7 +258,8 @@ def report_from_trace(
         world_size = _int(dist.get("world_size"), max(1, rank + 1))
     props = trace.get("deviceProperties")
     device_name = "cpu"
-    if isinstance(props, list) and props and isinstance(props[0], dict) and props[0].get("name"):
+    if (device and isinstance(props, list) and props and isinstance(props[0], dict)
+            and props[0].get("name")):  # torch lists the GPUs even in CPU-only traces
         device_name = str(props[0]["name"])
 
     ranges = analysis.ranges

@@ -208,7 +208,10 @@ class Session:
                 with_stack=self.config.with_stack,
                 with_flops=self.config.with_flops,
             )
-            window.prepare()
+            # Not prepared here: Kineto is prepared and started together at the first
+            # recorded step. A prepared CUDA profiler makes a profiler the user starts during
+            # our warm-up fail in its own prepare (seen on an H200 with torch 2.11), and
+            # telemetry must never break the program. Warm-up steps are still counted.
         except Exception as exc:  # noqa: BLE001
             self._skip_reason = f"the profiler could not be prepared ({exc!r})"
             self._warn(f"the profiler could not be prepared ({exc!r}); window skipped")

@@ -146,8 +146,9 @@ def test_per_operator_self_cpu_agrees_with_key_averages(tmp_path):
 
 
 def _window_with(fn, activities, iterations):
-    from instrument import _torch, decorator
+    from instrument import _torch, configure
 
+    configure(enabled=False)  # no ambient session: this test runs its own window
     window = _torch.ProfilerWindow(activities, record_shapes=False, profile_memory=False,
                                    with_stack=False, with_flops=False)
     window.start()

@@ -75,7 +75,8 @@ def traces(tmp_path_factory):
     """Traces written by plain torch.profiler (no SDK), with torch's own totals beside them."""
     d = tmp_path_factory.mktemp("traces")
     x, w, b = torch.randn(64, 64), torch.randn(64, 64), torch.randn(64)
-    with torch.profiler.profile() as p:
+    cpu = [torch.profiler.ProfilerActivity.CPU]  # CPU-only traces, also on a GPU host
+    with torch.profiler.profile(activities=cpu) as p:
         _mb_loop(x, w, b, ITERS)
     plain = str(d / "plain.json")
     p.export_chrome_trace(plain)
@@ -89,7 +90,7 @@ def traces(tmp_path_factory):
         seen["ka"] = prof.key_averages()
 
     sched = torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=1)
-    with torch.profiler.profile(schedule=sched, on_trace_ready=on_ready) as p:
+    with torch.profiler.profile(activities=cpu, schedule=sched, on_trace_ready=on_ready) as p:
         for _ in range(5):
             _mb_loop(x, w, b, 5)
             p.step()

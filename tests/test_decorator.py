@@ -940,7 +940,7 @@ def test_user_profiler_started_after_the_session_warmed_up():
 
     mem = InMemoryExporter()
     instrument.configure(schedule=Schedule(wait=0, warmup=2, active=2), exporters=[mem])
-    leaf(torch.ones(2))  # step 0 (warm-up) ends: the session has a prepared window
+    leaf(torch.ones(2))  # step 0 (warm-up) ends: a window is due (opened, not yet prepared)
     assert not profiler_on()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
