@@ -213,7 +213,13 @@ class ProfilerWindow:
         self.recording = False
 
     def prepare(self) -> None:
-        self._prof.prepare_trace()
+        import warnings
+
+        with warnings.catch_warnings():
+            # torch 2.11 warns that a new cycle clears the last one's events: each of our
+            # windows is its own profiler, so there is nothing to keep
+            warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
+            self._prof.prepare_trace()
         self.prepared = True
 
     def start(self) -> None:
