@@ -16,9 +16,10 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import secrets
 from collections.abc import Iterable
 from typing import Any
+
+from exporters.trace_file import _open_temp  # one place creates readable temp files
 
 __all__ = ["MARKER_PREFIX", "STEP_MARKER", "STEP_PREFIX", "WINDOW_END", "load_trace", "shape_trace", "write_json_atomic"]
 
@@ -99,20 +100,6 @@ def write_json_atomic(obj: Any, path: str, *, compress: bool) -> None:
         except OSError:
             pass
         raise
-
-
-def _open_temp(directory: str) -> tuple[int, str]:
-    """A new hidden file created with mode 0o666 less the umask (``mkstemp`` gives 0o600,
-    which a trace viewer running as another user cannot read)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-    flags |= getattr(os, "O_CLOEXEC", 0)
-    for _ in range(100):
-        tmp = os.path.join(directory, f".tmp-{secrets.token_hex(8)}.partial")
-        try:
-            return os.open(tmp, flags, 0o666), tmp
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"no free temporary name in {directory!r}")  # pragma: no cover
 
 
 def _dump(obj: Any, binary) -> None:
