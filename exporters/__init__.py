@@ -57,6 +57,15 @@ class Exporter(abc.ABC):
     #: exporters that write the window's trace file run first, so that the others can name it
     writes_trace_file: bool = False
 
+    #: Optional hook ``window_started(window: int) -> None``. When an exporter defines it, the
+    #: session calls it once per window at the first ``@profiled`` call (or ``with profiled``
+    #: entry) that begins while the window records: on that call's thread and in its
+    #: ``contextvars`` context, so the exporter can capture what is current there (the
+    #: OpenTelemetry span of the request being profiled). ``window`` is the ``report.window`` the
+    #: window's report will carry. It runs on the program's hot path: keep it to a dictionary
+    #: store. Not called for a window in which no decorated call begins.
+    window_started: Callable[[int], None] | None = None
+
     @abc.abstractmethod
     def export(self, report: "WindowReport") -> ExportResult:
         """Handle one window's report."""

@@ -77,6 +77,17 @@ def set_idle(idle: bool, session: Any = None) -> None:
     _SESSION = None if idle else session
 
 
+# Called (then cleared by the session) at the first decorated call that begins while a window
+# records, on that call's thread and in its context: exporters capture what was current there
+# (the OpenTelemetry span of the request being profiled). None almost always.
+_ON_FIRST_CALL: Any = None
+
+
+def set_first_call_hook(hook: Any) -> None:
+    global _ON_FIRST_CALL
+    _ON_FIRST_CALL = hook
+
+
 # ---------------------------------------------------------------- range enter/exit
 
 
@@ -85,6 +96,8 @@ def _enter(name: str) -> tuple[Any, Any, int, Any]:
     sess = _hooks().session_for_calls()
     rf = None
     if _FLAG._is_profiler_enabled:
+        if _ON_FIRST_CALL is not None:
+            _ON_FIRST_CALL()
         rf = _FastRange(name)
         rf.__enter__()
     depth = _DEPTH.get()
@@ -110,6 +123,8 @@ def _call(f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: An
     if sess is None or sess._steps_declared:  # root calls do not end steps: no depth needed
         try:
             if _FLAG._is_profiler_enabled:
+                if _ON_FIRST_CALL is not None:
+                    _ON_FIRST_CALL()
                 with _FastRange(name):
                     return f(*args, **kwargs)
             return f(*args, **kwargs)
@@ -120,6 +135,8 @@ def _call(f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: An
     token = _DEPTH.set(depth + 1)
     try:
         if _FLAG._is_profiler_enabled:
+            if _ON_FIRST_CALL is not None:
+                _ON_FIRST_CALL()
             with _FastRange(name):
                 return f(*args, **kwargs)
         return f(*args, **kwargs)

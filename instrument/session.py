@@ -57,6 +57,9 @@ class Session:
         self.config = config
         self.schedule: Schedule = config.schedule
         self.exporters = list(exporters)
+        self._window_hooks = [
+            e.window_started for e in self.exporters if callable(getattr(e, "window_started", None))
+        ]
         self.ambient = ambient
         self.activities = config.activities or _torch.default_activities()
         self.step_index = 0  # the step in progress
@@ -194,6 +197,8 @@ class Session:
                     self._discard_window()
                     return
                 self._window_start_ns = time.time_ns()
+                if self._window_hooks:
+                    decorator.set_first_call_hook(self._first_call_in_window)
             _mark(STEP_MARKER + str(step))
 
     def _open_window(self) -> bool:
@@ -228,7 +233,22 @@ class Session:
             "in your profile"
         )
 
+    def _first_call_in_window(self) -> None:
+        """The first decorated call of the recording window began: tell the exporters that
+        asked (``window_started``), on that call's thread and in its context."""
+        decorator.set_first_call_hook(None)
+        with self._lock:
+            if self._window is None or not self._window.recording:
+                return
+            index = self._window_index
+        for hook in self._window_hooks:
+            try:
+                hook(index)
+            except Exception as exc:  # noqa: BLE001 - telemetry never breaks the program
+                self._warn(f"exporter hook {hook!r} raised {exc!r} at window start; ignored")
+
     def _discard_window(self) -> None:
+        decorator.set_first_call_hook(None)
         window, self._window = self._window, None
         self._window_steps = []
         if window is not None:
@@ -238,6 +258,7 @@ class Session:
                 self._warn(f"the profiler could not be stopped cleanly ({exc!r})")
 
     def _end_window(self, *, partial: bool) -> None:
+        decorator.set_first_call_hook(None)
         window, self._window = self._window, None
         steps = tuple(self._window_steps)
         self._window_steps = []

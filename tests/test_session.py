@@ -523,3 +523,41 @@ def test_report_from_trace_json_where_kineto_events_lack_categories(monkeypatch)
     a, b = cap.reports[0], cap_json.reports[0]
     assert a.ranges["work"].calls == b.ranges["work"].calls == 2
     assert {o.name: o.calls for o in a.top_ops} == {o.name: o.calls for o in b.top_ops}
+
+
+def test_window_started_hook_runs_in_the_context_of_the_first_recorded_call():
+    import contextvars
+
+    request: contextvars.ContextVar[str] = contextvars.ContextVar("request", default="none")
+
+    class ContextCapturing(InMemoryExporter):
+        def __init__(self) -> None:
+            super().__init__()
+            self.started: list[tuple[int, str]] = []
+
+        def window_started(self, window: int) -> None:
+            self.started.append((window, request.get()))
+
+    mem = ContextCapturing()
+    sched = Schedule(wait=1, warmup=1, active=2, repeat=2)
+    with session(schedule=sched, exporters=[mem]):
+        for i in range(10):
+            ctx = contextvars.copy_context()
+            ctx.run(lambda i=i: (request.set(f"request-{i}"), train_step()))
+    assert [r.window for r in mem.reports] == [0, 1]
+    # steps 2-3 and 6-7 record; the hook saw the request whose call opened each window
+    assert [r.steps for r in mem.reports] == [(2, 3), (6, 7)]
+    assert mem.started == [(0, "request-2"), (1, "request-6")]
+
+
+def test_window_started_hook_that_raises_costs_a_warning_only():
+    class Bad(InMemoryExporter):
+        def window_started(self, window: int) -> None:
+            raise RuntimeError("boom")
+
+    mem = Bad()
+    with pytest.warns(instrument.ProfilerWarning, match="boom"):
+        with session(schedule=Schedule(warmup=0, active=2), exporters=[mem]):
+            for _ in range(4):
+                train_step()
+    assert len(mem.reports) == 1
