@@ -21,6 +21,11 @@ How the numbers are made:
 - Profiler bookkeeping (``ProfilerStep#N``, "Activity Buffer Request", our step markers) is
   never user time. It nests like other events and its *self* time is reported as
   ``profiler_overhead_us``, so user total + overhead = torch's "Self CPU time total".
+- The profiler's own work (``PROFILER_WORK_NAMES``: CUPTI's "Activity Buffer Request", ~2.6 ms
+  at the first launch after a start on an H200) is also taken out of the CPU time and wall time
+  of the ranges it falls in, and of the window's wall time: otherwise one buffer request turns
+  a compute-bound 4096x4096 matmul into "overhead-bound". Kineto's JSON puts it on a row of its
+  own; it is nested into the CPU thread whose operator encloses it, as ``key_averages`` does.
 """
 
 from __future__ import annotations
@@ -65,6 +70,9 @@ FILTERED_NAMES = frozenset({
 BOOKKEEPING_NAMES = frozenset({"Activity Buffer Request", "Iteration Start: PyTorch Profiler",
                                "Record Window End"})
 BOOKKEEPING_PREFIXES = ("ProfilerStep#", "PyTorch Profiler", "profiled::", "## ")
+# bookkeeping that is the profiler's own work (not user code between operators, which is what
+# the self time of ``ProfilerStep#N`` is): excluded from ranges' CPU and wall time too
+PROFILER_WORK_NAMES = frozenset({"Activity Buffer Request", "Iteration Start: PyTorch Profiler"})
 _DTYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "int": 4,
                 "long int": 8, "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1,
                 "c10::complex<float>": 8, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1}
@@ -172,7 +180,8 @@ class _Range:
     launches: int = 0
     flops: int = 0
     nbytes: int = 0
-    occurrences: list[list[int]] = field(default_factory=list)  # [start, end, last device end]
+    # [start, end, last device end, profiler work inside]
+    occurrences: list[list[int]] = field(default_factory=list)
     intervals: list[tuple[int, int]] = field(default_factory=list)
 
 
@@ -211,6 +220,36 @@ class Analysis:
 
 def _order(ev: Event) -> tuple[int, int]:
     return (ev[START], -ev[DUR])  # parents (same start, longer) before their children
+
+
+def _nest_orphan_bookkeeping(by_thread: dict[Any, list[Event]]) -> None:
+    """Move bookkeeping events that sit on a row of their own (Kineto's JSON gives "Activity
+    Buffer Request" its own row) onto the CPU thread with an event that encloses them, so they
+    nest there: the enclosing operator's self time then excludes them, as in ``key_averages``.
+    Such events are few (one or two a window): a linear scan is fine."""
+    orphans = [t for t, evs in by_thread.items() if all(ev[0] == "overhead" for ev in evs)]
+    if not orphans or len(orphans) == len(by_thread):
+        return
+    for thread in orphans:
+        keep = []
+        for ev in by_thread[thread]:
+            start, end = ev[START], ev[START] + ev[DUR]
+            home = None
+            for other, evs in by_thread.items():
+                if other in orphans:
+                    continue
+                if any(o[0] == "cpu" and o[START] <= start and o[START] + o[DUR] >= end
+                       for o in evs):
+                    home = other
+                    break
+            if home is None:
+                keep.append(ev)
+            else:
+                by_thread[home].append(ev[:4] + (home,) + ev[5:])
+        if keep:
+            by_thread[thread] = keep
+        else:
+            del by_thread[thread]
 
 
 def _union_ns(intervals: list[tuple[int, int]]) -> int:
@@ -264,12 +303,14 @@ def _analyze(events: Iterable[Event], range_names: Iterable[str], top: int) -> A
             lst.append(ev)
         else:
             device.append(ev)
+    _nest_orphan_bookkeeping(by_thread)
 
     ranges: dict[str, _Range] = {}
     ops: dict[str, list[int]] = {}  # name -> [calls, self_ns, incl_ns]
     op_ranges: dict[int, tuple[tuple[_Range, list[int]], ...]] = {}
     self_total = 0
     total_flops = 0
+    work_ns = 0  # the profiler's own work (PROFILER_WORK_NAMES), self time
 
     first = last = None
     for evs in by_thread.values():
@@ -289,6 +330,11 @@ def _analyze(events: Iterable[Event], range_names: Iterable[str], top: int) -> A
                 self_ns = cdur - child if cdur > child else 0
                 if agg is None:  # profiler bookkeeping
                     overhead_ns += self_ns
+                    if cname in PROFILER_WORK_NAMES:
+                        work_ns += self_ns
+                        for rng, occ in open_ranges:
+                            rng.incl_ns -= self_ns
+                            occ[3] += self_ns
                     continue
                 self_total += self_ns
                 d = depth[cname] - 1
@@ -322,7 +368,7 @@ def _analyze(events: Iterable[Event], range_names: Iterable[str], top: int) -> A
                     agg = ranges[name] = _Range()
                 agg.calls += 1
                 if d == 0:
-                    occ = [start, end, 0]
+                    occ = [start, end, 0, 0]
                     agg.occurrences.append(occ)
                     outer[name] = (agg, occ)
                     open_ranges = tuple(outer.values())
@@ -345,6 +391,11 @@ def _analyze(events: Iterable[Event], range_names: Iterable[str], top: int) -> A
             self_ns = cdur - child if cdur > child else 0
             if agg is None:
                 overhead_ns += self_ns
+                if cname in PROFILER_WORK_NAMES:
+                    work_ns += self_ns
+                    for rng, occ in open_ranges:
+                        rng.incl_ns -= self_ns
+                        occ[3] += self_ns
                 continue
             self_total += self_ns
             d = depth[cname] - 1
@@ -389,7 +440,8 @@ def _analyze(events: Iterable[Event], range_names: Iterable[str], top: int) -> A
     range_stats = {}
     for name, agg in sorted(ranges.items(), key=lambda kv: -kv[1].incl_ns):
         busy = _union_ns(agg.intervals)
-        wall = _union_ns([(s, max(e, dev_end)) for s, e, dev_end in agg.occurrences])
+        wall = _union_ns([(o[0], max(o[1], o[2])) for o in agg.occurrences])
+        wall = max(0, wall - sum(o[3] for o in agg.occurrences))
         cpu_us = agg.incl_ns / 1000.0
         range_stats[name] = RangeStats(
             name=name,
@@ -414,7 +466,7 @@ def _analyze(events: Iterable[Event], range_names: Iterable[str], top: int) -> A
         key=lambda k: (-k.device_time_us, k.name),
     )
     busy_all = _union_ns(all_intervals)
-    wall_all = (last - first) if first is not None and last is not None else 0
+    wall_all = max(0, last - first - work_ns) if first is not None and last is not None else 0
     window_bytes = sum(a.nbytes for a in ranges.values()) if ranges else 0
     return Analysis(
         ranges=FrozenMap(range_stats),

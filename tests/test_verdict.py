@@ -96,3 +96,38 @@ def test_window_verdict_uses_all_device_work():
     assert a.ranges["r"].verdict.kind == OVERHEAD_BOUND
     assert a.device_busy_us == pytest.approx(113)
     assert a.verdict.kind == OVERHEAD_BOUND  # 113 us busy in a 3100 us window
+
+
+def test_profiler_buffer_request_inside_a_range_is_not_user_time():
+    # Seen on an H200 (torch 2.11): the first launch after the profiler starts makes CUPTI
+    # request a buffer (~2.6 ms) inside aten::mm; Kineto's JSON puts it on a row of its own.
+    # Without taking it out, a compute-bound 4096x4096 matmul reads as overhead-bound.
+    events = [
+        E("r", 0, 2700, cat="user_annotation", external=1),
+        E("aten::mm", 10, 2650, external=2),
+        E("Activity Buffer Request", 20, 2600, cat="overhead", tid=0),
+        E("cudaLaunchKernel", 2630, 10, cat="cuda_runtime", external=2),
+        E("gemm", 2645, 640, cat="kernel", tid=99, external=2),
+    ]
+    a = analyze_events(events, set())
+    r = a.ranges["r"]
+    assert r.cpu_time_us == pytest.approx(100)  # 2700 - 2600
+    assert r.wall_time_us == pytest.approx(2645 + 640 - 2600)  # to the kernel end, less 2600
+    assert r.verdict.kind == COMPUTE_BOUND
+    mm = next(o for o in a.top_ops if o.name == "aten::mm")
+    assert mm.self_cpu_time_us == pytest.approx(2650 - 2600 - 10)  # as key_averages counts it
+    assert a.profiler_overhead_us == pytest.approx(2600)
+    assert a.self_cpu_time_total_us == pytest.approx(2700 - 2600)
+    assert a.verdict.kind == COMPUTE_BOUND
+
+
+def test_profiler_step_self_time_stays_in_the_range_that_encloses_it():
+    # ProfilerStep#N's self time is the user's Python between operators, not profiler work:
+    # it is bookkeeping in the totals but not removed from a range that encloses it
+    events = [
+        E("r", 0, 1000, cat="user_annotation", external=1),
+        E("ProfilerStep#3", 10, 900),
+        E("aten::mm", 20, 100, external=2),
+    ]
+    r = analyze_events(events, set()).ranges["r"]
+    assert r.cpu_time_us == pytest.approx(1000)
