@@ -37,9 +37,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .report import FrozenMap, KernelStats, OpStats, RangeStats
+from .tracefile import STEP_MARKER
 from .verdict import CPU_ONLY, Verdict, judge
 
 __all__ = [
+    "drop_warmup",
     "Analysis",
     "Event",
     "analyze",
@@ -220,6 +222,24 @@ class Analysis:
 
 def _order(ev: Event) -> tuple[int, int]:
     return (ev[START], -ev[DUR])  # parents (same start, longer) before their children
+
+
+def drop_warmup(events: list[Event]) -> list[Event]:
+    """Events of the recorded steps only: drop those that began before the first
+    ``profiled::step#N`` marker (the warm-up, where the profiler's start-up costs land) and
+    the device work they launched. Events without such a marker are returned as they are."""
+    cut = None
+    for ev in events:
+        if ev[0] == "overhead" and ev[NAME].startswith(STEP_MARKER):
+            if cut is None or ev[START] < cut:
+                cut = ev[START]
+    if cut is None:
+        return events
+    dropped = {ev[EXT] or ev[LINK] for ev in events
+               if (ev[0] == "cpu" or ev[0] == "overhead") and ev[START] < cut}
+    dropped.discard(0)
+    return [ev for ev in events
+            if ev[START] >= cut and (ev[0] == "cpu" or ev[0] == "overhead" or ev[LINK] not in dropped)]
 
 
 def _nest_orphan_bookkeeping(by_thread: dict[Any, list[Event]]) -> None:

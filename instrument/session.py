@@ -31,7 +31,7 @@ from typing import Any
 from exporters import ExporterWarning, check_exporter_names, resolve_exporters
 
 from . import _torch, decorator
-from .analysis import analyze, events_from_trace
+from .analysis import analyze, drop_warmup, events_from_trace
 from .config import Config, _reject_unknown, _reset_warnings
 from .pipeline import export_report, notify, shutdown_exporters
 from .report import WindowReport
@@ -62,6 +62,7 @@ class Session:
         ]
         self.ambient = ambient
         self.activities = config.activities or _torch.default_activities()
+        self._record_warmup = any(a != "cpu" for a in self.activities)
         self.step_index = 0  # the step in progress
         self.windows_exported = 0
         self.finished = False  # the schedule can open no more windows
@@ -71,6 +72,7 @@ class Session:
         self._window: _torch.ProfilerWindow | None = None
         self._window_steps: list[int] = []
         self._window_start_ns = 0
+        self._active_started = False  # the open window has begun its recorded steps
         self._window_index = 0
         self._steps_declared = False
         self._started = False
@@ -132,6 +134,8 @@ class Session:
             if self._started:
                 return
             self._started = True
+            if self.finished:  # disabled (PROFILED_ENABLED=0): never opens a window
+                return
             first = self.schedule.action(0)
             self._transition(Action.NONE, first, 0)
             self._action = first
@@ -149,7 +153,19 @@ class Session:
                 return
             ended = self.step_index
             prev = self._action
-            if prev in _RECORDING and self._window is not None and self._window.recording:
+            window = self._window
+            if window is not None and window.recording and not _torch.profiler_on():
+                # a profiler of the user's started and stopped meanwhile: its exit ended ours
+                self._skip_reason = (
+                    "your own torch.profiler ran while a window recorded, and its end ended "
+                    "torch-profiled's (torch profilers do not nest); that window is lost"
+                )
+                self._warn(self._skip_reason)
+                window.abandon()
+                self._window = None
+                self._window_steps = []
+                decorator.set_first_call_hook(None)
+            elif prev in _RECORDING and window is not None and window.recording:
                 self._window_steps.append(ended)
             self.step_index += 1
             cur = self.schedule.action(self.step_index)
@@ -180,7 +196,13 @@ class Session:
                 return  # this cycle's window could not open: wait for the next one
             if not self._open_window():
                 return
-        if cur in _RECORDING:
+        if (cur is Action.WARMUP and self._record_warmup) or cur in _RECORDING:
+            # With a device, the profiler records from the first warm-up step: its start-up
+            # costs (CUPTI's buffer request, slow first launches: ~3 ms on an H200) land in
+            # warm-up events, which the analysis and the trace drop (everything before the
+            # first step marker), as torch's own warm-up keeps them out of the recorded steps.
+            # CPU-only windows have no such cost and start at the first recorded step, so a
+            # profiler the user starts during the warm-up is unaffected.
             window = self._window
             assert window is not None
             if not window.recording:
@@ -196,6 +218,10 @@ class Session:
                     self._warn(f"the profiler could not start ({exc!r}); window skipped")
                     self._discard_window()
                     return
+            if cur is Action.WARMUP:
+                return
+            if not self._active_started:
+                self._active_started = True
                 self._window_start_ns = time.time_ns()
                 if self._window_hooks:
                     decorator.set_first_call_hook(self._first_call_in_window)
@@ -223,6 +249,7 @@ class Session:
             return False
         self._window = window
         self._window_steps = []
+        self._active_started = False
         return True
 
     @staticmethod
@@ -238,7 +265,7 @@ class Session:
         asked (``window_started``), on that call's thread and in its context."""
         decorator.set_first_call_hook(None)
         with self._lock:
-            if self._window is None or not self._window.recording:
+            if self._window is None or not self._active_started:
                 return
             index = self._window_index
         for hook in self._window_hooks:
@@ -301,7 +328,7 @@ class Session:
     ) -> WindowReport:
         names = set(decorator.RANGE_NAMES)
         events = window.events()  # the report: straight from Kineto's events when possible
-        analysis = analyze(events, names) if events is not None else None
+        analysis = analyze(drop_warmup(events), names) if events is not None else None
         # the trace file exporters get: torch's JSON, shaped (see tracefile.shape_trace)
         if self._tmpdir is None:
             self._tmpdir = tempfile.mkdtemp(prefix="torch-profiled-")

@@ -7,6 +7,8 @@ Shaping a window's raw trace (``shape_trace``):
 - Step markers (zero-length ``profiled::step#N`` events the session emits when a recorded
   step begins, and ``profiled::window_end``) become ``ProfilerStep#N`` spans from one boundary
   to the next, as torch's own schedule writes them; HTA finds iterations from these.
+- The warm-up (what was recorded before the first step marker: the profiler's start-up costs)
+  is dropped, with the device work it launched.
 - ``distributedInfo`` is always present and carries rank and world size, written with
   ``"rank": N`` spacing (HTA finds ranks with the regex ``"rank":\\s+(\\d+)``).
 """
@@ -57,6 +59,9 @@ def shape_trace(
         kept.append(ev)
     if markers:
         markers.sort(key=lambda e: float(e.get("ts", 0.0)))
+        first_step = next((m for m in markers if m.get("name") != WINDOW_END), None)
+        if first_step is not None:
+            kept = _drop_warmup(kept, float(first_step.get("ts", 0.0)))
         tid = markers[0].get("tid")
         for here, nxt in zip(markers, markers[1:]):
             if here.get("name") == WINDOW_END:
@@ -74,6 +79,45 @@ def shape_trace(
     info["world_size"] = int(distributed.get("world_size", 1))
     trace["distributedInfo"] = info
     return trace
+
+
+_DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+
+
+def _drop_warmup(events: list[dict[str, Any]], cut: float) -> list[dict[str, Any]]:
+    """Drop what the profiler recorded before the first recorded step began (the warm-up):
+    events that began before ``cut``, the device work they launched, and their flow arrows.
+    The whole-trace span (category ``Trace``) and metadata events stay."""
+    dropped_ids: set[Any] = set()
+    dropped_corr: set[Any] = set()
+    kept: list[dict[str, Any]] = []
+    later: list[dict[str, Any]] = []
+    for ev in events:
+        ph = ev.get("ph")
+        if ph == "X" and ev.get("cat") != "Trace":
+            if ev.get("cat") in _DEVICE_CATS:
+                later.append(ev)
+                continue
+            if float(ev.get("ts", 0.0)) < cut:
+                args = ev.get("args") or {}
+                if "External id" in args:
+                    dropped_ids.add(args["External id"])
+                if "correlation" in args:
+                    dropped_corr.add(args["correlation"])
+                continue
+        elif ph in ("s", "f", "t"):
+            later.append(ev)
+            continue
+        kept.append(ev)
+    for ev in later:
+        args = ev.get("args") or {}
+        if ev.get("ph") == "X":
+            if float(ev.get("ts", 0.0)) < cut or args.get("External id") in dropped_ids:
+                continue
+        elif float(ev.get("ts", 0.0)) < cut or ev.get("id") in dropped_corr:
+            continue
+        kept.append(ev)
+    return kept
 
 
 def write_json_atomic(obj: Any, path: str, *, compress: bool) -> None:

@@ -939,7 +939,8 @@ def test_user_profiler_started_after_the_session_warmed_up():
         return x + 1
 
     mem = InMemoryExporter()
-    instrument.configure(schedule=Schedule(wait=0, warmup=2, active=2), exporters=[mem])
+    instrument.configure(schedule=Schedule(wait=0, warmup=2, active=2), exporters=[mem],
+                         activities=["cpu"])  # CPU windows start at the first recorded step
     leaf(torch.ones(2))  # step 0 (warm-up) ends: a window is due (opened, not yet prepared)
     assert not profiler_on()
     with warnings.catch_warnings(record=True) as caught:

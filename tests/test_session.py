@@ -561,3 +561,39 @@ def test_window_started_hook_that_raises_costs_a_warning_only():
             for _ in range(4):
                 train_step()
     assert len(mem.reports) == 1
+
+
+@profiled("warm_only", step=True)
+def warm_only() -> torch.Tensor:
+    return X @ X
+
+
+@pytest.mark.parametrize("path", ["kineto", "trace-json"])
+def test_recorded_warmup_is_dropped_from_the_report_and_the_trace(tmp_path, monkeypatch, path):
+    """With a device the profiler records from the warm-up (its start-up costs land there);
+    nothing of the warm-up may reach the report or the trace file."""
+    from exporters import TraceFileExporter
+    from instrument import _torch
+
+    if path == "trace-json":
+        monkeypatch.setattr(_torch.ProfilerWindow, "events", lambda self: None)
+    mem = InMemoryExporter()
+    s = session(schedule=Schedule(warmup=2, active=2), activities=["cpu"],
+                exporters=[mem, TraceFileExporter(tmp_path, gzip=False)])
+    s._record_warmup = True  # what a session whose activities include a device does
+    with s:
+        for _ in range(2):
+            warm_only()
+            assert torch.autograd.profiler._is_profiler_enabled  # recording the warm-up
+        for _ in range(2):
+            train_step()
+    (report,) = mem.reports
+    assert report.steps == (2, 3)
+    assert "warm_only" not in report.ranges and report.ranges["work"].calls == 2
+    assert sum(o.calls for o in report.top_ops if o.name == "aten::mm") == 2
+    trace = json.load(open(report.trace_file))
+    names = [e.get("name") for e in trace["traceEvents"]]
+    assert "warm_only" not in names and names.count("work") == 2
+    assert names.count("aten::mm") == 2
+    assert sorted(n for n in names if n.startswith("ProfilerStep#")) == ["ProfilerStep#2",
+                                                                         "ProfilerStep#3"]

@@ -131,3 +131,27 @@ def test_profiler_step_self_time_stays_in_the_range_that_encloses_it():
     ]
     r = analyze_events(events, set()).ranges["r"]
     assert r.cpu_time_us == pytest.approx(1000)
+
+
+def test_warmup_before_the_first_step_marker_is_dropped_with_its_kernels():
+    events = [
+        E("r", 0, 100, cat="user_annotation", external=1),  # warm-up call
+        E("aten::mm", 1, 50, external=2),
+        E("cudaLaunchKernel", 2, 1, cat="cuda_runtime", external=2),
+        E("gemm", 150, 400, cat="kernel", tid=99, external=2),  # runs past the marker
+        E("profiled::step#1", 120, 0),
+        E("r", 130, 10, cat="user_annotation", external=3),
+        E("aten::mm", 131, 5, external=4),
+        E("cudaLaunchKernel", 132, 1, cat="cuda_runtime", external=4),
+        E("gemm", 550, 400, cat="kernel", tid=99, external=4),
+    ]
+    from instrument.analysis import analyze, drop_warmup, events_from_trace
+
+    a = analyze(drop_warmup(events_from_trace({"traceEvents": events})), set())
+    r = a.ranges["r"]
+    assert r.calls == 1 and r.kernel_launches == 1
+    assert a.self_device_time_total_us == pytest.approx(400)
+    assert a.device_busy_us == pytest.approx(400)
+    # without a marker nothing is dropped
+    assert analyze(drop_warmup(events_from_trace({"traceEvents": events[:4]})), set()
+                   ).ranges["r"].calls == 1
