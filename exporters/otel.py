@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
+from opentelemetry.sdk.trace import SpanProcessor
 
 from . import Exporter, ExporterWarning, ExportResult
 
@@ -174,15 +175,12 @@ def sdk_disabled() -> bool:
     return (_env("OTEL_SDK_DISABLED") or "").lower() == "true"
 
 
-class _Collect:
+class _Collect(SpanProcessor):
     """Span processor of this exporter's own tracer provider: keeps ended spans until
     ``export()`` delivers them itself, so it knows what was delivered and what was lost."""
 
     def __init__(self) -> None:
         self._spans: list[Any] = []
-
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
-        pass
 
     def on_end(self, span: Any) -> None:
         self._spans.append(span)
@@ -194,9 +192,6 @@ class _Collect:
     def shutdown(self) -> None:
         self._spans = []
 
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
-
 
 @dataclass
 class _Sink:
@@ -204,6 +199,7 @@ class _Sink:
 
     exporter: Any
     label: str  # "OTLP http/protobuf to http://127.0.0.1:4318/v1/traces", "console"
+    signal: str  # "traces" or "metrics"
     reader: Any = None  # metrics: the InMemoryMetricReader collected before each delivery
 
 
@@ -275,18 +271,18 @@ def _otlp_sink(signal: str, warn) -> _Sink | None:
 
         cls = getattr(importlib.import_module(module), cls_name)
     except ImportError as exc:
-        warn(f"missing:{module}",
-             f"OTLP export of {signal} was asked for ({_SIGNALS[signal]}="
+        warn("missing-otlp",
+             f"OTLP export was asked for ({_SIGNALS[signal]}="
              f"{_env(_SIGNALS[signal]) or 'otlp'}, protocol {protocol}) but the OTLP exporter "
              f"is not installed ({exc.name or module} cannot be imported); install it with "
              f"pip install 'torch-profiled[otel]' (or opentelemetry-exporter-otlp). Until then "
-             f"the window {signal} of this exporter are not sent anywhere")
+             f"no window spans or metrics are sent over OTLP")
         return None
     timeout_set = (_env(f"OTEL_EXPORTER_OTLP_{signal.upper()}_TIMEOUT")
                    or _env("OTEL_EXPORTER_OTLP_TIMEOUT"))
     exporter = cls() if timeout_set else cls(timeout=DEFAULT_TIMEOUT_S)
     where = getattr(exporter, "_endpoint", None) or "the default endpoint"
-    return _Sink(exporter, f"OTLP {protocol} to {where}")
+    return _Sink(exporter, f"OTLP {protocol} to {where}", signal)
 
 
 def _sinks(signal: str, warn) -> list[_Sink]:
@@ -307,7 +303,7 @@ def _sinks(signal: str, warn) -> list[_Sink]:
                 from opentelemetry.sdk.trace.export import ConsoleSpanExporter as cls
             else:
                 from opentelemetry.sdk.metrics.export import ConsoleMetricExporter as cls
-            out.append(_Sink(cls(), "the console (standard output)"))
+            out.append(_Sink(cls(), "the console (standard output)", signal))
         else:
             warn(f"{var}:{name}", f"{var}={_env(var)!r}: {name!r} is not supported by the "
                                   f"otel exporter (expected otlp, console or none); it is ignored")
@@ -359,14 +355,16 @@ class OTelExporter(Exporter):
     ) -> None:
         from instrument.config import OTEL_DETAILS, otel_settings_from_env
 
-        env_detail, env_max = otel_settings_from_env()
         if detail is not None and detail not in OTEL_DETAILS:
             raise ValueError(f"detail must be one of {', '.join(OTEL_DETAILS)}, got {detail!r}")
         if max_spans is not None and (isinstance(max_spans, bool)
                                       or not isinstance(max_spans, int) or max_spans < 1):
             raise ValueError(f"max_spans must be an int >= 1, got {max_spans!r}")
-        self.detail = detail or env_detail
-        self.max_spans = max_spans or env_max
+        if detail is None or max_spans is None:
+            env_detail, env_max = otel_settings_from_env()
+            detail, max_spans = detail or env_detail, max_spans or env_max
+        self.detail: str = detail
+        self.max_spans: int = max_spans
         self.disabled = sdk_disabled()
         self.lost = {"windows": 0, "spans": 0, "metric_exports": 0}
         self._tracer_provider = tracer_provider
@@ -487,13 +485,14 @@ class OTelExporter(Exporter):
             why = "the backend is down, slow or refused them"
         except Exception as exc:  # noqa: BLE001 - telemetry never breaks the program
             good, why = False, f"the exporter raised {exc!r}"
+        key = f"{sink.signal} via {sink.label}"
         if good:
-            self._failing.discard(sink.label)
+            self._failing.discard(key)
             return True
         self.lost["windows" if spans else "metric_exports"] += 1
         self.lost["spans"] += spans
-        if sink.label not in self._failing:
-            self._failing.add(sink.label)
+        if key not in self._failing:
+            self._failing.add(key)
             warnings.warn(
                 f"otel exporter: window {report.window}: {what} were not delivered via "
                 f"{sink.label} ({why}; gave up after {time.monotonic() - began:.1f} s) and are "
