@@ -512,8 +512,12 @@ class OTelExporter(Exporter):
         nodes: list[Node] = walk.nodes if walk is not None else []
         plan = plan_spans(nodes, self.max_spans)
         start, end = report.start_ns, report.end_ns
-        if walk is not None and walk.first_ns is not None:
-            start, end = min(start, walk.first_ns), max(end, walk.last_ns or end)
+        if nodes:
+            first = min(n.start_ns for n in nodes)
+            # The profiler starts at the end of the step before: with a parent (the request
+            # of the window's first call) the span starts at that call, inside the parent.
+            start = first if parent is not None else min(start, first)
+            end = max(end, max(n.end_ns for n in nodes))
         attrs = _window_attributes(report)
         attrs.update({
             "profiled.window.range_occurrences": walk.range_count if walk else 0,

@@ -68,8 +68,6 @@ class Node:
 class Walk:
     nodes: list[Node]
     range_count: int
-    first_ns: int | None  # earliest start of any event in the trace (epoch ns)
-    last_ns: int | None  # latest end
 
 
 def walk_trace(trace: Mapping[str, Any], range_names: Iterable[str] = (), *,
@@ -85,13 +83,7 @@ def _walk(trace: Mapping[str, Any], names: frozenset[str], level: int) -> Walk:
     base = int(trace.get("baseTimeNanoseconds") or 0)
     by_thread: dict[Any, list[tuple]] = {}
     device: list[tuple] = []
-    first = last = None
     for ev in events_from_trace(trace):
-        start, end = ev[START], ev[START] + ev[DUR]
-        if first is None or start < first:
-            first = start
-        if last is None or end > last:
-            last = end
         if ev[KIND] in ("cpu", "overhead"):
             by_thread.setdefault(ev[THREAD], []).append(ev)
         else:
@@ -143,12 +135,7 @@ def _walk(trace: Mapping[str, Any], names: frozenset[str], level: int) -> Walk:
             parent = nodes[owner[1]]
             nodes.append(Node(ev[KIND], ev[NAME], start, end, ev[THREAD], owner[1],
                               parent.depth + 1))
-    return Walk(
-        nodes=nodes,
-        range_count=ranges,
-        first_ns=None if first is None else base + first,
-        last_ns=None if last is None else base + last,
-    )
+    return Walk(nodes=nodes, range_count=ranges)
 
 
 def _each_range(nodes: list[Node], idx: int, fn, *args: Any) -> None:

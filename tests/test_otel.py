@@ -420,3 +420,47 @@ def test_export_runs_on_any_thread_and_never_raises_into_the_caller():
     assert window.name == "profiled.window" and window.parent is None
     assert any("could not be read" in str(w.message) for w in caught)
     assert get_current_span().get_span_context().is_valid is False
+
+
+def _spans_by_id(spans):
+    return {s["span_id"]: s for s in spans}
+
+
+def check_sampled_requests(spans, requests: int) -> None:
+    """examples/05_inference_otel.py: one request in four is profiled; its window span is a
+    child of that request's own span, with generate -> decode_step spans inside it."""
+    by_id = _spans_by_id(spans)
+    windows = [s for s in spans if s["name"] == "profiled.window"]
+    assert len(windows) == requests // 4
+    for window in windows:
+        request = by_id[window["parent_id"]]
+        assert request["name"] == "POST /generate"
+        (step,) = window["attributes"]["profiled.window.steps"]
+        assert request["attributes"]["app.request_id"] == step  # one request per step
+        assert window["trace_id"] == request["trace_id"]
+        assert request["start"] <= window["start"] <= window["end"] <= request["end"]
+        (generate,) = [s for s in spans if s["parent_id"] == window["span_id"]]
+        assert generate["name"] == "generate"
+        decode = [s for s in spans if s["parent_id"] == generate["span_id"]]
+        assert [s["name"] for s in decode] == ["decode_step"] * 8
+        for s in decode:
+            assert generate["start"] <= s["start"] <= s["end"] <= generate["end"]
+
+
+def test_inference_example_puts_each_sampled_profile_under_its_request(run_python):
+    received = Received()
+    server = HttpReceiver(received)
+    server.start()
+    try:
+        example = os.path.join(os.path.dirname(__file__), "..", "examples", "05_inference_otel.py")
+        out = run_python(open(example).read(), env={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": server.endpoint, "OTEL_SERVICE_NAME": "inference",
+            "REQUESTS": "8"})
+        assert out.returncode == 0, out.stderr
+        assert "request 7: 12 tokens" in out.stdout
+        spans = received.spans()  # the program has exited: everything it sent is here
+        assert {s["resource"]["service.name"] for s in spans} == {"inference"}
+        check_sampled_requests(spans, 8)
+        assert "profiled.range.cpu_time" in received.metrics()
+    finally:
+        server.stop()
