@@ -464,3 +464,31 @@ def test_inference_example_puts_each_sampled_profile_under_its_request(run_pytho
         assert "profiled.range.cpu_time" in received.metrics()
     finally:
         server.stop()
+
+
+@pytest.mark.cuda
+def test_kernels_detail_and_device_time_on_a_gpu():
+    """On a CUDA GPU: kernel spans under the operators that launched them, device time and
+    top kernels on the range spans, the device-time histogram."""
+    exporter, spans = _sdk_exporter(detail="kernels")
+    reader = InMemoryMetricReader()
+    exporter._meter_provider = MeterProvider(metric_readers=[reader])
+    x = torch.ones(256, 256, device="cuda")
+    with session(exporters=[exporter], schedule=Schedule(wait=0, warmup=1, active=1)):
+        for _ in range(2):
+            outer(x)
+            torch.cuda.synchronize()
+    finished = spans.get_finished_spans()
+    by_id = {sp.context.span_id: sp for sp in finished}
+    kernels = [sp for sp in finished if sp.attributes["profiled.kind"] == "kernel"]
+    assert kernels
+    for sp in kernels:
+        assert by_id[sp.parent.span_id].attributes["profiled.kind"] == "op"
+        assert sp.attributes["profiled.device_time_us"] > 0
+    inners = [sp for sp in finished if sp.name == "inner"]
+    assert all(sp.attributes["profiled.device_time_us"] > 0 for sp in inners)
+    assert all(sp.attributes["profiled.kernel_launches"] >= 1 for sp in inners)
+    assert all(any(e.name == "profiled.kernel" for e in sp.events) for sp in inners)
+    names = [m.name for rm in reader.get_metrics_data().resource_metrics
+             for sm in rm.scope_metrics for m in sm.metrics]
+    assert "profiled.range.device_time" in names
