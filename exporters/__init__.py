@@ -3,9 +3,9 @@
 Exporters receive a ``WindowReport`` (plain data; ``report.raw_trace_path`` names the window's
 trace JSON while exporters run) and never import torch or see a profiler object.
 
-Names resolve through built-ins (``console``, ``trace``, ``memory``, ``json``) and the entry-point group
-``torch_profiled.exporters`` (an entry point names a class or a zero-argument factory). An
-unknown name warns and lists the names that are known.
+Names resolve through built-ins (``console``, ``trace``, ``memory``, ``json``, ``otel``) and the
+entry-point group ``torch_profiled.exporters`` (an entry point names a class or a
+zero-argument factory). An unknown name warns and lists the names that are known.
 """
 
 from __future__ import annotations
@@ -82,11 +82,21 @@ from .json_lines import JsonLinesExporter  # noqa: E402
 from .memory import InMemoryExporter  # noqa: E402
 from .trace_file import TraceFileExporter  # noqa: E402
 
+
+def _otel(**kwargs: Any) -> Exporter:
+    """``OTelExporter``, imported only when asked for (OpenTelemetry's SDK is not free to
+    import, and it imports ``instrument``)."""
+    from .otel import OTelExporter
+
+    return OTelExporter(**kwargs)
+
+
 _BUILTINS: dict[str, Callable[..., Exporter]] = {
     "console": ConsoleExporter,
     "trace": TraceFileExporter,
     "memory": InMemoryExporter,
     "json": JsonLinesExporter,
+    "otel": _otel,
 }
 
 

@@ -34,8 +34,12 @@ __all__ = [
     "PROFILED_TRACE_GZIP",
     "PROFILED_TRACE_KEEP",
     "PROFILED_JSON_PATH",
+    "PROFILED_OTEL_DETAIL",
+    "PROFILED_OTEL_MAX_SPANS",
+    "OTEL_DETAILS",
     "PROFILED_WITH_FLOPS",
     "PROFILED_WITH_STACK",
+    "otel_settings_from_env",
 ]
 
 PROFILED_ENABLED = "PROFILED_ENABLED"
@@ -44,7 +48,7 @@ decorator is applied), context forms do nothing and no profiler is ever started.
 
 PROFILED_EXPORTERS = "PROFILED_EXPORTERS"
 """``PROFILED_EXPORTERS`` [console,trace]: comma-separated exporter names (built-ins ``console``,
-``trace``, ``memory``, plus entry points in group ``torch_profiled.exporters``); empty or ``none``
+``trace``, ``memory``, ``json``, ``otel``, plus entry points in group ``torch_profiled.exporters``); empty or ``none``
 exports nothing."""
 
 PROFILED_SCHEDULE = "PROFILED_SCHEDULE"
@@ -80,6 +84,16 @@ PROFILED_JSON_PATH = "PROFILED_JSON_PATH"
 """``PROFILED_JSON_PATH`` [./profiled_reports.jsonl]: where the ``json`` exporter appends one
 line per window report (``-``: standard output)."""
 
+PROFILED_OTEL_DETAIL = "PROFILED_OTEL_DETAIL"
+"""``PROFILED_OTEL_DETAIL`` [ranges]: what the ``otel`` exporter sends per window besides the
+window span: ``ranges`` (a span per ``@profiled`` range occurrence), ``ops`` (also a span per
+CPU operator inside a range) or ``kernels`` (also a span per device kernel, memcpy, memset)."""
+
+PROFILED_OTEL_MAX_SPANS = "PROFILED_OTEL_MAX_SPANS"
+"""``PROFILED_OTEL_MAX_SPANS`` [1000]: at most this many spans per window (at least 1, the
+window span). Past it, detail spans are dropped first, then the occurrences of the most
+frequent ranges are folded into one aggregate span per name; the window span counts both."""
+
 PROFILED_STRICT = "PROFILED_STRICT"
 """``PROFILED_STRICT`` [0]: raise ``ValueError`` on a bad ``PROFILED_*`` value instead of warning."""
 
@@ -96,8 +110,12 @@ ENV_VARS: tuple[str, ...] = (
     PROFILED_TRACE_GZIP,
     PROFILED_TRACE_KEEP,
     PROFILED_JSON_PATH,
+    PROFILED_OTEL_DETAIL,
+    PROFILED_OTEL_MAX_SPANS,
     PROFILED_STRICT,
 )
+
+OTEL_DETAILS: tuple[str, ...] = ("ranges", "ops", "kernels")  # each level adds to the last
 
 KNOWN_ACTIVITIES: tuple[str, ...] = ("cpu", "cuda", "xpu", "mtia", "hpu", "privateuse1")
 
@@ -372,3 +390,30 @@ def enabled_from_env(environ: Mapping[str, str] | None = None) -> bool:
         return True
     strict = _env_value(env, PROFILED_STRICT, _parse_bool, False, strict=False)
     return _env_value(env, PROFILED_ENABLED, _parse_bool, True, strict)
+
+
+def _parse_otel_detail(text: str) -> str:
+    low = text.strip().lower()
+    if low not in OTEL_DETAILS:
+        raise ValueError("expected one of " + ", ".join(OTEL_DETAILS))
+    return low
+
+
+def _parse_max_spans(text: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ValueError("expected an integer >= 1") from None
+    if value < 1:
+        raise ValueError("expected an integer >= 1")
+    return value
+
+
+def otel_settings_from_env(environ: Mapping[str, str] | None = None) -> tuple[str, int]:
+    """``(PROFILED_OTEL_DETAIL, PROFILED_OTEL_MAX_SPANS)``, read when an ``otel`` exporter is
+    built (tolerant like every ``PROFILED_*`` value; ``PROFILED_STRICT=1`` raises)."""
+    env = os.environ if environ is None else environ
+    strict = _env_value(env, PROFILED_STRICT, _parse_bool, False, strict=False)
+    detail = _env_value(env, PROFILED_OTEL_DETAIL, _parse_otel_detail, "ranges", strict)
+    max_spans = _env_value(env, PROFILED_OTEL_MAX_SPANS, _parse_max_spans, 1000, strict)
+    return detail, max_spans

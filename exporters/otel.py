@@ -1,0 +1,701 @@
+"""``OTelExporter`` (name ``otel``): each window as OpenTelemetry spans and metrics.
+
+Spans. Per window one span ``profiled.window``; under it one span per recorded occurrence of
+each ``@profiled`` range (span name: the range name), with its real start and end (the trace's
+``baseTimeNanoseconds`` + ``ts``; see ``instrument.occurrences``), nested as the ranges nested
+on their thread. ``PROFILED_OTEL_DETAIL=ops|kernels`` adds operator and device-work spans. The
+top kernels of an occurrence are span events. Every attribute is under ``profiled.`` (plus
+the semantic convention ``thread.id``); ``ATTRIBUTES`` lists them.
+
+Budget. At most ``PROFILED_OTEL_MAX_SPANS`` spans per window, never more: detail spans go
+first, then the occurrences of the most frequent ranges are folded into one aggregate span per
+name (``profiled.range.folded``, with counts); the window span counts what was folded and
+dropped.
+
+Parent. ``window_started`` (called by the session on the thread, and in the context, of the
+first ``@profiled`` call of a window) keeps the OpenTelemetry context current then; the window
+span is its child, so a sampled request's profile lands inside the request's own trace.
+Without it the window span is a root span (never a child of whatever the exporting thread
+happens to run).
+
+Metrics. Histograms ``profiled.range.cpu_time`` and ``profiled.range.device_time`` (seconds,
+one value per call, attribute ``profiled.range.name``) and a counter ``profiled.windows``.
+
+Providers. The application's global tracer/meter providers when it set them (their own
+processors deliver). Otherwise this exporter builds its own from the standard variables
+(``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_EXPORTER``,
+``OTEL_METRICS_EXPORTER``, ``OTEL_EXPORTER_OTLP_*``), never installs them globally, and
+delivers each window synchronously inside ``export()``, bounded by the OTLP timeout
+(``OTEL_EXPORTER_OTLP_TIMEOUT``, else ``DEFAULT_TIMEOUT_S`` per signal). A backend that is
+down, slow or refusing costs one warning saying what was lost (repeated only after a
+delivery to it succeeded again); nothing raises into the program. ``OTEL_SDK_DISABLED=true``
+makes the exporter do nothing. OTLP needs the ``otel`` extra (``opentelemetry-exporter-otlp``);
+without it one warning says what to install.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.trace import SpanProcessor
+
+from . import Exporter, ExporterWarning, ExportResult
+
+if TYPE_CHECKING:
+    from instrument.occurrences import Node, Walk
+    from instrument.report import WindowReport
+
+__all__ = ["ATTRIBUTES", "DEFAULT_TIMEOUT_S", "OTelExporter", "SpanPlan", "plan_spans"]
+
+DEFAULT_TIMEOUT_S = 4.0  # per signal: traces + metrics stay under the export deadline (10 s)
+TOP_KERNEL_EVENTS = 5  # span events per occurrence
+_MAX_PENDING_PARENTS = 64  # contexts kept for windows not exported yet
+_SCOPE = "torch-profiled"
+# Histogram buckets for per-call times: 1 µs .. 100 s, three per decade (seconds).
+_BUCKETS = tuple(m * 10.0 ** e for e in range(-6, 2) for m in (1.0, 2.5, 5.0)) + (100.0,)
+
+ATTRIBUTES: dict[str, str] = {
+    "profiled.kind": "window, range, range.folded, op, kernel, memcpy or memset",
+    "profiled.window.index": "the window's index in its session (report.window)",
+    "profiled.window.steps": "the recorded steps (int array)",
+    "profiled.window.partial": "the window ended early (shutdown, session exit)",
+    "profiled.window.range_occurrences": "range occurrences recorded in the window",
+    "profiled.rank": "torch.distributed rank (0 without it)",
+    "profiled.world_size": "torch.distributed world size (1 without it)",
+    "profiled.device": "'cpu' or the accelerator's name",
+    "profiled.activities": "profiled activities (string array)",
+    "profiled.range.name": "the @profiled range name",
+    "profiled.range.folded": "an aggregate of folded occurrences (true) or absent",
+    "profiled.range.calls": "occurrences an aggregate span stands for",
+    "profiled.cpu_time_us": "CPU time in µs: an occurrence's duration; the window's self CPU total",
+    "profiled.device_time_us": "device time in µs of the kernels/memcpys/memsets launched inside",
+    "profiled.device_busy_us": "union of those intervals in µs (no idle gaps)",
+    "profiled.kernel_launches": "device work launched inside",
+    "profiled.flops": "estimated FLOPs (with_flops)",
+    "profiled.verdict": "cpu-only, overhead-bound or compute-bound (+ compute/memory-heavy)",
+    "profiled.verdict_reason": "the numbers behind the verdict",
+    "profiled.profiler_overhead_us": "the profiler's own bookkeeping in the window, µs",
+    "profiled.event_count": "events in the window's trace",
+    "profiled.trace_file": "the trace file a trace exporter wrote for the window",
+    "profiled.otel.detail": "PROFILED_OTEL_DETAIL in force",
+    "profiled.otel.max_spans": "PROFILED_OTEL_MAX_SPANS in force",
+    "profiled.otel.folded_occurrences": "range occurrences folded into aggregate spans",
+    "profiled.otel.folded_ranges": "names of the folded ranges (string array)",
+    "profiled.otel.dropped_spans": "detail spans and ranges left out to stay in the budget",
+    "profiled.kernel.name": "span event profiled.kernel: the kernel's name",
+    "profiled.kernel.kind": "span event profiled.kernel: kernel, memcpy or memset",
+    "profiled.kernel.calls": "span event profiled.kernel: launches inside the occurrence",
+}
+
+
+# ---------------------------------------------------------------- the span budget
+
+
+@dataclass
+class SpanPlan:
+    """Which nodes of a ``Walk`` become spans within ``max_spans`` (window span included)."""
+
+    kept: list[bool]
+    folded: dict[str, list[int]] = field(default_factory=dict)  # name -> folded node indices
+    folded_occurrences: int = 0
+    dropped: int = 0  # detail nodes and (past every fold) whole range names left out
+
+    @property
+    def span_count(self) -> int:
+        return 1 + sum(self.kept) + len(self.folded)
+
+
+def plan_spans(nodes: Sequence["Node"], max_spans: int) -> SpanPlan:
+    """Fit a window into ``max_spans`` spans (see the module docstring).
+
+    Ranges come before detail; when the ranges alone do not fit, the names with the most
+    occurrences are folded first (one aggregate span each) until they do. Detail nodes are
+    kept shallowest first and only under a kept parent, so no kept span loses its parent.
+    """
+    budget = max_spans - 1
+    ranges = [i for i, n in enumerate(nodes) if n.kind == "range"]
+    by_name: dict[str, list[int]] = {}
+    for i in ranges:
+        by_name.setdefault(nodes[i].name, []).append(i)
+    individual = len(ranges)
+    folded: list[str] = []
+    if individual > budget:
+        for name in sorted(by_name, key=lambda n: (-len(by_name[n]), n)):
+            folded.append(name)
+            individual -= len(by_name[name])
+            if individual + len(folded) <= budget:
+                break
+    omitted: list[str] = []
+    if individual + len(folded) > budget:  # every name folded, still more names than room
+        cost = {n: sum(nodes[i].duration_ns for i in by_name[n]) for n in folded}
+        folded.sort(key=lambda n: (-cost[n], n))
+        folded, omitted = folded[:budget], folded[budget:]
+    out = set(folded) | set(omitted)
+    kept = [False] * len(nodes)
+    for i in ranges:
+        kept[i] = nodes[i].name not in out
+    plan = SpanPlan(
+        kept=kept,
+        folded={name: by_name[name] for name in folded},
+        folded_occurrences=sum(len(by_name[name]) for name in folded),
+        dropped=sum(len(by_name[name]) for name in omitted),
+    )
+    room = budget - (len(ranges) - plan.folded_occurrences - plan.dropped) - len(folded)
+    details = sorted((i for i, n in enumerate(nodes) if n.kind != "range"),
+                     key=lambda i: (nodes[i].depth, nodes[i].start_ns))
+    for i in details:
+        parent = nodes[i].parent
+        if room > 0 and parent >= 0 and kept[parent]:
+            kept[i] = True
+            room -= 1
+        else:
+            plan.dropped += 1
+    return plan
+
+
+# ---------------------------------------------------------------- providers from the environment
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value.strip() if value and value.strip() else None
+
+
+def sdk_disabled() -> bool:
+    """``OTEL_SDK_DISABLED=true`` (the OpenTelemetry spelling: only ``true`` disables)."""
+    return (_env("OTEL_SDK_DISABLED") or "").lower() == "true"
+
+
+class _Collect(SpanProcessor):
+    """Span processor of this exporter's own tracer provider: keeps ended spans until
+    ``export()`` delivers them itself, so it knows what was delivered and what was lost."""
+
+    def __init__(self) -> None:
+        self._spans: list[Any] = []
+
+    def on_end(self, span: Any) -> None:
+        self._spans.append(span)
+
+    def take(self) -> list[Any]:
+        spans, self._spans = self._spans, []
+        return spans
+
+    def shutdown(self) -> None:
+        self._spans = []
+
+
+@dataclass
+class _Sink:
+    """One configured destination: an SDK span or metric exporter and where it sends."""
+
+    exporter: Any
+    label: str  # "OTLP http/protobuf to http://127.0.0.1:4318/v1/traces", "console"
+    signal: str  # "traces" or "metrics"
+    reader: Any = None  # metrics: the InMemoryMetricReader collected before each delivery
+
+
+class _OwnPipeline:
+    """The tracer/meter providers this exporter builds when the application set none.
+
+    Never installed as the global providers: the application's own spans are none of ours.
+    """
+
+    def __init__(self, resource: Any, span_sinks: list[_Sink], metric_sinks: list[_Sink]):
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+
+        self.span_sinks = span_sinks
+        self.metric_sinks = metric_sinks
+        self.collector = _Collect()
+        self.tracer_provider = None
+        self.meter_provider = None
+        if span_sinks:
+            self.tracer_provider = TracerProvider(resource=resource)
+            self.tracer_provider.add_span_processor(self.collector)
+        if metric_sinks:
+            for sink in metric_sinks:
+                sink.reader = InMemoryMetricReader(
+                    preferred_temporality=sink.exporter._preferred_temporality,
+                    preferred_aggregation=sink.exporter._preferred_aggregation,
+                )
+            self.meter_provider = MeterProvider(
+                resource=resource, metric_readers=[s.reader for s in metric_sinks]
+            )
+
+    def shutdown(self, timeout_s: float) -> None:
+        for sink in self.span_sinks + self.metric_sinks:
+            try:
+                sink.exporter.shutdown(timeout_millis=timeout_s * 1000)
+            except TypeError:  # the HTTP span exporter takes no timeout
+                sink.exporter.shutdown()
+        if self.tracer_provider is not None:
+            self.tracer_provider.shutdown()
+        if self.meter_provider is not None:
+            self.meter_provider.shutdown(timeout_millis=timeout_s * 1000)
+
+
+_SIGNALS = {"traces": "OTEL_TRACES_EXPORTER", "metrics": "OTEL_METRICS_EXPORTER"}
+_PROTOCOLS = ("http/protobuf", "grpc")
+
+
+def _protocol(signal: str, warn) -> str:
+    var = f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL"
+    raw = _env(var) or _env("OTEL_EXPORTER_OTLP_PROTOCOL")
+    if raw is None:
+        return "http/protobuf"  # the specification's default
+    if raw.lower() in _PROTOCOLS:
+        return raw.lower()
+    warn(f"protocol:{raw}", f"OTLP protocol {raw!r} is not supported here (expected "
+         f"{' or '.join(_PROTOCOLS)}); the otel exporter uses http/protobuf")
+    return "http/protobuf"
+
+
+def _otlp_sink(signal: str, warn) -> _Sink | None:
+    protocol = _protocol(signal, warn)
+    kind = "grpc" if protocol == "grpc" else "http"
+    module = (f"opentelemetry.exporter.otlp.proto.{kind}."
+              f"{'trace' if signal == 'traces' else 'metric'}_exporter")
+    cls_name = "OTLPSpanExporter" if signal == "traces" else "OTLPMetricExporter"
+    try:
+        import importlib
+
+        cls = getattr(importlib.import_module(module), cls_name)
+    except ImportError as exc:
+        warn("missing-otlp",
+             f"OTLP export was asked for ({_SIGNALS[signal]}="
+             f"{_env(_SIGNALS[signal]) or 'otlp'}, protocol {protocol}) but the OTLP exporter "
+             f"is not installed ({exc.name or module} cannot be imported); install it with "
+             f"pip install 'torch-profiled[otel]' (or opentelemetry-exporter-otlp). Until then "
+             f"no window spans or metrics are sent over OTLP")
+        return None
+    timeout_set = (_env(f"OTEL_EXPORTER_OTLP_{signal.upper()}_TIMEOUT")
+                   or _env("OTEL_EXPORTER_OTLP_TIMEOUT"))
+    exporter = cls() if timeout_set else cls(timeout=DEFAULT_TIMEOUT_S)
+    where = getattr(exporter, "_endpoint", None) or "the default endpoint"
+    return _Sink(exporter, f"OTLP {protocol} to {where}", signal)
+
+
+def _sinks(signal: str, warn) -> list[_Sink]:
+    """The destinations ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER`` name
+    (``otlp`` by default; ``console``; ``none``)."""
+    var = _SIGNALS[signal]
+    names = [n.strip().lower() for n in (_env(var) or "otlp").split(",") if n.strip()]
+    out: list[_Sink] = []
+    for name in names:
+        if name == "none":
+            continue
+        if name == "otlp":
+            sink = _otlp_sink(signal, warn)
+            if sink is not None:
+                out.append(sink)
+        elif name == "console":
+            if signal == "traces":
+                from opentelemetry.sdk.trace.export import ConsoleSpanExporter as cls
+            else:
+                from opentelemetry.sdk.metrics.export import ConsoleMetricExporter as cls
+            out.append(_Sink(cls(), "the console (standard output)", signal))
+        else:
+            warn(f"{var}:{name}", f"{var}={_env(var)!r}: {name!r} is not supported by the "
+                                  f"otel exporter (expected otlp, console or none); it is ignored")
+    return out
+
+
+def _resource(report: "WindowReport") -> Any:
+    """``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` (read by ``Resource.create``),
+    plus who recorded the window."""
+    from opentelemetry.sdk.resources import Resource
+
+    return Resource.create({
+        "host.name": report.host or socket.gethostname(),
+        "process.pid": report.pid,
+        "profiled.rank": report.rank,
+        "profiled.world_size": report.world_size,
+        "profiled.device": report.device,
+    })
+
+
+def _global_tracer_provider() -> Any:
+    provider = trace.get_tracer_provider()
+    return None if isinstance(provider, trace.ProxyTracerProvider) else provider
+
+
+def _global_meter_provider() -> Any:
+    provider = metrics.get_meter_provider()
+    return None if type(provider).__name__ == "_ProxyMeterProvider" else provider
+
+
+# ---------------------------------------------------------------- the exporter
+
+
+class OTelExporter(Exporter):
+    """Window reports as OpenTelemetry spans and metrics (see the module docstring).
+
+    ``tracer_provider``/``meter_provider`` given here win over the global ones and over the
+    environment; ``detail`` and ``max_spans`` default to ``PROFILED_OTEL_DETAIL`` and
+    ``PROFILED_OTEL_MAX_SPANS``. ``lost`` counts what could not be delivered.
+    """
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
+        detail: str | None = None,
+        max_spans: int | None = None,
+    ) -> None:
+        from instrument.config import OTEL_DETAILS, otel_settings_from_env
+
+        if detail is not None and detail not in OTEL_DETAILS:
+            raise ValueError(f"detail must be one of {', '.join(OTEL_DETAILS)}, got {detail!r}")
+        if max_spans is not None and (isinstance(max_spans, bool)
+                                      or not isinstance(max_spans, int) or max_spans < 1):
+            raise ValueError(f"max_spans must be an int >= 1, got {max_spans!r}")
+        if detail is None or max_spans is None:
+            env_detail, env_max = otel_settings_from_env()
+            detail, max_spans = detail or env_detail, max_spans or env_max
+        self.detail: str = detail
+        self.max_spans: int = max_spans
+        self.disabled = sdk_disabled()
+        self.lost = {"windows": 0, "spans": 0, "metric_exports": 0}
+        self._tracer_provider = tracer_provider
+        self._meter_provider = meter_provider
+        self._own: _OwnPipeline | None = None
+        self._instruments: dict[int, tuple[Any, Any, Any]] = {}
+        self._parents: dict[int, Any] = {}
+        self._parents_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._warned: set[str] = set()
+        self._failing: set[str] = set()  # destinations whose last delivery failed
+
+    # ------------------------------------------------------------ hooks
+
+    def window_started(self, window: int) -> None:
+        """Keep the OpenTelemetry context current now: the window span's parent."""
+        if self.disabled:
+            return
+        ctx = otel_context.get_current()
+        with self._parents_lock:
+            self._parents[window] = ctx
+            while len(self._parents) > _MAX_PENDING_PARENTS:
+                del self._parents[next(iter(self._parents))]
+
+    def export(self, report: "WindowReport") -> ExportResult:
+        if self.disabled:
+            return ExportResult.SUCCESS
+        with self._parents_lock:
+            parent = self._parents.pop(report.window, None)
+        walk = self._walk(report)
+        if not self._lock.acquire(timeout=4 * DEFAULT_TIMEOUT_S):
+            self._warn("busy", f"window {report.window} was not exported: the previous "
+                               "window's export is still waiting on its backend; it is lost")
+            self.lost["windows"] += 1
+            return ExportResult.FAILURE
+        try:
+            ok = self._export_locked(report, walk, parent)
+        finally:
+            self._lock.release()
+        return ExportResult.SUCCESS if ok else ExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        if not self._lock.acquire(timeout=4 * DEFAULT_TIMEOUT_S):
+            return  # an export is stuck on its backend: its own timeout will end it
+        try:
+            own, self._own = self._own, None
+            if own is not None:
+                own.shutdown(DEFAULT_TIMEOUT_S)
+        finally:
+            self._lock.release()
+
+    # ------------------------------------------------------------ internals
+
+    def _walk(self, report: "WindowReport") -> "Walk | None":
+        from instrument.occurrences import walk_trace
+        from instrument.tracefile import load_trace
+
+        if not report.raw_trace_path:
+            return None
+        try:
+            return walk_trace(load_trace(report.raw_trace_path), detail=self.detail)
+        except (OSError, ValueError) as exc:
+            self._warn("trace", f"window {report.window}: its trace {report.raw_trace_path!r} "
+                                f"could not be read ({exc}); only the window span is sent, "
+                                "without range spans or per-call metrics")
+            return None
+
+    def _pipeline(self, report: "WindowReport") -> _OwnPipeline:
+        if self._own is None:
+            self._own = _OwnPipeline(
+                _resource(report),
+                _sinks("traces", self._warn) if self._tracer_source() is None else [],
+                _sinks("metrics", self._warn) if self._meter_source() is None else [],
+            )
+        return self._own
+
+    def _tracer_source(self) -> Any:
+        return self._tracer_provider or _global_tracer_provider()
+
+    def _meter_source(self) -> Any:
+        return self._meter_provider or _global_meter_provider()
+
+    def _export_locked(self, report: "WindowReport", walk: "Walk | None", parent: Any) -> bool:
+        tracer_provider = self._tracer_source()
+        meter_provider = self._meter_source()
+        own = None
+        if tracer_provider is None or meter_provider is None:
+            own = self._pipeline(report)
+            tracer_provider = tracer_provider or own.tracer_provider
+            meter_provider = meter_provider or own.meter_provider
+        ok = True
+        if tracer_provider is not None:
+            tracer = tracer_provider.get_tracer(_SCOPE, _version())
+            count = self._emit_spans(tracer, report, walk, parent)
+            if own is not None and tracer_provider is own.tracer_provider:
+                spans = own.collector.take()
+                for sink in own.span_sinks:
+                    ok &= self._deliver(sink, report, f"{count} spans",
+                                        lambda s=sink: s.exporter.export(spans), len(spans))
+        if meter_provider is not None:
+            self._record_metrics(meter_provider, report, walk)
+            if own is not None and meter_provider is own.meter_provider:
+                for sink in own.metric_sinks:
+                    data = sink.reader.get_metrics_data()
+                    if data is None:
+                        continue
+                    ok &= self._deliver(
+                        sink, report, "its metrics",
+                        lambda s=sink, d=data: s.exporter.export(
+                            d, timeout_millis=DEFAULT_TIMEOUT_S * 1000), 0)
+        return ok
+
+    def _deliver(self, sink: _Sink, report: "WindowReport", what: str, send, spans: int) -> bool:
+        began = time.monotonic()
+        try:
+            result = send()
+            good = getattr(result, "name", "") == "SUCCESS"
+            why = "the backend is down, slow or refused them"
+        except Exception as exc:  # noqa: BLE001 - telemetry never breaks the program
+            good, why = False, f"the exporter raised {exc!r}"
+        key = f"{sink.signal} via {sink.label}"
+        if good:
+            self._failing.discard(key)
+            return True
+        self.lost["windows" if spans else "metric_exports"] += 1
+        self.lost["spans"] += spans
+        if key not in self._failing:
+            self._failing.add(key)
+            warnings.warn(
+                f"otel exporter: window {report.window}: {what} were not delivered via "
+                f"{sink.label} ({why}; gave up after {time.monotonic() - began:.1f} s) and are "
+                "lost; the program goes on. Further failures there are counted in "
+                "OTelExporter.lost and not repeated until a delivery succeeds",
+                ExporterWarning,
+                stacklevel=2,
+            )
+        return False
+
+    # ------------------------------------------------------------ spans
+
+    def _emit_spans(self, tracer: Any, report: "WindowReport", walk: "Walk | None",
+                    parent: Any) -> int:
+        from instrument.occurrences import Node
+
+        nodes: list[Node] = walk.nodes if walk is not None else []
+        plan = plan_spans(nodes, self.max_spans)
+        start, end = report.start_ns, report.end_ns
+        if nodes:
+            first = min(n.start_ns for n in nodes)
+            # The profiler starts at the end of the step before: with a parent (the request
+            # of the window's first call) the span starts at that call, inside the parent.
+            start = first if parent is not None else min(start, first)
+            end = max(end, max(n.end_ns for n in nodes))
+        attrs = _window_attributes(report)
+        attrs.update({
+            "profiled.window.range_occurrences": walk.range_count if walk else 0,
+            "profiled.otel.detail": self.detail,
+            "profiled.otel.max_spans": self.max_spans,
+            "profiled.otel.folded_occurrences": plan.folded_occurrences,
+            "profiled.otel.folded_ranges": sorted(plan.folded),
+            "profiled.otel.dropped_spans": plan.dropped,
+        })
+        window = tracer.start_span(
+            "profiled.window",
+            context=parent if parent is not None else otel_context.Context(),
+            attributes=attrs,
+            start_time=start,
+        )
+        root = trace.set_span_in_context(window, otel_context.Context())
+        ctxs: list[Any] = [None] * len(nodes)
+        for name, idxs in plan.folded.items():
+            span = tracer.start_span(
+                name, context=root, attributes=_folded_attributes(name, idxs, nodes, report),
+                start_time=min(nodes[i].start_ns for i in idxs),
+            )
+            span.end(end_time=max(nodes[i].end_ns for i in idxs))
+            folded_ctx = trace.set_span_in_context(span, otel_context.Context())
+            for i in idxs:
+                ctxs[i] = folded_ctx
+        kept = plan.kept
+        for i, node in enumerate(nodes):
+            if not kept[i]:
+                continue
+            p = node.parent
+            while p >= 0 and ctxs[p] is None:
+                p = nodes[p].parent
+            span = tracer.start_span(node.name, context=ctxs[p] if p >= 0 else root,
+                                     attributes=_node_attributes(node),
+                                     start_time=node.start_ns)
+            if node.kind == "range" and node.kernels:
+                _kernel_events(span, node)
+            span.end(end_time=node.end_ns)
+            ctxs[i] = trace.set_span_in_context(span, otel_context.Context())
+        window.end(end_time=end)
+        return plan.span_count
+
+    # ------------------------------------------------------------ metrics
+
+    def _record_metrics(self, provider: Any, report: "WindowReport", walk: "Walk | None") -> None:
+        instruments = self._instruments.get(id(provider))
+        if instruments is None:
+            meter = provider.get_meter(_SCOPE, _version())
+            instruments = (
+                meter.create_histogram(
+                    "profiled.range.cpu_time", unit="s",
+                    description="CPU time of one call of a @profiled range",
+                    explicit_bucket_boundaries_advisory=_BUCKETS),
+                meter.create_histogram(
+                    "profiled.range.device_time", unit="s",
+                    description="Device time of the work one call of a @profiled range launched",
+                    explicit_bucket_boundaries_advisory=_BUCKETS),
+                meter.create_counter(
+                    "profiled.windows", unit="{window}",
+                    description="Profiler windows exported"),
+            )
+            self._instruments[id(provider)] = instruments
+        cpu, device, windows = instruments
+        with_device = any(a != "cpu" for a in report.activities)
+        if walk is not None:
+            labels: dict[str, dict[str, str]] = {}
+            for node in walk.nodes:
+                if node.kind != "range":
+                    continue
+                attrs = labels.get(node.name)
+                if attrs is None:
+                    attrs = labels[node.name] = {"profiled.range.name": node.name,
+                                                 "profiled.device": report.device}
+                cpu.record(node.duration_ns / 1e9, attrs)
+                if with_device:
+                    device.record(node.device_ns / 1e9, attrs)
+        windows.add(1, {"profiled.device": report.device,
+                        "profiled.window.partial": report.partial})
+
+    def _warn(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn("otel exporter: " + message, ExporterWarning, stacklevel=3)
+
+
+def _version() -> str:
+    try:
+        from importlib import metadata
+
+        return metadata.version("torch-profiled")
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def _window_attributes(report: "WindowReport") -> dict[str, Any]:
+    attrs: dict[str, Any] = {
+        "profiled.kind": "window",
+        "profiled.window.index": report.window,
+        "profiled.window.steps": list(report.steps),
+        "profiled.window.partial": report.partial,
+        "profiled.rank": report.rank,
+        "profiled.world_size": report.world_size,
+        "profiled.device": report.device,
+        "profiled.activities": list(report.activities),
+        "profiled.cpu_time_us": report.self_cpu_time_total_us,
+        "profiled.device_time_us": report.self_device_time_total_us,
+        "profiled.device_busy_us": report.device_busy_us,
+        "profiled.profiler_overhead_us": report.profiler_overhead_us,
+        "profiled.verdict": str(report.verdict),
+        "profiled.verdict_reason": report.verdict.reason,
+        "profiled.event_count": report.event_count,
+    }
+    if report.flops:
+        attrs["profiled.flops"] = report.flops
+    if report.trace_file:
+        attrs["profiled.trace_file"] = report.trace_file
+    return attrs
+
+
+def _node_attributes(node: "Node") -> dict[str, Any]:
+    if node.kind == "op":
+        return {"profiled.kind": "op", "profiled.cpu_time_us": node.duration_ns / 1000.0}
+    if node.kind != "range":
+        return {"profiled.kind": node.kind, "profiled.device_time_us": node.duration_ns / 1000.0}
+    from instrument.verdict import judge
+
+    cpu_us = node.duration_ns / 1000.0
+    verdict = judge(device_us=node.device_ns / 1000.0, busy_us=node.busy_ns / 1000.0,
+                    wall_us=node.wall_ns / 1000.0, cpu_us=cpu_us, flops=node.flops,
+                    input_bytes=node.nbytes)
+    attrs: dict[str, Any] = {
+        "profiled.kind": "range",
+        "profiled.range.name": node.name,
+        "profiled.cpu_time_us": cpu_us,
+        "profiled.device_time_us": node.device_ns / 1000.0,
+        "profiled.device_busy_us": node.busy_ns / 1000.0,
+        "profiled.kernel_launches": node.launches,
+        "profiled.verdict": str(verdict),
+        "profiled.verdict_reason": verdict.reason,
+    }
+    if node.flops:
+        attrs["profiled.flops"] = node.flops
+    tid = node.thread[1] if isinstance(node.thread, tuple) else None
+    if isinstance(tid, int):
+        attrs["thread.id"] = tid
+    return attrs
+
+
+def _folded_attributes(name: str, idxs: list[int], nodes: Sequence["Node"],
+                       report: "WindowReport") -> dict[str, Any]:
+    stats = report.ranges.get(name)
+    attrs: dict[str, Any] = {
+        "profiled.kind": "range.folded",
+        "profiled.range.name": name,
+        "profiled.range.folded": True,
+        "profiled.range.calls": len(idxs),
+    }
+    if stats is not None:  # the report's per-name numbers cover exactly these occurrences
+        attrs.update({
+            "profiled.cpu_time_us": stats.cpu_time_us,
+            "profiled.device_time_us": stats.device_time_us,
+            "profiled.device_busy_us": stats.device_busy_us,
+            "profiled.kernel_launches": stats.kernel_launches,
+            "profiled.verdict": str(stats.verdict),
+            "profiled.verdict_reason": stats.verdict.reason,
+        })
+    else:
+        attrs["profiled.cpu_time_us"] = sum(nodes[i].duration_ns for i in idxs) / 1000.0
+    return attrs
+
+
+def _kernel_events(span: Any, node: "Node") -> None:
+    top = sorted(node.kernels.items(), key=lambda kv: (-kv[1][1], kv[0]))[:TOP_KERNEL_EVENTS]
+    for (name, kind), (calls, ns, first) in top:
+        span.add_event("profiled.kernel", {
+            "profiled.kernel.name": name,
+            "profiled.kernel.kind": kind,
+            "profiled.kernel.calls": calls,
+            "profiled.device_time_us": ns / 1000.0,
+        }, timestamp=first)
