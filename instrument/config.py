@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .sampling import Schedule
+from .sampling import Sampling, Schedule
 
 __all__ = [
     "Config",
@@ -94,6 +94,37 @@ PROFILED_OTEL_MAX_SPANS = "PROFILED_OTEL_MAX_SPANS"
 window span). Past it, detail spans are dropped first, then the occurrences of the most
 frequent ranges are folded into one aggregate span per name; the window span counts both."""
 
+# ---- sampling, triggers and export (production use)
+
+PROFILED_EVERY = "PROFILED_EVERY"
+"""``PROFILED_EVERY`` [unset]: open a window (the schedule's warm-up + active steps) every N
+steps, forever (``PROFILED_MAX_WINDOWS`` caps it); the schedule's ``wait`` and ``repeat`` then do
+not apply. N must be at least warm-up + active."""
+
+PROFILED_SAMPLE_RATE = "PROFILED_SAMPLE_RATE"
+"""``PROFILED_SAMPLE_RATE`` [1.0]: the probability that a step which may open a window (every
+``PROFILED_EVERY``-th step, or any idle step when that is unset) does. The draw is a pure
+function of ``(PROFILED_SEED, step)``: every rank of a job opens the same windows."""
+
+PROFILED_MAX_WINDOWS = "PROFILED_MAX_WINDOWS"
+"""``PROFILED_MAX_WINDOWS`` [unset]: at most this many windows per process (triggers too)."""
+
+PROFILED_MIN_INTERVAL_S = "PROFILED_MIN_INTERVAL_S"
+"""``PROFILED_MIN_INTERVAL_S`` [0]: at least this many seconds from the end of a window to the
+start of the next sampled one (per process clock: ranks may then diverge)."""
+
+PROFILED_SEED = "PROFILED_SEED"
+"""``PROFILED_SEED`` [0]: seed of the sampling draw; give every rank of a job the same one."""
+
+PROFILED_TRIGGER = "PROFILED_TRIGGER"
+"""``PROFILED_TRIGGER`` [unset]: open a window on demand at the next step: a signal name
+(``SIGUSR2``; the handler is installed from the main thread and chains any handler already
+there) or a file path (creating the file opens a window; the file is removed when taken)."""
+
+PROFILED_EXPORT_TIMEOUT_S = "PROFILED_EXPORT_TIMEOUT_S"
+"""``PROFILED_EXPORT_TIMEOUT_S`` [10]: at exit (and when a session ends), how long to wait for
+queued reports to be exported; past it the program goes on and says what was not exported."""
+
 PROFILED_STRICT = "PROFILED_STRICT"
 """``PROFILED_STRICT`` [0]: raise ``ValueError`` on a bad ``PROFILED_*`` value instead of warning."""
 
@@ -112,6 +143,13 @@ ENV_VARS: tuple[str, ...] = (
     PROFILED_JSON_PATH,
     PROFILED_OTEL_DETAIL,
     PROFILED_OTEL_MAX_SPANS,
+    PROFILED_EVERY,
+    PROFILED_SAMPLE_RATE,
+    PROFILED_MAX_WINDOWS,
+    PROFILED_MIN_INTERVAL_S,
+    PROFILED_SEED,
+    PROFILED_TRIGGER,
+    PROFILED_EXPORT_TIMEOUT_S,
     PROFILED_STRICT,
 )
 
@@ -143,6 +181,13 @@ class Config:
     trace_gzip: bool = True
     trace_keep: int = 20
     json_path: str = "./profiled_reports.jsonl"
+    every: int | None = None
+    sample_rate: float = 1.0
+    max_windows: int | None = None
+    min_interval_s: float = 0.0
+    seed: int = 0
+    trigger: str | None = None
+    export_timeout_s: float = 10.0
     strict: bool = False
 
     def __post_init__(self) -> None:
@@ -151,6 +196,16 @@ class Config:
             checked = _check_field(f.name, value)
             if checked is not value:
                 object.__setattr__(self, f.name, checked)
+        window = self.schedule.warmup + self.schedule.active
+        if self.every is not None and self.every < window:
+            raise ValueError(
+                f"every={self.every} is shorter than one window (warm-up {self.schedule.warmup} "
+                f"+ active {self.schedule.active} = {window} steps); use every >= {window}"
+            )
+
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(every=self.every, sample_rate=self.sample_rate, seed=self.seed)
 
     def replace(self, **fields: Any) -> "Config":
         """A copy with ``fields`` changed; unknown names raise ``TypeError``."""
@@ -168,6 +223,17 @@ class Config:
             if name == "strict":
                 continue
             values[name] = _env_value(env, var, _ENV_PARSERS[name], getattr(default, name), strict)
+        window = values["schedule"].warmup + values["schedule"].active
+        if values["every"] is not None and values["every"] < window:
+            message = (
+                f"{PROFILED_EVERY}={values['every']} is shorter than one window (warm-up + active "
+                f"= {window} steps of {PROFILED_SCHEDULE}); using {PROFILED_EVERY}={window}"
+            )
+            if strict:
+                raise ValueError(message.replace("; using", "; PROFILED_STRICT=1 makes this an "
+                                                 "error instead of using"))
+            _warn_once(PROFILED_EVERY, str(values["every"]), message)
+            values["every"] = window
         if strict and values["exporters"]:
             # Without strict, unknown names warn (ExporterWarning) when the exporters are
             # resolved; strict turns them into an error here, with the other bad values.
@@ -222,6 +288,38 @@ def _check_field(name: str, value: Any) -> Any:
         if not text:
             raise ValueError(f"{name} must not be empty")
         return text
+    if name in ("every", "max_windows"):
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int or None, got {type(value).__name__} {value!r}")
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1 (None: unset), got {value}")
+        return value
+    if name == "seed":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"seed must be an int, got {type(value).__name__} {value!r}")
+        return value
+    if name in ("sample_rate", "min_interval_s", "export_timeout_s"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+        value = float(value)
+        if name == "sample_rate" and not 0.0 <= value <= 1.0:
+            raise ValueError(f"sample_rate must be between 0 and 1, got {value}")
+        if name == "min_interval_s" and not value >= 0.0:
+            raise ValueError(f"min_interval_s must be >= 0, got {value}")
+        if name == "export_timeout_s" and not value > 0.0:
+            raise ValueError(f"export_timeout_s must be > 0, got {value}")
+        return value
+    if name == "trigger":
+        if value is None:
+            return None
+        if not isinstance(value, (str, os.PathLike)):
+            raise TypeError(f"trigger must be a signal name or a path, got {value!r}")
+        text = os.fspath(value).strip()
+        if not text:
+            raise ValueError("trigger must not be empty (None: no trigger)")
+        return _check_trigger(text)
     if name == "activities":
         if value is None:
             return None
@@ -314,6 +412,65 @@ def _parse_dir(text: str) -> str:
     return text
 
 
+def _check_trigger(text: str) -> str:
+    """A signal name (``SIGUSR2`` or ``USR2``) is normalised to ``SIGUSR2`` and must exist on
+    this platform; anything with a path separator or a dot is a file path."""
+    import signal
+
+    if os.sep in text or "/" in text or "." in text:
+        return text
+    name = text.upper()
+    if not name.startswith("SIG"):
+        name = "SIG" + name
+    if name in ("SIGKILL", "SIGSTOP") or not isinstance(getattr(signal, name, None), signal.Signals):
+        raise ValueError(
+            f"trigger {text!r} is neither a signal this platform can handle (e.g. SIGUSR2) nor "
+            "a file path (a path contains '/' or '.')"
+        )
+    return name
+
+
+def _parse_opt_int(text: str) -> int | None:
+    low = text.strip().lower()
+    if low in ("", "none", "unset"):
+        return None
+    try:
+        value = int(low)
+    except ValueError:
+        raise ValueError("expected an integer >= 1") from None
+    if value < 1:
+        raise ValueError("expected an integer >= 1")
+    return value
+
+
+def _parse_any_int(text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError("expected an integer") from None
+
+
+def _float_parser(low: float, high: float | None, *, low_open: bool = False):
+    def parse(text: str) -> float:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            value = float("nan")
+        ok = value == value and (value > low if low_open else value >= low) and (
+            high is None or value <= high)
+        if not ok:
+            bound = f"> {low}" if low_open else f">= {low}"
+            raise ValueError(f"expected a number {bound}" + (f" and <= {high}" if high else ""))
+        return value
+    return parse
+
+
+def _parse_trigger(text: str) -> str | None:
+    if not text.strip():
+        return None
+    return _check_trigger(text.strip())
+
+
 _ENV_PARSERS = {
     "enabled": _parse_bool,
     "exporters": _parse_names,
@@ -327,6 +484,13 @@ _ENV_PARSERS = {
     "trace_gzip": _parse_bool,
     "trace_keep": _parse_int,
     "json_path": _parse_dir,
+    "every": _parse_opt_int,
+    "sample_rate": _float_parser(0.0, 1.0),
+    "max_windows": _parse_opt_int,
+    "min_interval_s": _float_parser(0.0, None),
+    "seed": _parse_any_int,
+    "trigger": _parse_trigger,
+    "export_timeout_s": _float_parser(0.0, None, low_open=True),
     "strict": _parse_bool,
 }
 _FIELD_ENV = {
@@ -342,17 +506,24 @@ _FIELD_ENV = {
     "trace_gzip": PROFILED_TRACE_GZIP,
     "trace_keep": PROFILED_TRACE_KEEP,
     "json_path": PROFILED_JSON_PATH,
+    "every": PROFILED_EVERY,
+    "sample_rate": PROFILED_SAMPLE_RATE,
+    "max_windows": PROFILED_MAX_WINDOWS,
+    "min_interval_s": PROFILED_MIN_INTERVAL_S,
+    "seed": PROFILED_SEED,
+    "trigger": PROFILED_TRIGGER,
+    "export_timeout_s": PROFILED_EXPORT_TIMEOUT_S,
     "strict": PROFILED_STRICT,
 }
 
 
-def _describe_default(value: Any) -> str:
+def _describe_default(value: Any, var: str = "") -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
     if isinstance(value, Schedule):
         return value.to_env()
     if value is None:
-        return "auto"
+        return "auto" if var == PROFILED_ACTIVITIES else "unset"
     if isinstance(value, tuple):
         return ",".join(map(str, value)) or "none"
     return str(value)
@@ -368,18 +539,22 @@ def _env_value(env: Mapping[str, str], var: str, parse, default: Any, strict: bo
         if strict:
             raise ValueError(
                 f"{var}={raw!r} is invalid ({exc}); PROFILED_STRICT=1 makes this an error "
-                f"(without it the default {var}={_describe_default(default)} would be used)"
+                f"(without it the default {var}={_describe_default(default, var)} would be used)"
             ) from None
         message = (
             f"{var}={raw!r} is invalid ({exc}); using the default "
-            f"{var}={_describe_default(default)}"
+            f"{var}={_describe_default(default, var)}"
         )
-        with _warned_lock:
-            first = (var, raw) not in _warned
-            _warned.add((var, raw))
-        if first:
-            warnings.warn(message, ConfigWarning, stacklevel=4)
+        _warn_once(var, raw, message, stacklevel=5)
         return default
+
+
+def _warn_once(var: str, raw: str, message: str, stacklevel: int = 4) -> None:
+    with _warned_lock:
+        first = (var, raw) not in _warned
+        _warned.add((var, raw))
+    if first:
+        warnings.warn(message, ConfigWarning, stacklevel=stacklevel)
 
 
 def enabled_from_env(environ: Mapping[str, str] | None = None) -> bool:

@@ -30,7 +30,7 @@ from typing import Any
 
 from exporters import ExporterWarning, check_exporter_names, resolve_exporters
 
-from . import _torch, decorator
+from . import _torch, decorator, triggers
 from .analysis import analyze, drop_warmup, events_from_trace
 from .config import Config, _reject_unknown, _reset_warnings
 from .pipeline import export_report, notify, shutdown_exporters
@@ -79,6 +79,13 @@ class Session:
         self._idle_until = 0  # steps before this one are idle (no window, action NONE)
         self._skip_reason: str | None = None
         self._tmpdir: str | None = None
+        # window cycles: each is the schedule's warm-up + active steps from _cycle_start
+        self.sampling = config.sampling
+        self._cycle_start: int | None = None
+        self.windows_opened = 0
+        self._last_window_end: float | None = None  # time.monotonic()
+        self._trigger: triggers.Trigger | None = None
+        self._trigger_pending = False
 
     # ------------------------------------------------------------ public
 
@@ -94,6 +101,9 @@ class Session:
                 return
             self.closed = True
             self.finished = True
+            if self._trigger is not None:
+                self._trigger.disarm()
+                self._trigger = None
             if self._window is not None:
                 self._end_window(partial=True)
             if self.windows_exported == 0:
@@ -136,11 +146,18 @@ class Session:
             self._started = True
             if self.finished:  # disabled (PROFILED_ENABLED=0): never opens a window
                 return
-            first = self.schedule.action(0)
+            if self.config.trigger:
+                self._trigger = triggers.arm(self.config.trigger, self._triggered)
+            first = self._action_for(0)
             self._transition(Action.NONE, first, 0)
             self._action = first
             self._check_finished()
         _refresh_idle()
+
+    def _triggered(self) -> None:
+        """A trigger fired (signal handler or poll thread): lock-free, open at the next step."""
+        self._trigger_pending = True
+        self._idle_until = 0
 
     def _advance(self) -> None:
         with self._lock:
@@ -148,8 +165,9 @@ class Session:
                 return
             if not self._started:
                 self._start()
-            if self._window is None and self.step_index + 1 < self._idle_until:
-                self.step_index += 1  # an idle step (wait, skip_first): nothing else changes
+            if (self._cycle_start is None and self._window is None
+                    and self.step_index + 1 < self._idle_until):
+                self.step_index += 1  # an idle step: nothing else changes
                 return
             ended = self.step_index
             prev = self._action
@@ -168,19 +186,82 @@ class Session:
             elif prev in _RECORDING and window is not None and window.recording:
                 self._window_steps.append(ended)
             self.step_index += 1
-            cur = self.schedule.action(self.step_index)
+            cur = self._action_for(self.step_index)
             self._transition(prev, cur, self.step_index)
             self._action = cur
             self._check_finished()
 
+    # ------------------------------------------------------------ when windows open
+
+    def _action_for(self, step: int) -> Action:
+        """The action of ``step``: inside a window cycle by its offset, else NONE unless a
+        window may open here (then a new cycle starts at ``step``)."""
+        sched = self.schedule
+        if self._cycle_start is not None:
+            offset = step - self._cycle_start
+            last = sched.warmup + sched.active - 1
+            if offset < sched.warmup:
+                return Action.WARMUP
+            if offset < last:
+                return Action.RECORD
+            if offset == last:
+                return Action.RECORD_AND_SAVE
+            self._cycle_start = None
+        if self._may_open(step):
+            self._cycle_start = step
+            self.windows_opened += 1
+            return self._action_for(step)
+        return Action.NONE
+
+    def _capped(self) -> bool:
+        cap = self.config.max_windows
+        return cap is not None and self.windows_opened >= cap
+
+    def _may_open(self, step: int) -> bool:
+        sched = self.schedule
+        if self._trigger_pending:
+            self._trigger_pending = False
+            if not self._capped():
+                return True
+        if self._capped():
+            return False
+        if self.sampling.enabled:
+            if not self.sampling.opens(step - sched.skip_first):
+                return False
+            gap = self.config.min_interval_s
+            if not gap:
+                return True
+            # a window still open here ends at this very step boundary
+            last = time.monotonic() if self._window is not None else self._last_window_end
+            return last is None or time.monotonic() - last >= gap
+        # the schedule: torch's table, a window starting where its cycle does
+        if sched.action(step) is Action.NONE:
+            return False
+        return step == 0 or sched.action(step - 1) in (Action.NONE, Action.RECORD_AND_SAVE)
+
     def _check_finished(self) -> None:
-        if self._window is None:
-            if self.schedule.finished(self.step_index):
-                self.finished = True
-                _refresh_idle()
-            elif self._action is Action.NONE:
-                nxt = self.schedule.next_active(self.step_index)
-                self._idle_until = self.step_index if nxt is None else nxt
+        if self._window is not None or self._cycle_start is not None:
+            return
+        nxt = self._next_possible(self.step_index + 1)
+        if nxt is None and self._trigger is None:
+            self.finished = True
+            _refresh_idle()
+        else:
+            self._idle_until = nxt if nxt is not None else 1 << 62
+
+    def _next_possible(self, step: int) -> int | None:
+        """The first step at or after ``step`` where a window may open (triggers aside)."""
+        if self._capped():
+            return None
+        sched = self.schedule
+        if self.sampling.enabled:
+            if self.sampling.sample_rate <= 0.0:
+                return None
+            rel = self.sampling.next_open(max(step - sched.skip_first, 0))
+            return step + (1 << 20) if rel is None else rel + sched.skip_first
+        if sched.finished(step):
+            return None
+        return sched.next_active(step)
 
     def _transition(self, prev: Action, cur: Action, step: int) -> None:
         if prev is Action.RECORD_AND_SAVE:
@@ -294,6 +375,7 @@ class Session:
         if window.recording:
             _mark(WINDOW_END)
         end_ns = time.time_ns()
+        self._last_window_end = time.monotonic()
         try:
             window.stop()
         except Exception as exc:  # noqa: BLE001
