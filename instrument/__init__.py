@@ -11,7 +11,7 @@ from .config import Config, ConfigWarning
 from .decorator import profiled
 from .report import KernelStats, OpStats, RangeStats, WindowReport
 from .sampling import Schedule
-from .session import ProfilerWarning, Session, configure, session, shutdown, step
+from .session import ProfilerWarning, Session, configure, flush, session, shutdown, step
 
 __all__ = [
     "Config",
@@ -24,6 +24,7 @@ __all__ = [
     "Session",
     "WindowReport",
     "configure",
+    "flush",
     "profiled",
     "session",
     "shutdown",

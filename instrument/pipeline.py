@@ -1,44 +1,67 @@
-"""Hands a finished window's report to every exporter, isolating their failures.
+"""Export off the hot path: an analysis worker and one lane per exporter, bounded, with deadlines.
 
-Exporters that write the trace file run first, so that the others (the console table) can
-name the file. An exporter that raises costs a warning (``ExporterWarning``) naming it and what
-was lost; the other exporters still get the report and the program never sees the error. An
-exporter that returns ``FAILURE`` has said why itself (``TraceFileExporter`` warns once per
-kind of failure), so the pipeline adds no second warning.
+When a window ends the caller only stops the profiler and hands the stopped window to this
+pipeline (``ExportPipeline.submit``). A worker thread then builds the report (analysis, the
+shaped trace file) and gives it to every exporter through that exporter's *lane*: its own
+thread and bounded queue. So an exporter that raises, hangs or is slow loses only its own
+reports; the others still get every one.
+
+- Bounded: the analysis queue and each lane hold at most ``QUEUE_SIZE`` items; when one is full
+  the oldest item is dropped, counted (``dropped``) and one warning per queue says so.
+- Trace writers first: exporters with ``writes_trace_file`` get the report before the others,
+  so those can name the file; the worker waits for them at most ``TRACE_WAIT_S``.
+- Deadline: ``close(timeout)`` (session end, interpreter exit) waits for everything queued at
+  most ``timeout`` seconds (``PROFILED_EXPORT_TIMEOUT_S``); past it the program goes on and one
+  warning says what was not exported. Worker threads are daemons: they never hold up exit.
+- The raw trace file of a report is removed when the last lane is done with it (or dropped it).
+
+``export_report`` is the same fan-out done synchronously, for callers that have a report in
+hand (tests, tools).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import threading
+import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from exporters import ExporterWarning, ExportResult
 
 from .report import WindowReport
 
-__all__ = ["export_report", "notify", "shutdown_exporters"]
+__all__ = ["QUEUE_SIZE", "TRACE_WAIT_S", "ExportPipeline", "export_report"]
+
+QUEUE_SIZE = 8
+TRACE_WAIT_S = 10.0
 
 
 def _name(exporter: Any) -> str:
     return type(exporter).__name__
 
 
+def _export_one(exporter: Any, report: WindowReport) -> ExportResult | None:
+    try:
+        return exporter.export(report)
+    except Exception as exc:  # noqa: BLE001 - telemetry never breaks the program
+        warnings.warn(
+            f"exporter {_name(exporter)} raised {exc!r} on window {report.window}; "
+            "its output for this window is lost, the other exporters still ran",
+            ExporterWarning,
+            stacklevel=2,
+        )
+        return None
+
+
 def export_report(report: WindowReport, exporters: Sequence[Any]) -> WindowReport:
-    """Give ``report`` to each exporter once; returns the report as the last exporter saw it."""
+    """Give ``report`` to each exporter once, here and now (trace writers first); returns the
+    report as the last exporter saw it (with ``trace_file`` set when one was written)."""
     ordered = sorted(exporters, key=lambda e: not getattr(e, "writes_trace_file", False))
     for exporter in ordered:
-        try:
-            result = exporter.export(report)
-        except Exception as exc:  # noqa: BLE001 - telemetry never breaks the program
-            warnings.warn(
-                f"exporter {_name(exporter)} raised {exc!r} on window {report.window}; "
-                "its output for this window is lost, the other exporters still ran",
-                ExporterWarning,
-                stacklevel=2,
-            )
-            continue
+        result = _export_one(exporter, report)
         if result is ExportResult.SUCCESS and getattr(exporter, "writes_trace_file", False):
             path = getattr(exporter, "last_path", None)
             if path and report.trace_file is None:
@@ -46,24 +69,265 @@ def export_report(report: WindowReport, exporters: Sequence[Any]) -> WindowRepor
     return report
 
 
-def notify(exporters: Sequence[Any], message: str) -> None:
-    for exporter in exporters:
-        hook = getattr(exporter, "notice", None)
-        if hook is None:
-            continue
-        try:
-            hook(message)
-        except Exception:  # noqa: BLE001
-            pass
+class _Job:
+    """One queued unit of work for a lane; ``done`` is set when it ran or was dropped."""
+
+    __slots__ = ("kind", "payload", "done", "result", "on_done")
+
+    def __init__(self, kind: str, payload: Any, on_done: Callable[[], None] | None = None):
+        self.kind = kind  # "report" | "notice" | "shutdown" | "window"
+        self.payload = payload
+        self.done = threading.Event()
+        self.result: Any = None
+        self.on_done = on_done
+
+    def finish(self, result: Any = None) -> None:
+        self.result = result
+        if self.on_done is not None:
+            try:
+                self.on_done()
+            except Exception:  # noqa: BLE001
+                pass
+        self.done.set()
 
 
-def shutdown_exporters(exporters: Sequence[Any]) -> None:
-    for exporter in exporters:
-        try:
-            exporter.shutdown()
-        except Exception as exc:  # noqa: BLE001
-            warnings.warn(
-                f"exporter {_name(exporter)} raised {exc!r} in shutdown()",
-                ExporterWarning,
-                stacklevel=2,
-            )
+class _Worker:
+    """A daemon thread draining a bounded deque; full means the oldest job is dropped."""
+
+    def __init__(self, name: str, handle: Callable[[_Job], Any], what: str) -> None:
+        self.name = name
+        self.what = what  # how the warning names a dropped job: "window report for console"
+        self._handle = handle
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._cond = threading.Condition()
+        self._busy: _Job | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self.dropped = 0
+        self._warned = False
+
+    def put(self, job: _Job) -> None:
+        dropped = None
+        with self._cond:
+            if self._stopped:
+                dropped = job
+            else:
+                if len(self._queue) >= QUEUE_SIZE:
+                    dropped = self._queue.popleft()
+                self._queue.append(job)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name=self.name,
+                                                    daemon=True)
+                    self._thread.start()
+                self._cond.notify()
+        if dropped is not None:
+            self._drop(dropped)
+
+    def _drop(self, job: _Job) -> None:
+        if job.kind in ("report", "window"):
+            self.dropped += 1
+            if not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"torch-profiled: the {self.what} queue is full ({QUEUE_SIZE} waiting): the "
+                    "oldest was dropped; exporting cannot keep up with the windows (this "
+                    "warning is given once; see the session's dropped counts)",
+                    ExporterWarning,
+                    stacklevel=3,
+                )
+        job.finish(None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                job = self._queue.popleft()
+                self._busy = job
+            result = None
+            try:
+                result = self._handle(job)
+            except Exception:  # noqa: BLE001 - the handler reports its own failures
+                pass
+            finally:
+                with self._cond:
+                    self._busy = None
+                    self._cond.notify_all()
+                job.finish(result)
+            if job.kind == "shutdown":
+                return
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._queue) + (self._busy is not None)
+
+    def pending_reports(self) -> int:
+        with self._cond:
+            busy = self._busy is not None and self._busy.kind in ("report", "window")
+            return sum(j.kind in ("report", "window") for j in self._queue) + busy
+
+    def stop_accepting(self) -> list[_Job]:
+        """No more jobs; return (and forget) the ones still queued."""
+        with self._cond:
+            self._stopped = True
+            left = list(self._queue)
+            self._queue.clear()
+            return left
+
+
+class _Lane(_Worker):
+    """One exporter's worker."""
+
+    def __init__(self, exporter: Any) -> None:
+        super().__init__(f"torch-profiled-export-{_name(exporter)}", self._do,
+                         f"window report for {_name(exporter)}")
+        self.exporter = exporter
+        self.writes_trace_file = bool(getattr(exporter, "writes_trace_file", False))
+        self.stalled = False  # a trace writer that missed TRACE_WAIT_S
+
+    def _do(self, job: _Job) -> Any:
+        exporter = self.exporter
+        if job.kind == "report":
+            result = _export_one(exporter, job.payload)
+            if result is ExportResult.SUCCESS and self.writes_trace_file:
+                return getattr(exporter, "last_path", None)
+            return None
+        if job.kind == "notice":
+            hook = getattr(exporter, "notice", None)
+            if hook is not None:
+                try:
+                    hook(job.payload)
+                except Exception:  # noqa: BLE001
+                    pass
+            return None
+        if job.kind == "shutdown":
+            try:
+                exporter.shutdown()
+            except Exception as exc:  # noqa: BLE001
+                warnings.warn(f"exporter {_name(exporter)} raised {exc!r} in shutdown()",
+                              ExporterWarning, stacklevel=2)
+        return None
+
+
+class ExportPipeline:
+    """The export path of one session (see the module docstring).
+
+    ``build`` turns a submitted window into a ``WindowReport`` (or None) on the worker thread;
+    ``cleanup(report)`` runs once every lane is done with that report.
+    """
+
+    def __init__(
+        self,
+        exporters: Sequence[Any],
+        build: Callable[[Any], WindowReport | None],
+        cleanup: Callable[[WindowReport], None],
+    ) -> None:
+        self.exporters = list(exporters)
+        self._build = build
+        self._cleanup = cleanup
+        self._lanes = [_Lane(e) for e in self.exporters]
+        self._analysis = _Worker("torch-profiled-analysis", self._analyse, "window analysis")
+        self.exported = 0  # reports handed to the lanes
+        self._closed = False
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        """Reports dropped because a queue was full: ``{"analysis": n, "<Exporter>": n}``."""
+        out = {"analysis": self._analysis.dropped}
+        for lane in self._lanes:
+            out[_name(lane.exporter)] = lane.dropped
+        return out
+
+    def submit(self, window: Any) -> None:
+        """Hand over a stopped window (the caller's whole cost of a window end)."""
+        self._analysis.put(_Job("window", window))
+
+    def notice(self, message: str) -> None:
+        for lane in self._lanes:
+            lane.put(_Job("notice", message))
+
+    def _analyse(self, job: _Job) -> None:
+        report = self._build(job.payload)
+        job.payload = None  # free the profiler's results as soon as they are analysed
+        if report is None:
+            return
+        remaining = [len(self._lanes)]
+        lock = threading.Lock()
+        final = [report]
+
+        def lane_done() -> None:
+            with lock:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last:
+                self._cleanup(final[0])
+
+        if not self._lanes:
+            self._cleanup(report)
+            return
+        writers = [lane for lane in self._lanes if lane.writes_trace_file]
+        others = [lane for lane in self._lanes if not lane.writes_trace_file]
+        jobs = [_Job("report", report, lane_done) for _ in writers]
+        for lane, wjob in zip(writers, jobs):
+            lane.put(wjob)
+        deadline = time.monotonic() + TRACE_WAIT_S
+        for lane, wjob in zip(writers, jobs):
+            if lane.stalled and lane.pending() > 1:
+                continue  # still stuck on an earlier report: do not hold the others up again
+            if not wjob.done.wait(max(0.0, deadline - time.monotonic())):
+                lane.stalled = True
+                continue
+            lane.stalled = False
+            if wjob.result and final[0].trace_file is None:
+                final[0] = dataclasses.replace(final[0], trace_file=wjob.result)
+        for lane in others:
+            lane.put(_Job("report", final[0], lane_done))
+        self.exported += 1
+
+    def flush(self, timeout: float | None) -> bool:
+        """Wait until everything submitted so far has been exported; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        # the analysis worker first: once it is idle, every report is in the lanes
+        while self._analysis.pending():
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        waits = []
+        for lane in self._lanes:
+            job = _Job("noop", None)
+            lane.put(job)
+            waits.append(job)
+        for job in waits:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not job.done.wait(left):
+                return False
+        return True
+
+    def close(self, timeout: float) -> dict[str, int]:
+        """Export what is queued, then shut the exporters down, within ``timeout`` seconds.
+        Returns what was not exported per queue (empty when everything was)."""
+        if self._closed:
+            return {}
+        self._closed = True
+        deadline = time.monotonic() + timeout
+        self.flush(timeout)
+        shutdowns = []
+        for lane in self._lanes:
+            job = _Job("shutdown", None)
+            lane.put(job)
+            shutdowns.append((lane, job))
+        for lane, job in shutdowns:
+            job.done.wait(max(0.0, deadline - time.monotonic()))
+        lost: dict[str, int] = {}
+        count = self._analysis.pending_reports()
+        for job in self._analysis.stop_accepting():
+            job.finish(None)
+        if count:
+            lost["analysis"] = count
+        for lane, _job in shutdowns:
+            count = lane.pending_reports()
+            for job in lane.stop_accepting():
+                job.finish(None)
+            if count:
+                lost[_name(lane.exporter)] = count
+        return lost

@@ -33,7 +33,7 @@ from exporters import ExporterWarning, check_exporter_names, resolve_exporters
 from . import _torch, decorator, triggers
 from .analysis import analyze, drop_warmup, events_from_trace
 from .config import Config, _reject_unknown, _reset_warnings
-from .pipeline import export_report, notify, shutdown_exporters
+from .pipeline import ExportPipeline
 from .report import WindowReport
 from .sampling import Action, Schedule
 from .tracefile import STEP_MARKER, WINDOW_END, load_trace, shape_trace, write_json_atomic
@@ -57,6 +57,7 @@ class Session:
         self.config = config
         self.schedule: Schedule = config.schedule
         self.exporters = list(exporters)
+        self._pipeline = ExportPipeline(self.exporters, self._build_report, self._remove_raw)
         self._window_hooks = [
             e.window_started for e in self.exporters if callable(getattr(e, "window_started", None))
         ]
@@ -64,7 +65,7 @@ class Session:
         self.activities = config.activities or _torch.default_activities()
         self._record_warmup = any(a != "cpu" for a in self.activities)
         self.step_index = 0  # the step in progress
-        self.windows_exported = 0
+        self.windows_ended = 0
         self.finished = False  # the schedule can open no more windows
         self.closed = False
         self._lock = threading.RLock()
@@ -95,7 +96,8 @@ class Session:
         self._advance()
 
     def close(self) -> None:
-        """End the session: export an open window that recorded steps (``partial=True``)."""
+        """End the session: export an open window that recorded steps (``partial=True``),
+        then wait at most ``export_timeout_s`` for everything queued to be exported."""
         with self._lock:
             if self.closed:
                 return
@@ -106,13 +108,32 @@ class Session:
                 self._trigger = None
             if self._window is not None:
                 self._end_window(partial=True)
-            if self.windows_exported == 0:
-                notify(self.exporters, self._why_no_report())
-            shutdown_exporters(self.exporters)
-            if self._tmpdir is not None:
-                shutil.rmtree(self._tmpdir, ignore_errors=True)
-                self._tmpdir = None
         _refresh_idle()
+        # outside the lock: decorated calls in other threads must not wait for exporters
+        timeout = self.config.export_timeout_s
+        deadline = time.monotonic() + timeout
+        self._pipeline.flush(timeout)
+        if self._pipeline.exported == 0:
+            self._pipeline.notice(self._why_no_report())
+        lost = self._pipeline.close(max(0.0, deadline - time.monotonic()))
+        if lost:
+            what = ", ".join(f"{name}: {n}" for name, n in lost.items())
+            warnings.warn(
+                f"torch-profiled: window reports not exported within "
+                f"PROFILED_EXPORT_TIMEOUT_S={timeout:g}s were dropped ({what}); the program "
+                "goes on", ExporterWarning, stacklevel=2)
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every window that ended so far has been exported (False on timeout)."""
+        return self._pipeline.flush(timeout)
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        """Reports dropped because an export queue was full, per queue."""
+        return self._pipeline.dropped
 
     def __enter__(self) -> "Session":
         _enter_explicit(self)
@@ -124,7 +145,7 @@ class Session:
     def __repr__(self) -> str:
         return (
             f"<Session {'ambient' if self.ambient else 'explicit'} step={self.step_index} "
-            f"windows={self.windows_exported} schedule={self.schedule.to_env()}>"
+            f"windows={self.windows_ended} schedule={self.schedule.to_env()}>"
         )
 
     # ------------------------------------------------------------ called by decorated code
@@ -385,48 +406,50 @@ class Session:
             return
         index = self._window_index
         self._window_index += 1
-        try:
-            report = self._build_report(window, index, steps, partial, end_ns)
-        except Exception as exc:  # noqa: BLE001
-            self._warn(f"window {index} could not be analysed ({exc!r}); its report is lost")
-            return
-        try:
-            export_report(report, self.exporters)
-            self.windows_exported += 1
-        finally:
-            if report.raw_trace_path:
-                try:
-                    os.unlink(report.raw_trace_path)
-                except OSError:
-                    pass
+        self.windows_ended += 1
+        # the caller's whole cost of a window end: stop() above, and this hand-over
+        self._pipeline.submit(_EndedWindow(window, index, steps, partial, self._window_start_ns,
+                                           end_ns, frozenset(decorator.RANGE_NAMES),
+                                           _torch.distributed_info()))
 
-    def _build_report(
-        self,
-        window: _torch.ProfilerWindow,
-        index: int,
-        steps: tuple[int, ...],
-        partial: bool,
-        end_ns: int,
-    ) -> WindowReport:
-        names = set(decorator.RANGE_NAMES)
+    def _remove_raw(self, report: WindowReport) -> None:
+        if report.raw_trace_path:
+            try:
+                os.unlink(report.raw_trace_path)
+            except OSError:
+                pass
+
+    def _build_report(self, ended: "_EndedWindow") -> WindowReport | None:
+        """On the export worker: the window's report and its shaped trace file."""
+        try:
+            return self._analyse(ended)
+        except Exception as exc:  # noqa: BLE001
+            self._warn(f"window {ended.index} could not be analysed ({exc!r}); its report is lost")
+            return None
+
+    def _analyse(self, ended: "_EndedWindow") -> WindowReport:
+        window, names, dist = ended.window, ended.names, ended.dist
+        ended.window = None  # the profiler's results go when this report is built
         events = window.events()  # the report: straight from Kineto's events when possible
         analysis = analyze(drop_warmup(events), names) if events is not None else None
+        del events
         # the trace file exporters get: torch's JSON, shaped (see tracefile.shape_trace)
         if self._tmpdir is None:
             self._tmpdir = tempfile.mkdtemp(prefix="torch-profiled-")
-        raw = os.path.join(self._tmpdir, f"window{index}.pt.trace.json")
-        dist = _torch.distributed_info()
+        raw = os.path.join(self._tmpdir, f"window{ended.index}.pt.trace.json")
         window.export_chrome_trace(raw)
+        del window
         trace = shape_trace(load_trace(raw), names, dist)
         write_json_atomic(trace, raw, compress=False)
         if analysis is None:  # older torch: analyse the trace JSON
             analysis = analyze(events_from_trace(trace), names)
+        del trace
         return WindowReport(
-            window=index,
-            steps=steps,
-            partial=partial,
-            start_ns=self._window_start_ns,
-            end_ns=end_ns,
+            window=ended.index,
+            steps=ended.steps,
+            partial=ended.partial,
+            start_ns=ended.start_ns,
+            end_ns=ended.end_ns,
             rank=int(dist["rank"]),
             world_size=int(dist["world_size"]),
             host=_torch.host_name(),
@@ -458,6 +481,23 @@ class Session:
 
     def _warn(self, message: str) -> None:
         warnings.warn(message, ProfilerWarning, stacklevel=3)
+
+
+class _EndedWindow:
+    """What the caller hands to the export worker when a window ends."""
+
+    __slots__ = ("window", "index", "steps", "partial", "start_ns", "end_ns", "names", "dist")
+
+    def __init__(self, window: Any, index: int, steps: tuple[int, ...], partial: bool,
+                 start_ns: int, end_ns: int, names: frozenset[str], dist: dict[str, Any]):
+        self.window = window
+        self.index = index
+        self.steps = steps
+        self.partial = partial
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self.names = names
+        self.dist = dist
 
 
 def _mark(name: str) -> None:
@@ -502,10 +542,27 @@ def _builtin_kwargs(config: Config) -> dict[str, dict[str, Any]]:
 
 
 def _register_atexit() -> None:
+    """Export what is queued when the interpreter exits, before the thread pools go.
+
+    Exporters (OpenTelemetry's among them) use ``concurrent.futures``, which refuses new work
+    once its own exit hook has run, and that hook runs at threading shutdown, before
+    ``atexit``. So our hook is a threading exit hook too, registered after that module's
+    (they run last-registered first); ``atexit`` where this Python has no such hook.
+    """
     global _atexit_registered
-    if not _atexit_registered:
-        atexit.register(_at_exit)
-        _atexit_registered = True
+    if _atexit_registered:
+        return
+    _atexit_registered = True
+    import concurrent.futures.thread  # noqa: F401 - registers its exit hook before ours
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        try:
+            register(_at_exit)
+            return
+        except RuntimeError:  # already shutting down
+            pass
+    atexit.register(_at_exit)
 
 
 _exporter_warnings_seen: set[str] = set()
@@ -643,9 +700,10 @@ class _DisabledSession(Session):
 
     def close(self) -> None:
         with self._lock:
-            if not self.closed:
-                self.closed = True
-                shutdown_exporters(self.exporters)
+            if self.closed:
+                return
+            self.closed = True
+        self._pipeline.close(self.config.export_timeout_s)
         _refresh_idle()
 
 
@@ -685,6 +743,20 @@ def step() -> None:
         if not sess._started:
             sess._start()
         sess.step()
+
+
+def flush(timeout_s: float | None = None) -> bool:
+    """Wait until every window that has ended so far has been exported by every exporter.
+
+    Reports are built and exported on background threads; call this before reading what an
+    exporter produced (a test, a notebook cell). Returns False if ``timeout_s`` passed first.
+    """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    ok = True
+    for sess in [s for s in (_explicit, _ambient) if s is not None]:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ok = sess.flush(left) and ok
+    return ok
 
 
 def shutdown() -> None:

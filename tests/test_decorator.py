@@ -1090,6 +1090,7 @@ def test_instrument_step_declares_steps(where):
         mem = InMemoryExporter()
         instrument.configure(schedule=schedule, exporters=[mem])
         run()
+        instrument.flush()  # reports are built and exported in the background
         reports = mem.reports
     (report,) = reports
     assert report.steps == (1, 2)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from exporters import InMemoryExporter
-from instrument import Schedule, configure, profiled, session
+from instrument import Schedule, configure, flush, profiled, session
 from instrument.config import Config, ConfigWarning
 from instrument.sampling import Sampling, draw
 
@@ -92,9 +92,11 @@ def test_every_n_steps_opens_windows_forever_until_max_windows():
 def test_sample_rate_windows_are_the_ones_the_pure_function_names():
     mem = InMemoryExporter()
     sched = Schedule(warmup=1, active=2, skip_first=3)
-    with session(schedule=sched, sample_rate=0.05, seed=11, exporters=[mem]):
-        for _ in range(600):
+    with session(schedule=sched, sample_rate=0.05, seed=11, exporters=[mem]) as s:
+        for i in range(600):
             train_step()
+            if i % 10 == 0:
+                s.flush()  # windows this close together would overflow the export queue
     starts = _expected_windows(Sampling(sample_rate=0.05, seed=11), 600, 3, skip_first=3)
     starts = [s for s in starts if s + 2 < 600]  # windows that finished inside the run
     assert len(starts) >= 10
@@ -127,6 +129,7 @@ def test_configure_fields_reach_the_ambient_session():
     configure(exporters=[mem], schedule=Schedule(warmup=1, active=1), every=4, max_windows=2)
     for _ in range(20):
         train_step()
+    flush()
     assert [r.steps for r in mem.reports] == [(1,), (5,)]
 
 

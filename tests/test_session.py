@@ -34,6 +34,7 @@ def test_default_schedule_records_steps_1_to_3_once():
     configure(exporters=[mem])
     for _ in range(10):
         work()
+    instrument.flush()  # reports are built and exported in the background
     reports = mem.reports
     assert len(reports) == 1
     report = reports[0]
@@ -104,6 +105,7 @@ def test_module_level_step_function_reaches_the_current_session():
     work()
     work()
     step()  # ends step 1, the recorded one
+    instrument.flush()
     (report,) = mem.reports
     assert report.steps == (1,)
     assert report.ranges["work"].calls == 2
@@ -220,6 +222,7 @@ def test_explicit_session_takes_over_from_ambient_and_ambient_resumes():
     assert amb.reports == []
     for _ in range(6):
         work()
+    instrument.flush()
     assert len(amb.reports) >= 1
 
 

@@ -113,6 +113,7 @@ def test_trigger_opens_a_window_after_the_schedule_has_finished(tmp_path):
                  exporters=[mem]) as s:
         for _ in range(5):  # steps 0-4
             train_step()
+        s.flush()
         assert [r.steps for r in mem.reports] == [(1,)]  # the schedule's one window
         path.write_text("")
         deadline = time.monotonic() + 10
