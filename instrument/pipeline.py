@@ -112,8 +112,11 @@ class _Worker:
             if self._stopped:
                 dropped = job
             else:
-                if len(self._queue) >= QUEUE_SIZE:
-                    dropped = self._queue.popleft()
+                if job.kind in ("report", "window"):  # markers and notices never count
+                    queued = [j for j in self._queue if j.kind in ("report", "window")]
+                    if len(queued) >= QUEUE_SIZE:
+                        dropped = queued[0]
+                        self._queue.remove(dropped)
                 self._queue.append(job)
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, name=self.name,
@@ -303,20 +306,24 @@ class ExportPipeline:
                 return False
         return True
 
-    def close(self, timeout: float) -> dict[str, int]:
-        """Export what is queued, then shut the exporters down, within ``timeout`` seconds.
-        Returns what was not exported per queue (empty when everything was)."""
+    def close(self, timeout: float, no_report_notice: str | None = None) -> dict[str, int]:
+        """Export what is queued, then shut the exporters down, within ``timeout`` seconds;
+        ``no_report_notice`` goes to the exporters if no report was made. Returns what was not
+        exported per queue (empty when everything was)."""
         if self._closed:
             return {}
         self._closed = True
         deadline = time.monotonic() + timeout
-        self.flush(timeout)
+        while self._analysis.pending() and time.monotonic() < deadline:
+            time.sleep(0.005)  # every report reaches the lanes before their shutdown
+        if no_report_notice and self.exported == 0 and not self._analysis.pending():
+            self.notice(no_report_notice)
         shutdowns = []
-        for lane in self._lanes:
+        for lane in self._lanes:  # queued behind each lane's reports: healthy lanes end soon
             job = _Job("shutdown", None)
             lane.put(job)
             shutdowns.append((lane, job))
-        for lane, job in shutdowns:
+        for _lane, job in shutdowns:
             job.done.wait(max(0.0, deadline - time.monotonic()))
         lost: dict[str, int] = {}
         count = self._analysis.pending_reports()

@@ -111,11 +111,7 @@ class Session:
         _refresh_idle()
         # outside the lock: decorated calls in other threads must not wait for exporters
         timeout = self.config.export_timeout_s
-        deadline = time.monotonic() + timeout
-        self._pipeline.flush(timeout)
-        if self._pipeline.exported == 0:
-            self._pipeline.notice(self._why_no_report())
-        lost = self._pipeline.close(max(0.0, deadline - time.monotonic()))
+        lost = self._pipeline.close(timeout, self._why_no_report())
         if lost:
             what = ", ".join(f"{name}: {n}" for name, n in lost.items())
             warnings.warn(
@@ -784,6 +780,22 @@ def _reset_for_tests() -> None:
         _overrides.clear()
         _shut_down = False
         _refresh_idle()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) never exports the parent's windows, never stops the
+    parent's profiler (its state is a copy) and starts none of its own: it forgets every
+    session without touching torch, and its decorated calls run idle."""
+    global _ambient, _explicit, _current, _shut_down, _state_lock
+    _state_lock = threading.RLock()  # the parent may have held it while forking
+    _ambient = _explicit = _current = None
+    _shut_down = True
+    decorator.set_first_call_hook(None)
+    decorator.set_idle(True)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _at_exit() -> None:
