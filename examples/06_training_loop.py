@@ -71,11 +71,10 @@ class Task:
     step, not the making of data."""
 
     def __init__(self, width: int, classes: int, batch: int, device: str, pool: int = 16) -> None:
-        g = torch.Generator(device="cpu").manual_seed(1)
-        teacher = torch.randn(width, classes, generator=g)
-        self.x = torch.randn(pool, batch, width, generator=g)
-        self.y = (self.x @ teacher).argmax(dim=-1).to(device)
-        self.x = self.x.to(device)
+        g = torch.Generator(device="cpu").manual_seed(1)  # the same data on every device
+        teacher = torch.randn(width, classes, generator=g).to(device)
+        self.x = torch.randn(pool, batch, width, generator=g).to(device)
+        self.y = (self.x @ teacher).argmax(dim=-1)
 
     def batch_at(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.x[i % len(self.x)], self.y[i % len(self.y)]
