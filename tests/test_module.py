@@ -347,6 +347,26 @@ def test_torch_compile_fullgraph_adds_no_graph_break(state):
     assert _module._STACK.get() == ()
 
 
+def test_a_compiled_model_is_not_recompiled_when_the_sdk_changes_state():
+    """The hooks ask ``is_compiling()`` before any SDK flag, so Dynamo guards on none of them."""
+    from torch._dynamo.utils import counters
+
+    model = Net()
+    instrument_module(model)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    x = torch.randn(2, 8)
+    compiled(x)  # ambient session, counting
+    with capture(schedule=NEVER):
+        compiled(x)
+    with recording():
+        compiled(x)
+    instrument.shutdown()  # idle
+    compiled(x)
+    assert counters["stats"]["unique_graphs"] == 1
+
+
 def test_step_true_model_compiled_fullgraph_still_ends_its_steps():
     model = Net()
     instrument_module(model, step=True)
