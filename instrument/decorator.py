@@ -402,6 +402,10 @@ class _Profiled:
         if _is_compiling():
             return self  # no range in compiled code (see _torch.is_compiling); no state kept
         if _IDLE and not _FLAG._is_profiler_enabled:
+            if not self.step:
+                # nothing records and no step can end: keep no entry (setting the context
+                # variable twice per block was most of an idle block's cost in a training step)
+                return self
             state = None
         else:
             state = _enter(self.name)
