@@ -37,8 +37,7 @@ WORK="$(mktemp -d)"
     echo "=== exit status $?"
   done
   echo "=== examples/06_training_loop.py, a window every 100 steps"
-  (cd "$WORK" && timeout 90 env PROFILED_EXPORTERS=console,trace \
-     PROFILED_SCHEDULE=wait=96,warmup=1,active=3,repeat=0 \
+  (cd "$WORK" && timeout 90 env PROFILED_EXPORTERS=console,trace PROFILED_EVERY=100 \
      python3 "$REPO/examples/06_training_loop.py" --steps 300 --modules)
   echo "=== exit status $?"
   echo "=== trace files"; (cd "$WORK" && find . -name "*.pt.trace.json*" | sort)

@@ -1,9 +1,8 @@
 """The last rung: a training loop that stays profiled, with the sampling chosen from outside.
 
-    python examples/06_training_loop.py                        # one window (steps 1-3)
-    PROFILED_SCHEDULE=wait=96,warmup=1,active=3,repeat=0 \\
-        python examples/06_training_loop.py --steps 400        # a window every 100 steps
-    python examples/06_training_loop.py --modules              # also a range per block
+    python examples/06_training_loop.py                              # one window (steps 1-3)
+    PROFILED_EVERY=100 python examples/06_training_loop.py --steps 400  # windows at 0, 100, ...
+    python examples/06_training_loop.py --modules                    # also a range per block
 
 The code holds one decorator, ``@profiled("train_step", step=True)``, and three named phases;
 everything else comes from the environment (``PROFILED_*``): which steps are recorded, what is

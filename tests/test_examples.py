@@ -133,9 +133,8 @@ if __name__ == "__main__":
 
 @pytest.mark.filterwarnings("ignore:The inplace keyword")  # HTA 0.5 on pandas 3
 def test_06_training_loop_windows_open_in_tensorboard_and_hta(tmp_path):
-    # a window every 8 steps (warm-up 1 + 3 recorded); PROFILED_EVERY=8 once sampling lands
-    env = {"PROFILED_SCHEDULE": "wait=4,warmup=1,active=3,repeat=0",
-           "PROFILED_EXPORTERS": "console,trace"}
+    # a window (warm-up 1 + 3 recorded steps) at steps 0, 8 and 16
+    env = {"PROFILED_EVERY": "8", "PROFILED_EXPORTERS": "console,trace"}
     out = run_example("06_training_loop.py", tmp_path, "--steps", "24", "--modules", env=env)
     assert out.returncode == 0, out.stderr
     first, last = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", out.stdout).groups())
@@ -161,7 +160,7 @@ def test_06_training_loop_windows_open_in_tensorboard_and_hta(tmp_path):
 
     from hta.trace_analysis import TraceAnalysis
 
-    for path, steps in zip(files, ([5, 6, 7], [13, 14, 15], [21, 22, 23])):
+    for path, steps in zip(files, ([1, 2, 3], [9, 10, 11], [17, 18, 19])):
         one = tmp_path / "hta" / path.split(".")[1]
         one.mkdir(parents=True)
         shutil.copy(run_dir / path, one)
