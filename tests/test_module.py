@@ -474,3 +474,27 @@ def test_profiled_step_true_on_a_module_class_ends_steps_and_disabled_returns_it
 
     original = Off.forward
     assert profiled("off")(Off) is Off and Off.forward is original
+
+
+# ------------------------------------------------------------------------ on a GPU
+
+
+@pytest.mark.cuda
+def test_module_ranges_get_the_device_time_of_their_kernels_on_cuda():
+    torch.manual_seed(0)
+    model = Net(n=256).cuda()
+    x = torch.randn(512, 256, device="cuda")
+    model(x)
+    torch.cuda.synchronize()
+    instrument_module(model)
+    with recording() as cap:
+        for _ in range(3):
+            model(x)
+    ranges = cap.reports[0].ranges
+    for name in ("layers.0.fc1", "layers.1.fc2", "head"):
+        assert ranges[name].calls == 3
+        assert ranges[name].kernel_launches >= 3 and ranges[name].device_time_us > 0, name
+    # a block's kernels are its layers' kernels plus its own residual add
+    block = ranges["layers.0"]
+    parts = sum(ranges[f"layers.0.{p}"].device_time_us for p in ("fc1", "act", "fc2"))
+    assert parts - 1e-3 <= block.device_time_us <= ranges["Net"].device_time_us + 1e-3
