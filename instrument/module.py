@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from . import _torch, decorator
+from .config import enabled_from_env
 from .decorator import _DEPTH, _compiled_step_returned, _enter, _exit, _step_if_counting
 
 __all__ = ["ModuleHandle", "instrument_module"]
@@ -205,6 +206,7 @@ def instrument_module(
 
     Modules instrumented already (by an earlier call) are left as they are, so calling this
     twice adds nothing. ``remove()`` on the returned handle restores the hooks as they were.
+    With ``PROFILED_ENABLED=0`` (read here) no hook is added.
     Instrument before ``torch.compile``: inside compiled code the hooks add no graph break and
     record nothing, like ``@profiled`` calls.
     """
@@ -221,6 +223,8 @@ def instrument_module(
         raise TypeError(f"step must be a bool, got {type(step).__name__} {step!r}")
     inc = _patterns(include, "include")
     exc = _patterns(exclude, "exclude")
+    if not enabled_from_env():
+        return ModuleHandle([], [])  # PROFILED_ENABLED=0: no hooks, torch's fast path stays
 
     selected: list[tuple[torch.nn.Module, str, bool]] = []
     for path, module in model.named_modules():

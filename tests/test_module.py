@@ -187,6 +187,16 @@ def test_remove_restores_the_hook_dicts_with_the_users_own_hooks_present():
         assert again.names == ALL
 
 
+def test_disabled_adds_no_hook_but_still_checks_its_arguments(monkeypatch):
+    monkeypatch.setenv("PROFILED_ENABLED", "0")
+    model = Net()
+    handle = instrument_module(model)
+    assert len(handle) == 0 and handle.names == ()
+    assert all(hook_dicts(m) == hook_dicts(nn.Linear(1, 1)) for m in model.modules())
+    with pytest.raises(ValueError, match="depth must be"):
+        instrument_module(model, depth=-2)
+
+
 def test_instrumenting_twice_adds_nothing():
     model = Net()
     first = instrument_module(model)
