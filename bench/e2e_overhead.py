@@ -39,6 +39,7 @@ import importlib.util
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -202,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     first_window = bench.sampled()  # the process's first profiler start is in here
     warm = {name: getattr(bench, name)() for name in VARIANTS}
     first_start_s = first_window - warm["sampled"]
+    bench.windows = 0  # count the timed rounds' windows only
     runs: dict[str, list[float]] = {name: [] for name in VARIANTS}
     names = list(VARIANTS)
     for r in range(rounds):
@@ -209,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in order:
             runs[name].append(run_steps / getattr(bench, name)())
     wall = time.perf_counter() - t0
+    shutil.rmtree(bench.trace_dir, ignore_errors=True)
 
     ratios = {name: [runs[name][r] / runs["unprofiled"][r] for r in range(rounds)]
               for name in VARIANTS}

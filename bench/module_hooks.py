@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def recording() -> float:
         with session(schedule=Schedule(wait=0, warmup=0, active=1), exporters=[]) as s:
-            took = per_call_ns(hooked, x, args.forwards // 10)
+            took = per_call_ns(hooked, x, max(1, args.forwards // 10))
             s.step()  # ends the window: its report is built after the timing
         return took
 
