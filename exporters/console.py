@@ -35,14 +35,21 @@ def format_time_us(us: float) -> str:
     return f"{us:.3f}us"
 
 
-def _fit(name: str, width: int) -> str:
-    return name if len(name) <= width else name[: width - 3] + "..."
+def _fit(name: str, width: int, middle: bool = False) -> str:
+    """``name`` cut to ``width``: its end dropped, or its middle (module paths such as
+    ``model.layers.1.post_attention_layernorm`` keep their layer index and their leaf)."""
+    if len(name) <= width:
+        return name
+    if middle:
+        head = (width - 3) // 2
+        return name[:head] + "..." + name[len(name) - (width - 3 - head):]
+    return name[: width - 3] + "..."
 
 
-def _row(name: str, name_w: int, rest: str) -> str:
+def _row(name: str, name_w: int, rest: str, middle: bool = False) -> str:
     """A table row: the name column shrinks when wide numbers would pass ``WIDTH``."""
     width = max(min(name_w, WIDTH - len(rest)), 8)
-    return f"{_fit(name, width):<{width}}{rest}"
+    return f"{_fit(name, width, middle):<{width}}{rest}"
 
 
 def _pct(share: float) -> str:
@@ -90,13 +97,14 @@ def format_report(report: "WindowReport", rows: int = 15) -> str:
         lines.extend(_wrap(f"window: {verdict}: {verdict.reason}"))
         lines.append(rule)
 
-    name_w = 30
+    shown = list(report.ranges.values())[:rows]
+    # module paths (instrument_module) run long: the column grows as far as 100 columns allow
+    name_w = max(30, min(max((len(r.name) for r in shown), default=0), WIDTH - 64))
     lines.append(
         f"{'@profiled range':<{name_w}} {'calls':>6} {'CPU total':>11} {'device':>11} {'dev/CPU':>8} "
         f"{'busy':>5}  {'verdict':<16}"
     )
-    if report.ranges:
-        shown = list(report.ranges.values())[:rows]
+    if shown:
         for r in shown:
             lines.append(_row(
                 r.name, name_w,
@@ -104,6 +112,7 @@ def format_report(report: "WindowReport", rows: int = 15) -> str:
                 f"{format_time_us(r.device_time_us):>11} {_pct(r.device_to_cpu_ratio):>8} "
                 f"{_pct(r.device_busy_share) if r.device_time_us else '-':>5}  "
                 f"{str(r.verdict) if r.verdict.reason else '':<16}",
+                middle=True,
             ))
         for r in shown:
             if r.flops:

@@ -9,6 +9,7 @@
 
 from .config import Config, ConfigWarning
 from .decorator import profiled
+from .module import ModuleHandle, instrument_module
 from .report import KernelStats, OpStats, RangeStats, WindowReport
 from .sampling import Schedule
 from .session import ProfilerWarning, Session, configure, flush, session, shutdown, step
@@ -17,6 +18,7 @@ __all__ = [
     "Config",
     "ConfigWarning",
     "KernelStats",
+    "ModuleHandle",
     "OpStats",
     "ProfilerWarning",
     "RangeStats",
@@ -25,6 +27,7 @@ __all__ = [
     "WindowReport",
     "configure",
     "flush",
+    "instrument_module",
     "profiled",
     "session",
     "shutdown",

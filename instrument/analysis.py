@@ -71,7 +71,7 @@ FILTERED_NAMES = frozenset({
 })
 BOOKKEEPING_NAMES = frozenset({"Activity Buffer Request", "Iteration Start: PyTorch Profiler",
                                "Record Window End"})
-BOOKKEEPING_PREFIXES = ("ProfilerStep#", "PyTorch Profiler", "profiled::", "## ")
+BOOKKEEPING_PREFIXES = ("ProfilerStep#", "PyTorch Profiler", "profiled::")
 # bookkeeping that is the profiler's own work (not user code between operators, which is what
 # the self time of ``ProfilerStep#N`` is): excluded from ranges' CPU and wall time too
 PROFILER_WORK_NAMES = frozenset({"Activity Buffer Request", "Iteration Start: PyTorch Profiler"})

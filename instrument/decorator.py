@@ -26,6 +26,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
+import torch
 import wrapt
 
 from . import _torch
@@ -333,10 +334,23 @@ def _wrap_callable_object(obj: Any, name: str, is_step: bool) -> Any:
     return wrapt.FunctionWrapper(obj, wrapper)
 
 
+def _wrap_module_class(cls: type, name: str | None, is_step: bool) -> type:
+    """``@profiled`` on an ``nn.Module`` subclass: its ``forward`` gets the range (named after
+    the class unless a name is given) and the class itself is returned, so ``isinstance``,
+    subclassing, ``state_dict`` and pickling are unchanged. A subclass that overrides
+    ``forward`` without calling ``super().forward`` has no range of its own."""
+    range_name = name or cls.__qualname__
+    RANGE_NAMES.add(range_name)
+    cls.forward = _wrap(cls.forward, range_name, is_step)  # type: ignore[attr-defined]
+    return cls
+
+
 def _wrap(target: Any, name: str | None, is_step: bool) -> Any:
     if isinstance(target, (classmethod, staticmethod)):
         inner = _wrap(target.__func__, name, is_step)
         return type(target)(inner)
+    if isinstance(target, type) and issubclass(target, torch.nn.Module):
+        return _wrap_module_class(target, name, is_step)
     _check_target(target)
     range_name = name or getattr(target, "__qualname__", None) or getattr(
         target, "__name__", None) or type(target).__qualname__
@@ -388,6 +402,10 @@ class _Profiled:
         if _is_compiling():
             return self  # no range in compiled code (see _torch.is_compiling); no state kept
         if _IDLE and not _FLAG._is_profiler_enabled:
+            if not self.step:
+                # nothing records and no step can end: keep no entry (setting the context
+                # variable twice per block was most of an idle block's cost in a training step)
+                return self
             state = None
         else:
             state = _enter(self.name)

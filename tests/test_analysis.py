@@ -199,3 +199,21 @@ def test_kineto_path_agrees_with_key_averages_on_cuda(tmp_path):
     assert ours.ranges["mb"].kernel_launches >= 50
     assert ours.ranges["mb"].device_time_us > 0
     assert ours.top_kernels
+
+
+def test_a_compiled_graphs_call_is_user_time_not_profiler_bookkeeping():
+    """Inductor wraps each compiled graph's call in ``## Call CompiledFxGraph <hash> ##``; on a
+    CPU its self time is the fused kernels running, so it is counted like any operator."""
+    graph = "## Call CompiledFxGraph f2z4ojvdg4n2t6f3 ##"
+    events = [
+        E("mlp", 0, 100, cat="user_annotation", external=1),
+        E("Torch-Compiled Region: 0/0", 5, 90, external=2),
+        E(graph, 10, 80, external=3),
+        E("aten::mm", 20, 30, external=4),
+        E("ProfilerStep#2", 0, 110, cat="user_annotation"),
+    ]
+    a = analyze_events(events, {"mlp"})
+    ops = {o.name: o for o in a.top_ops}
+    assert ops[graph].self_cpu_time_us == pytest.approx(50.0)
+    assert a.profiler_overhead_us == pytest.approx(10.0)  # ProfilerStep#2's own 10 us only
+    assert a.self_cpu_time_total_us == pytest.approx(100.0)

@@ -233,6 +233,25 @@ def test_context_form_in_a_loop_leaves_nothing_behind():
         assert len(contextvars.copy_context()) == before
 
 
+def test_idle_context_blocks_keep_no_entry_and_counting_ones_still_end_steps():
+    """Idle (no session counts, no profiler records) a block keeps nothing in the context; in a
+    counting session the same object keeps its entry again and ends steps."""
+    instrument.shutdown()
+    assert _decorator._IDLE
+    block, stepper = profiled("idle.block"), profiled("idle.step", step=True)
+    with block:
+        assert _decorator._CM_STACK.get() == ()
+    instrument.testing.reset()
+    with capture(schedule=NEVER) as cap:
+        with block:
+            assert len(_decorator._CM_STACK.get()) == 1  # counting: root blocks end steps
+        assert cap.session.step_index == 1
+        with stepper:
+            pass
+        assert cap.session.step_index == 2
+    assert _decorator._CM_STACK.get() == ()
+
+
 # ------------------------------------------------------------------------ metadata
 
 

@@ -433,6 +433,24 @@ def test_console_never_cuts_a_long_trace_path():
     assert all(len(line) <= WIDTH for line in format_report(wide).splitlines() if line != long_path)
 
 
+def test_console_range_column_grows_for_module_paths_and_cuts_their_middle():
+    names = ["model.layers.11.self_attn", "model.layers.1.post_attention_layernorm", "f"]
+    report = dataclasses.replace(make_report(None), ranges=FrozenMap(
+        {n: RangeStats(n, 3, 10.0 + i, 4.0, 0.0, 0) for i, n in enumerate(names)}))
+    lines = format_report(report).splitlines()
+    header = next(line for line in lines if line.startswith("@profiled range"))
+    column = header.index("calls") - 1  # where each row's 6-wide calls field starts
+    rows = {line.split()[0]: line for line in lines if line.startswith(("model.", "f "))}
+    assert "model.layers.11.self_attn" in rows  # 25 characters: shown whole
+    cut = "model.layers.1.p...tention_layernorm"  # 39 characters: layer index and leaf kept
+    assert cut in rows and len(cut) == WIDTH - 64
+    assert all(line[column - 1] == " " and line[column:column + 6].strip() == "3"
+               for line in rows.values())
+    assert all(len(line) <= WIDTH for line in lines)
+    short = format_report(make_report(None)).splitlines()
+    assert next(line for line in short if line.startswith("@profiled range")).index("calls") == 32
+
+
 # ---------------------------------------------------------------- registry
 
 

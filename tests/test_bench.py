@@ -1,0 +1,62 @@
+"""The ladder's benchmarks still run: each in a fresh interpreter at its smallest settings.
+
+They check themselves before they measure (the plain loop computes what 06's loop computes,
+idle is idle, every sampled run exports its windows, hooks are installed); these tests run them
+so an API change cannot leave a benchmark broken until the next GPU run. No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+
+def run_bench(name, tmp_path, *args, timeout=300):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROFILED_")}
+    env["PYTHONPATH"] = REPO
+    env["TMPDIR"] = str(tmp_path / "tmp")  # what a bench leaves in the temporary directory
+    os.makedirs(env["TMPDIR"], exist_ok=True)
+    return subprocess.run([sys.executable, os.path.join(REPO, "bench", name), *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_e2e_overhead_runs_every_variant_and_writes_its_json(tmp_path):
+    out = run_bench("e2e_overhead.py", tmp_path, "--rounds", "1", "--every", "8",
+                    "--run-steps", "16", "--json", str(tmp_path / "e2e.json"))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "e2e.json").read_text())
+    variants = {"unprofiled", "idle", "idle_modules", "counting", "sampled"}
+    assert set(doc["steps_per_s"]) == variants
+    assert all(len(runs) == 1 and runs[0] > 0 for runs in doc["steps_per_s"].values())
+    assert set(doc["targets"]) == {"idle", "sampled"}
+    assert "windows timed" in out.stdout and "(2 windows timed)" in out.stdout
+    assert sorted(os.listdir(tmp_path)) == ["e2e.json", "tmp"]
+    assert os.listdir(tmp_path / "tmp") == []  # its trace directory is removed at the end
+
+
+def test_e2e_overhead_rejects_a_run_that_is_not_whole_windows(tmp_path):
+    out = run_bench("e2e_overhead.py", tmp_path, "--every", "8", "--run-steps", "12")
+    assert out.returncode == 2
+    assert "--run-steps (12) must be a multiple of --every (8)" in out.stderr
+
+
+def test_module_hooks_bench_runs(tmp_path):
+    out = run_bench("module_hooks.py", tmp_path, "--repeats", "1", "--forwards", "3",
+                    "--json", str(tmp_path / "mh.json"))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "mh.json").read_text())
+    assert doc["modules"] == 101 and len(doc["ns"]) == 6
+
+
+def test_ladder_tables_prints_both_tables_per_rung(tmp_path):
+    out = run_bench("ladder_tables.py", tmp_path, "linear")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count(": plain torch.profiler ===") == 2
+    assert out.stdout.count(": torch-profiled ===") == 2
+    assert out.stdout.count("Self CPU time total:") == 4  # torch's table and ours, two sizes
+    bad = run_bench("ladder_tables.py", tmp_path, "ladder")
+    assert bad.returncode == 2 and "unknown rung(s) ladder" in bad.stderr

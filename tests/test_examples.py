@@ -1,0 +1,183 @@
+"""Every rung of the ladder (examples/02-06) runs as a real program, at its CPU sizes.
+
+Each example runs in a fresh interpreter from an empty working directory with no ``PROFILED_*``
+variable but the ones a test sets, as a user would run it. The 06 test opens the traces in the
+tools users open them in: TensorBoard's profiler plugin loads the run directory and Holistic
+Trace Analysis loads each window's trace.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+EXAMPLES = os.path.join(REPO, "examples")
+
+
+def run_example(name, cwd, *args, env=None, timeout=300):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PROFILED_")}
+    full_env["PYTHONPATH"] = REPO
+    full_env.update(env or {})
+    out = subprocess.run(
+        [sys.executable, os.path.join(EXAMPLES, name), *args],
+        cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
+    )
+    return out
+
+
+def table_rows(text, header):
+    """{first column: whole line} of the section under ``header`` in each console table."""
+    sections = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(header):
+            rows = {}
+            for row in lines[i + 1:]:
+                if row.startswith("---"):
+                    break
+                rows[row.split()[0] if row.split() else ""] = row
+            sections.append(rows)
+    return sections
+
+
+def calls(row):
+    return int(re.split(r"\s{2,}", row.strip())[1].split()[0])
+
+
+def test_02_linear_is_one_addmm_per_call(tmp_path):
+    out = run_example("02_linear.py", tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("linear ") == 2
+    ranges = table_rows(out.stderr, "@profiled range")
+    ops = table_rows(out.stderr, "top operators by self CPU time")
+    assert len(ranges) == len(ops) == 2
+    for r, o in zip(ranges, ops):
+        assert calls(r["linear"]) == 3
+        assert calls(o["aten::addmm"]) == 3  # bias fused into the GEMM: one op per call
+        assert "aten::mm" not in o and "aten::add" not in o
+    for kernels in table_rows(out.stderr, "top device kernels"):  # on a GPU: one kernel each
+        assert sum(int(row.split()[-3]) for row in kernels.values()) == 3  # calls column
+    assert len(os.listdir(tmp_path / "profiled_traces")) == 2
+
+
+def test_03_mlp_eager_against_compiled_and_the_diff(tmp_path):
+    out = run_example("03_mlp.py", tmp_path)
+    assert out.returncode == 0, out.stderr + out.stdout
+    eager, compiled = table_rows(out.stderr, "top operators by self CPU time")
+    assert calls(eager["aten::gelu"]) == 3 and calls(eager["aten::mul"]) == 3
+    assert calls(eager["aten::mm"]) == 9  # gate, up, down
+    for d in ("eager", "compiled"):
+        files = os.listdir(tmp_path / "profiled_traces" / "03_mlp" / d)
+        assert len(files) == 1 and files[0].endswith(".pt.trace.json.gz")
+    diff = out.stdout[out.stdout.index("$ torch-profiled diff"):]
+    mlp = next(line for line in diff.splitlines() if line.startswith("mlp "))
+    assert mlp.split()[-1] == "3" and mlp.count("ms") + mlp.count("us") >= 3  # both sides
+    if "backend='inductor'" in out.stdout:
+        # the GELU and the multiply are fused into the compiled graph's kernel
+        assert "aten::gelu" not in compiled and "aten::mul" not in compiled
+        assert re.search(r"^aten::gelu +[\d.]+[mu]?s +- ", diff, flags=re.M)
+    else:
+        assert "no C++ compiler on the PATH" in out.stdout
+
+
+def test_04_llm_per_layer_table_while_generating(tmp_path):
+    out = run_example("04_llm.py", tmp_path, env={"PROFILED_EXPORTERS": "console,trace"})
+    assert out.returncode == 0, out.stderr
+    assert "generated 8 tokens" in out.stdout
+    assert "random weights" in out.stdout
+    table = out.stdout[out.stdout.index("per layer, decode steps 2-4:"):].splitlines()
+    layers = {line.split()[0]: line.split() for line in table[2:4]}
+    assert set(layers) == {"model.layers.0", "model.layers.1"}
+    for cols in layers.values():
+        assert cols[1] == "3"  # three decode steps recorded
+        attn, mlp = int(cols[5].rstrip("%")), int(cols[6].rstrip("%"))
+        assert 0 < attn < 100 and 0 < mlp < 100 and attn + mlp <= 100
+    (ranges,) = table_rows(out.stderr, "@profiled range")
+    assert calls(ranges["LlamaForCausalLM"]) == 3 and calls(ranges["model.layers.0"]) == 3
+    assert len(os.listdir(tmp_path / "profiled_traces")) == 1
+
+
+def test_04_llm_without_transformers_says_how_to_install_it(tmp_path):
+    blocker = tmp_path / "blocked" / "transformers"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('transformers is not installed')\n")
+    out = run_example("04_llm.py", tmp_path,
+                      env={"PYTHONPATH": os.pathsep.join([str(blocker.parent), REPO])})
+    assert out.returncode == 1
+    assert "needs transformers" in out.stderr
+    assert "pip install -c constraints.txt -e '.[llm]'" in out.stderr
+    assert "nothing was run" in out.stderr
+    assert not (tmp_path / "profiled_traces").exists()
+
+
+TB_LOAD = """
+import json, sys
+from torch_tb_profiler import io
+from torch_tb_profiler.profiler.loader import RunLoader
+
+if __name__ == "__main__":
+    run = RunLoader("06_training_loop", sys.argv[1], io.Cache()).load()
+    print(json.dumps({w: [[v.name for v in run.get_profile(w, s).views]
+                          for s in run.get_spans(w)] for w in run.workers}))
+"""
+
+
+@pytest.mark.filterwarnings("ignore:The inplace keyword")  # HTA 0.5 on pandas 3
+def test_06_training_loop_windows_open_in_tensorboard_and_hta(tmp_path):
+    # a window (warm-up 1 + 3 recorded steps) at steps 0, 8 and 16
+    env = {"PROFILED_EVERY": "8", "PROFILED_EXPORTERS": "console,trace"}
+    out = run_example("06_training_loop.py", tmp_path, "--steps", "24", "--modules", env=env)
+    assert out.returncode == 0, out.stderr
+    first, last = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", out.stdout).groups())
+    assert last < first  # it really trains
+    ranges = table_rows(out.stderr, "@profiled range")
+    assert len(ranges) == 3
+    for r in ranges:
+        for name in ("train_step", "forward", "backward", "optimizer", "model.blocks.1",
+                     "model.head"):
+            assert calls(r[name]) == 3, name
+    run_dir = tmp_path / "runs" / "06_training_loop"
+    files = sorted(os.listdir(run_dir))
+    assert len(files) == 3 and all(f.endswith(".pt.trace.json.gz") for f in files)
+
+    script = tmp_path / "tb_load.py"
+    script.write_text(TB_LOAD)
+    tb = subprocess.run([sys.executable, str(script), str(run_dir)], capture_output=True,
+                        text=True, timeout=120)
+    assert tb.returncode == 0, tb.stderr
+    (worker, spans), = json.loads(tb.stdout.strip().splitlines()[-1]).items()
+    assert worker.endswith("_rank0") and len(spans) == 3
+    assert all({"overall", "operator", "trace"} <= set(views) for views in spans)
+
+    from hta.trace_analysis import TraceAnalysis
+
+    for path, steps in zip(files, ([1, 2, 3], [9, 10, 11], [17, 18, 19])):
+        one = tmp_path / "hta" / path.split(".")[1]
+        one.mkdir(parents=True)
+        shutil.copy(run_dir / path, one)
+        hta = TraceAnalysis(trace_dir=str(one), include_last_profiler_step=True)
+        assert hta.t.get_ranks() == [0]
+        assert [int(i) for i in hta.t.get_iterations()] == steps
+        df = hta.t.get_trace(0)
+        names = set(hta.t.symbol_table.get_sym_table()[i] for i in df["name"].unique())
+        assert {"train_step", "forward", "model.blocks.0"} <= names
+        raw = json.loads(gzip.open(run_dir / path, "rt").read())
+        assert all(e.get("cat") == "user_annotation" for e in raw["traceEvents"]
+                   if e.get("name") == "train_step")
+
+
+def test_06_training_loop_disabled_runs_the_same_loop_with_no_profiler(tmp_path):
+    out = run_example("06_training_loop.py", tmp_path, "--steps", "6",
+                      env={"PROFILED_ENABLED": "0"})
+    assert out.returncode == 0, out.stderr
+    assert "loss " in out.stdout and "@profiled range" not in out.stderr
+    assert not (tmp_path / "runs").exists()
