@@ -65,7 +65,10 @@ def test_02_linear_is_one_addmm_per_call(tmp_path):
         assert calls(o["aten::addmm"]) == 3  # bias fused into the GEMM: one op per call
         assert "aten::mm" not in o and "aten::add" not in o
     for kernels in table_rows(out.stderr, "top device kernels"):  # on a GPU: one kernel each
-        assert sum(int(row.split()[-3]) for row in kernels.values()) == 3  # calls column
+        # columns: kind, calls, device, share; at 4096 cuBLAS also clears a workspace (memset,
+        # seen on the H200), which is not a compute kernel
+        assert sum(int(row.split()[-3]) for row in kernels.values()
+                   if row.split()[-4] == "kernel") == 3
     assert len(os.listdir(tmp_path / "profiled_traces")) == 2
 
 
