@@ -436,7 +436,7 @@ class Session:
         window.export_chrome_trace(raw)
         del window
         trace = shape_trace(load_trace(raw), names, dist)
-        write_json_atomic(trace, raw, compress=False)
+        write_json_atomic(trace, raw, compress=False, durable=False)  # scratch: no fsync
         if analysis is None:  # older torch: analyse the trace JSON
             analysis = analyze(events_from_trace(trace), names)
         del trace
