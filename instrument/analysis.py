@@ -287,15 +287,27 @@ def _union_ns(intervals: list[tuple[int, int]]) -> int:
     return total + cur_e - cur_s
 
 
+_gc_paused = False
+
+
+def gc_paused() -> bool:
+    """True while ``no_gc`` has the (process-wide) collector paused: a child forked meanwhile
+    must turn it back on."""
+    return _gc_paused
+
+
 @contextlib.contextmanager
 def no_gc() -> Iterator[None]:
     """Pause the cyclic garbage collector while building 100k+ tuples and lists that hold no
     cycles: otherwise its generation-0 passes rescan them over and over (~30% of the time)."""
+    global _gc_paused
     was_enabled = gc.isenabled()
     gc.disable()
+    _gc_paused = was_enabled
     try:
         yield
     finally:
+        _gc_paused = False
         if was_enabled:
             gc.enable()
 

@@ -6,8 +6,9 @@ shaped trace file) and gives it to every exporter through that exporter's *lane*
 thread and bounded queue. So an exporter that raises, hangs or is slow loses only its own
 reports; the others still get every one.
 
-- Bounded: the analysis queue and each lane hold at most ``QUEUE_SIZE`` items; when one is full
-  the oldest item is dropped, counted (``dropped``) and one warning per queue says so.
+- Bounded: each lane holds at most ``QUEUE_SIZE`` reports, the analysis queue at most
+  ``ANALYSIS_QUEUE_SIZE`` stopped windows (each holds a whole profile); when one is full the
+  oldest item is dropped, counted (``dropped``) and one warning per queue says so.
 - Trace writers first: exporters with ``writes_trace_file`` get the report before the others,
   so those can name the file; the worker waits for them at most ``TRACE_WAIT_S``.
 - Deadline: ``close(timeout)`` (session end, interpreter exit) waits for everything queued at
@@ -33,9 +34,10 @@ from exporters import ExporterWarning, ExportResult
 
 from .report import WindowReport
 
-__all__ = ["QUEUE_SIZE", "TRACE_WAIT_S", "ExportPipeline", "export_report"]
+__all__ = ["ANALYSIS_QUEUE_SIZE", "QUEUE_SIZE", "TRACE_WAIT_S", "ExportPipeline", "export_report"]
 
-QUEUE_SIZE = 8
+QUEUE_SIZE = 8  # reports waiting per exporter (small: plain data, the trace file is on disk)
+ANALYSIS_QUEUE_SIZE = 4  # stopped windows waiting for analysis (each holds a whole profile)
 TRACE_WAIT_S = 10.0
 
 
@@ -94,9 +96,11 @@ class _Job:
 class _Worker:
     """A daemon thread draining a bounded deque; full means the oldest job is dropped."""
 
-    def __init__(self, name: str, handle: Callable[[_Job], Any], what: str) -> None:
+    def __init__(self, name: str, handle: Callable[[_Job], Any], what: str,
+                 maxsize: int = QUEUE_SIZE) -> None:
         self.name = name
         self.what = what  # how the warning names a dropped job: "window report for console"
+        self.maxsize = maxsize
         self._handle = handle
         self._queue: collections.deque[_Job] = collections.deque()
         self._cond = threading.Condition()
@@ -109,12 +113,13 @@ class _Worker:
     def put(self, job: _Job) -> None:
         dropped = None
         with self._cond:
-            if self._stopped:
-                dropped = job
+            if self._stopped:  # closed past its deadline: already counted as not exported
+                stopped = True
             else:
+                stopped = False
                 if job.kind in ("report", "window"):  # markers and notices never count
                     queued = [j for j in self._queue if j.kind in ("report", "window")]
-                    if len(queued) >= QUEUE_SIZE:
+                    if len(queued) >= self.maxsize:
                         dropped = queued[0]
                         self._queue.remove(dropped)
                 self._queue.append(job)
@@ -123,22 +128,28 @@ class _Worker:
                                                     daemon=True)
                     self._thread.start()
                 self._cond.notify()
-        if dropped is not None:
+        if stopped:
+            job.finish(None)
+        elif dropped is not None:
             self._drop(dropped)
 
     def _drop(self, job: _Job) -> None:
+        job.finish(None)  # first: its cleanup must run whatever the warning does
         if job.kind in ("report", "window"):
             self.dropped += 1
             if not self._warned:
                 self._warned = True
-                warnings.warn(
-                    f"torch-profiled: the {self.what} queue is full ({QUEUE_SIZE} waiting): the "
-                    "oldest was dropped; exporting cannot keep up with the windows (this "
-                    "warning is given once; see the session's dropped counts)",
-                    ExporterWarning,
-                    stacklevel=3,
-                )
-        job.finish(None)
+                try:  # on the program's thread: even warnings-as-errors must not reach it
+                    warnings.warn(
+                        f"torch-profiled: the {self.what} queue is full ({self.maxsize} "
+                        "waiting): the oldest was dropped; exporting cannot keep up with the "
+                        "windows (this warning is given once; see the session's dropped "
+                        "counts)",
+                        ExporterWarning,
+                        stacklevel=3,
+                    )
+                except Exception:  # noqa: BLE001
+                    pass
 
     def _run(self) -> None:
         while True:
@@ -159,6 +170,10 @@ class _Worker:
                 job.finish(result)
             if job.kind == "shutdown":
                 return
+
+    def is_current(self) -> bool:
+        """True on this worker's own thread (an exporter calling flush/close from export)."""
+        return self._thread is threading.current_thread()
 
     def pending(self) -> int:
         with self._cond:
@@ -229,9 +244,15 @@ class ExportPipeline:
         self._build = build
         self._cleanup = cleanup
         self._lanes = [_Lane(e) for e in self.exporters]
-        self._analysis = _Worker("torch-profiled-analysis", self._analyse, "window analysis")
+        self._analysis = _Worker("torch-profiled-analysis", self._analyse, "window analysis",
+                                 ANALYSIS_QUEUE_SIZE)
         self.exported = 0  # reports handed to the lanes
+        self._closing = False
         self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def dropped(self) -> dict[str, int]:
@@ -253,6 +274,9 @@ class ExportPipeline:
         report = self._build(job.payload)
         job.payload = None  # free the profiler's results as soon as they are analysed
         if report is None:
+            return
+        if self._closed:  # closed past its deadline while this was built: nobody waits
+            self._cleanup(report)
             return
         remaining = [len(self._lanes)]
         lock = threading.Lock()
@@ -291,12 +315,14 @@ class ExportPipeline:
         """Wait until everything submitted so far has been exported; False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         # the analysis worker first: once it is idle, every report is in the lanes
-        while self._analysis.pending():
+        while self._analysis.pending() and not self._analysis.is_current():
             if deadline is not None and time.monotonic() >= deadline:
                 return False
             time.sleep(0.005)
         waits = []
         for lane in self._lanes:
+            if lane.is_current():  # called from this exporter's own export(): not itself
+                continue
             job = _Job("noop", None)
             lane.put(job)
             waits.append(job)
@@ -310,11 +336,12 @@ class ExportPipeline:
         """Export what is queued, then shut the exporters down, within ``timeout`` seconds;
         ``no_report_notice`` goes to the exporters if no report was made. Returns what was not
         exported per queue (empty when everything was)."""
-        if self._closed:
+        if self._closing:
             return {}
-        self._closed = True
+        self._closing = True
         deadline = time.monotonic() + timeout
-        while self._analysis.pending() and time.monotonic() < deadline:
+        while (self._analysis.pending() and not self._analysis.is_current()
+               and time.monotonic() < deadline):
             time.sleep(0.005)  # every report reaches the lanes before their shutdown
         if no_report_notice and self.exported == 0 and not self._analysis.pending():
             self.notice(no_report_notice)
@@ -323,8 +350,10 @@ class ExportPipeline:
             job = _Job("shutdown", None)
             lane.put(job)
             shutdowns.append((lane, job))
-        for _lane, job in shutdowns:
-            job.done.wait(max(0.0, deadline - time.monotonic()))
+        for lane, job in shutdowns:
+            if not lane.is_current():
+                job.done.wait(max(0.0, deadline - time.monotonic()))
+        self._closed = True  # past the deadline: what is still in flight is given up
         lost: dict[str, int] = {}
         count = self._analysis.pending_reports()
         for job in self._analysis.stop_accepting():

@@ -19,6 +19,7 @@ while one is open, else the *ambient* session, built lazily from the environment
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import shutil
 import tempfile
@@ -32,6 +33,7 @@ from exporters import ExporterWarning, check_exporter_names, resolve_exporters
 
 from . import _torch, decorator, triggers
 from .analysis import analyze, drop_warmup, events_from_trace
+from .analysis import gc_paused as analysis_gc_paused
 from .config import Config, _reject_unknown, _reset_warnings
 from .pipeline import ExportPipeline
 from .report import WindowReport
@@ -118,9 +120,10 @@ class Session:
                 f"torch-profiled: window reports not exported within "
                 f"PROFILED_EXPORT_TIMEOUT_S={timeout:g}s were dropped ({what}); the program "
                 "goes on", ExporterWarning, stacklevel=2)
-        if self._tmpdir is not None:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
-            self._tmpdir = None
+        with self._lock:
+            tmpdir, self._tmpdir = self._tmpdir, None
+        if tmpdir is not None and not lost:  # else a lane may still read from it
+            shutil.rmtree(tmpdir, ignore_errors=True)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every window that ended so far has been exported (False on timeout)."""
@@ -172,9 +175,9 @@ class Session:
         _refresh_idle()
 
     def _triggered(self) -> None:
-        """A trigger fired (signal handler or poll thread): lock-free, open at the next step."""
+        """A trigger fired (signal handler or poll thread): lock-free, open at the next step
+        (the idle fast path in ``_advance`` checks the flag)."""
         self._trigger_pending = True
-        self._idle_until = 0
 
     def _advance(self) -> None:
         with self._lock:
@@ -183,7 +186,7 @@ class Session:
             if not self._started:
                 self._start()
             if (self._cycle_start is None and self._window is None
-                    and self.step_index + 1 < self._idle_until):
+                    and self.step_index + 1 < self._idle_until and not self._trigger_pending):
                 self.step_index += 1  # an idle step: nothing else changes
                 return
             ended = self.step_index
@@ -423,16 +426,20 @@ class Session:
             self._warn(f"window {ended.index} could not be analysed ({exc!r}); its report is lost")
             return None
 
-    def _analyse(self, ended: "_EndedWindow") -> WindowReport:
+    def _analyse(self, ended: "_EndedWindow") -> WindowReport | None:
         window, names, dist = ended.window, ended.names, ended.dist
         ended.window = None  # the profiler's results go when this report is built
+        with self._lock:
+            if self._pipeline.closed:  # the session ended past its deadline: nobody waits
+                return None
+            if self._tmpdir is None:
+                self._tmpdir = tempfile.mkdtemp(prefix="torch-profiled-")
+            tmpdir = self._tmpdir
         events = window.events()  # the report: straight from Kineto's events when possible
         analysis = analyze(drop_warmup(events), names) if events is not None else None
         del events
         # the trace file exporters get: torch's JSON, shaped (see tracefile.shape_trace)
-        if self._tmpdir is None:
-            self._tmpdir = tempfile.mkdtemp(prefix="torch-profiled-")
-        raw = os.path.join(self._tmpdir, f"window{ended.index}.pt.trace.json")
+        raw = os.path.join(tmpdir, f"window{ended.index}.pt.trace.json")
         window.export_chrome_trace(raw)
         del window
         trace = shape_trace(load_trace(raw), names, dist)
@@ -792,6 +799,8 @@ def _after_fork_in_child() -> None:
     _shut_down = True
     decorator.set_first_call_hook(None)
     decorator.set_idle(True)
+    if analysis_gc_paused():  # forked while the export worker had the collector paused
+        gc.enable()
 
 
 if hasattr(os, "register_at_fork"):
@@ -799,4 +808,13 @@ if hasattr(os, "register_at_fork"):
 
 
 def _at_exit() -> None:
+    """Runs at threading shutdown, before non-daemon threads are joined: if one still runs
+    (a training thread the main thread left running), end the sessions only after it, from
+    ``atexit``."""
+    others = [t for t in threading.enumerate()
+              if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if others:
+        atexit.register(shutdown)
+        return
     shutdown()
+

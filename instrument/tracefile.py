@@ -81,7 +81,8 @@ def shape_trace(
     return trace
 
 
-_DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+_DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation",
+                          "mtia_ccp_events"})
 
 
 def _drop_warmup(events: list[dict[str, Any]], cut: float) -> list[dict[str, Any]]:
@@ -109,13 +110,16 @@ def _drop_warmup(events: list[dict[str, Any]], cut: float) -> list[dict[str, Any
             later.append(ev)
             continue
         kept.append(ev)
+    dropped_ids.discard(0)
+    dropped_ids.discard(None)
     for ev in later:
         args = ev.get("args") or {}
         if ev.get("ph") == "X":
             if float(ev.get("ts", 0.0)) < cut or args.get("External id") in dropped_ids:
                 continue
-        elif float(ev.get("ts", 0.0)) < cut or ev.get("id") in dropped_corr:
-            continue
+        elif float(ev.get("ts", 0.0)) < cut or (
+                ev.get("cat") == "ac2g" and ev.get("id") in dropped_corr):
+            continue  # a launch -> kernel arrow of a dropped launch
         kept.append(ev)
     return kept
 
