@@ -23,14 +23,19 @@ from instrument import _torch, decorator
 from instrument import config as config_mod
 from instrument.config import launcher_ranks_from_env
 from instrument.ranks import RankSet
+from instrument.sampling import Sampling
 from instrument.testing import capture
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = os.path.join(REPO, "tests", "_dist_job.py")
 session_mod = importlib.import_module("instrument.session")  # the module, not session()
 HTA_RANK = re.compile(r'"rank":\s+(\d+)')
-STEPS = 16
 JOB_SCHEDULE = Schedule(wait=2, warmup=1, active=2, repeat=3)
+# the torchrun job samples: a window (1 warm-up + 2 recorded steps) may open every 4th step,
+# each with probability 1/2, decided by the pure function of (seed, step) on every rank
+STEPS = 24
+SAMPLED_WINDOW = Schedule(warmup=1, active=2)
+SAMPLING = Sampling(every=4, sample_rate=0.5, seed=4)
 
 
 @pytest.fixture(autouse=True)
@@ -195,6 +200,10 @@ def job_env(base, **extra: str) -> dict[str, str]:
         PROFILED_TRACE_DIR=str(base / "traces"),
         PROFILED_JSON_PATH=str(base / "reports.jsonl"),
     )
+    if os.path.isdir("/sys/class/net/lo"):
+        # gloo otherwise binds to the address the host name resolves to, which a fresh
+        # machine's /etc/hosts may not have
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     env.update(extra)
     return env
 
@@ -218,15 +227,18 @@ def load(path) -> tuple[dict, str]:
 
 @pytest.fixture(scope="module")
 def torchrun_job(tmp_path_factory):
-    """``torchrun --nproc-per-node 2`` on gloo with repeating windows; every report to a JSON
-    lines file, each rank's newest trace file kept (``PROFILED_TRACE_KEEP=1``: one per rank, the
+    """``torchrun --nproc-per-node 2`` on gloo with sampling on; every report to a JSON lines
+    file, each rank's newest trace file kept (``PROFILED_TRACE_KEEP=1``: one per rank, the
     layout Holistic Trace Analysis reads)."""
     base = tmp_path_factory.mktemp("torchrun")
     env = job_env(
         base,
         PROFILED_EXPORTERS="trace,json",
         PROFILED_TRACE_KEEP="1",
-        PROFILED_SCHEDULE=JOB_SCHEDULE.to_env(),
+        PROFILED_SCHEDULE=SAMPLED_WINDOW.to_env(),
+        PROFILED_EVERY=str(SAMPLING.every),
+        PROFILED_SAMPLE_RATE=str(SAMPLING.sample_rate),
+        PROFILED_SEED=str(SAMPLING.seed),
     )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
            "--master-addr=127.0.0.1", f"--master-port={free_port()}", JOB, str(STEPS)]
@@ -238,13 +250,11 @@ def torchrun_job(tmp_path_factory):
 def test_both_ranks_profiled_the_same_steps(torchrun_job):
     by_rank = read_reports(torchrun_job / "reports.jsonl")
     assert sorted(by_rank) == [0, 1]
-    expected = []
-    for s in range(STEPS):
-        if JOB_SCHEDULE.action(s).value.startswith("record"):
-            if not expected or expected[-1][-1] != s - 1:
-                expected.append([])
-            expected[-1].append(s)
-    assert len(expected) == 3
+    starts = [n for n in range(STEPS) if SAMPLING.opens(n)]
+    assert 2 <= len(starts) < STEPS // SAMPLING.every  # some windows open, some are skipped
+    warmup, active = SAMPLED_WINDOW.warmup, SAMPLED_WINDOW.active
+    expected = [list(range(n + warmup, n + warmup + active)) for n in starts]
+    assert expected[-1][-1] < STEPS
     for rank, docs in by_rank.items():
         assert [d["steps"] for d in docs] == expected, rank
         assert {d["world_size"] for d in docs} == {2}
