@@ -257,6 +257,10 @@ class Config:
                                                  "error instead of using"))
             _warn_once(PROFILED_EVERY, str(values["every"]), message)
             values["every"] = window
+        if strict:
+            # a bad RANK/WORLD_SIZE raises here, when the session is built, and never later at
+            # a window's end inside a decorated call (distributed_info() reads them tolerantly)
+            launcher_ranks_from_env(env, strict=True)
         if strict and values["exporters"]:
             # Without strict, unknown names warn (ExporterWarning) when the exporters are
             # resolved; strict turns them into an error here, with the other bad values.
@@ -670,12 +674,15 @@ def _parse_world(text: str) -> int:
     return value
 
 
-def launcher_ranks_from_env(environ: Mapping[str, str] | None = None) -> tuple[int, int]:
+def launcher_ranks_from_env(
+    environ: Mapping[str, str] | None = None, *, strict: bool = False
+) -> tuple[int, int]:
     """``(rank, world_size)`` from the launcher's variables: ``RANK`` and ``WORLD_SIZE``, else
     ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``, else ``(0, 1)``. A bad value warns once (as for
-    ``PROFILED_*`` values) and its default applies; so does a rank outside the world size."""
+    ``PROFILED_*`` values) and its default applies; so does a rank outside the world size.
+    ``strict=True`` raises ``ValueError`` instead (``Config.from_env`` with
+    ``PROFILED_STRICT=1``)."""
     env = os.environ if environ is None else environ
-    strict = _env_value(env, PROFILED_STRICT, _parse_bool, False, strict=False)
     if "RANK" in env or "LOCAL_RANK" not in env:
         rank_var, world_var = "RANK", "WORLD_SIZE"
     else:

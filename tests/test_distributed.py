@@ -177,8 +177,26 @@ def test_bad_launcher_variables_warn_once(env, expected, said):
         assert launcher_ranks_from_env(env) == expected
     messages = [str(w.message) for w in caught if issubclass(w.category, ConfigWarning)]
     assert len(messages) == 1 and said in messages[0], messages
-    with pytest.raises(ValueError, match="PROFILED_STRICT=1"):
-        launcher_ranks_from_env({**env, "PROFILED_STRICT": "1"})
+    with pytest.raises(ValueError, match="PROFILED_STRICT=1"):  # at the session's start
+        Config.from_env({**env, "PROFILED_STRICT": "1"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert launcher_ranks_from_env({**env, "PROFILED_STRICT": "1"}) == expected
+
+
+def test_strict_never_raises_from_a_window_end(monkeypatch):
+    """PROFILED_STRICT=1 rejects a bad RANK when the session is built; if RANK changes later,
+    window ends (inside decorated calls) read it tolerantly and never raise."""
+    monkeypatch.setenv("PROFILED_STRICT", "1")
+    with capture(schedule=Schedule(wait=0, warmup=0, active=1, repeat=2),
+                 activities=["cpu"]) as cap:
+        work()
+        monkeypatch.setenv("RANK", "bad")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            work()
+    assert [r.rank for r in cap.reports] == [0, 0]
+    assert any("RANK='bad' is invalid" in str(w.message) for w in caught)
 
 
 # ---------------------------------------------------------------- real jobs
