@@ -10,9 +10,11 @@ file appears under the final name. Files get the usual permissions (``0o666`` le
 The directory stays bounded: only the newest ``keep`` files of this worker are kept
 (``keep=0`` keeps all; other workers' files are not counted), and all workers' trace files
 together stay within ``max_mb`` MiB (oldest first, whoever wrote them; ``max_mb=0``: no
-limit). Only names of this exporter's pattern are ever removed. A directory that cannot be
-written (missing permission, read-only, full, not a directory) costs one warning, not one per
-window; the warning comes again only after a trace was written there meanwhile.
+limit); temporary files older than an hour, left by a writer that was killed mid-write
+(``SIGKILL``, the OOM killer), are removed then too. Only names of this exporter's patterns
+are ever removed. A directory that cannot be written (missing permission, read-only, full,
+not a directory) costs one warning, not one per window; the warning comes again only after a
+trace was written there meanwhile.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ SUFFIX_JSON = ".pt.trace.json"
 MIB = 1 << 20
 # a trace file of this exporter, any worker: {host}_{pid}_rank{rank}.{time_ns}.pt.trace.json[.gz]
 _OURS = re.compile(r".+_\d+_rank\d+\.(\d+)\.pt\.trace\.json(?:\.gz)?$")
+# a temporary file of ``_open_temp``; one this old was left by a writer that was killed
+_TEMP = re.compile(r"\.tmp-[0-9a-f]{16}\.partial$")
+STALE_TEMP_S = 3600
 
 
 def worker_name(report: "WindowReport") -> str:
@@ -60,6 +65,17 @@ def _open_temp(directory: str) -> tuple[int, str]:
         except FileExistsError:
             continue
     raise FileExistsError(f"no free temporary name in {directory!r}")  # pragma: no cover
+
+
+def _remove_if_older(entry: os.DirEntry, cutoff: float) -> None:
+    """Remove a temporary file last written before ``cutoff`` (a killed writer's leftover;
+    a live write touches its file every few milliseconds)."""
+    try:
+        if entry.is_file(follow_symlinks=False) and \
+                entry.stat(follow_symlinks=False).st_mtime < cutoff:
+            os.unlink(entry.path)
+    except OSError:
+        pass
 
 
 class TraceFileExporter(Exporter):
@@ -184,11 +200,16 @@ class TraceFileExporter(Exporter):
         if not self.max_bytes:
             return True
         files: list[tuple[int, str, int]] = []
+        stale = time.time() - STALE_TEMP_S
         try:
             with os.scandir(directory) as it:
                 for entry in it:
                     m = _OURS.match(entry.name)
-                    if m is None or not entry.is_file(follow_symlinks=False):
+                    if m is None:
+                        if _TEMP.match(entry.name):
+                            _remove_if_older(entry, stale)
+                        continue
+                    if not entry.is_file(follow_symlinks=False):
                         continue
                     try:
                         size = entry.stat(follow_symlinks=False).st_size

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import textwrap
+import time
 import warnings
 
 import pytest
@@ -94,6 +95,22 @@ def test_max_mb_drops_the_oldest_traces_of_any_worker_and_nothing_else(tmp_path)
     # and the remaining 200 KiB + four small windows fit
     assert sum(size for _, size in sizes.sizes) < 56 * 1024
     assert sorted(os.listdir(out)) == sorted(old[1:] + foreign + new)
+
+
+def test_a_killed_writers_old_temporary_file_is_removed_a_live_one_is_not(tmp_path):
+    out = tmp_path / "traces"
+    out.mkdir()
+    stale, fresh = out / ".tmp-00112233445566aa.partial", out / ".tmp-00112233445566bb.partial"
+    unlike = out / ".tmp-notours.partial"
+    for path in (stale, fresh, unlike):
+        path.write_bytes(b"{\"traceEvents\": [")  # what a writer killed mid-file leaves
+    two_hours_ago = time.time() - 7200
+    os.utime(stale, (two_hours_ago, two_hours_ago))
+    os.utime(unlike, (two_hours_ago, two_hours_ago))
+    reports, warned = run_windows(1, TraceFileExporter(out, max_mb=1))
+    assert warned == []
+    assert sorted(os.listdir(out)) == sorted(
+        [fresh.name, unlike.name, os.path.basename(reports[0].trace_file)])
 
 
 def test_max_mb_keeps_the_newest_windows_that_fit(tmp_path):
