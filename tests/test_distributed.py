@@ -322,11 +322,14 @@ def test_summarize_shows_ranks_side_by_side_and_the_slowest_rank(torchrun_job):
     header = next(line for line in side if line.startswith("range"))
     assert header.split()[1:5] == ["rank", "0", "rank", "1"]
     row = next(line for line in side if line.startswith("work "))
-    assert row.split()[-4:-2] == ["rank", "1"]  # rank 1 runs eight times the matmuls
+    assert row.split()[-4:-2] == ["rank", "1"]  # rank 1 waits 50 ms in each call
+    row = next(line for line in side if line.startswith("allreduce "))
+    assert row.split()[-4:-2] == ["rank", "0"]  # where rank 0 then waits for rank 1
     doc = json.loads(subprocess.run(run + ["--json"], env=env, capture_output=True, text=True,
                                     timeout=120).stdout)
     assert doc["ranks"]["ranks"] == [0, 1]
     assert doc["ranks"]["ranges"]["work"]["slowest_rank"] == 1
+    assert doc["ranks"]["ranges"]["allreduce"]["slowest_rank"] == 0
     assert [r["rank"] for r in doc["reports"]] == [0, 1]
     assert doc["ranks"]["same_steps"] is True
     assert "recorded different steps" not in text.stdout
