@@ -1,6 +1,7 @@
 """A small data-parallel-shaped job for tests/test_distributed.py, on the gloo backend (CPU).
 
-Under torchrun: ``torchrun --nproc-per-node 2 tests/_dist_job.py STEPS``. Without a launcher
+Under torchrun: ``torchrun --nproc-per-node 2 tests/_dist_job.py STEPS`` (``--backend nccl``:
+one GPU per rank, for ``bench/dist_gpu.sh``). Without a launcher
 (no ``RANK`` in the environment, as with ``mp.spawn``):
 ``python tests/_dist_job.py STEPS --init tcp://127.0.0.1:PORT --rank R --world-size N``.
 
@@ -13,6 +14,7 @@ Profiling is configured by the ``PROFILED_*`` variables the test sets.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -30,12 +32,17 @@ def main() -> None:
     parser.add_argument("--init", help="init_method; without it the launcher's variables")
     parser.add_argument("--rank", type=int)
     parser.add_argument("--world-size", type=int)
+    parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
     args = parser.parse_args()
+    device = torch.device("cpu")
+    if args.backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
     if args.init:
-        dist.init_process_group("gloo", init_method=args.init, rank=args.rank,
+        dist.init_process_group(args.backend, init_method=args.init, rank=args.rank,
                                 world_size=args.world_size)
     else:
-        dist.init_process_group("gloo")
+        dist.init_process_group(args.backend)
     torch.set_num_threads(1)
     wait = SLOW_WAIT_S if dist.get_rank() == SLOW_RANK else 0.0
 
@@ -56,7 +63,7 @@ def main() -> None:
         allreduce(y.sum().reshape(1))
         return y
 
-    x = torch.randn(128, 128) / 16
+    x = torch.randn(128, 128, device=device) / 16
     for _ in range(args.steps):
         train_step(x)
     dist.barrier()
