@@ -577,7 +577,6 @@ def _describe_default(value: Any, var: str = "") -> str:
         return value.to_env()
     if value is None:
         return "auto" if var == PROFILED_ACTIVITIES else "unset"
-        return "auto"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     if isinstance(value, tuple):
@@ -694,11 +693,7 @@ def launcher_ranks_from_env(
         if strict:
             raise ValueError(f"{what}; PROFILED_STRICT=1 makes this an error (without it "
                              f"the world size {rank + 1} would be used)")
-        message = f"{what}; using the world size {rank + 1}"
-        with _warned_lock:
-            first = (rank_var + "/" + world_var, f"{rank}/{world}") not in _warned
-            _warned.add((rank_var + "/" + world_var, f"{rank}/{world}"))
-        if first:
-            warnings.warn(message, ConfigWarning, stacklevel=2)
+        _warn_once(f"{rank_var}/{world_var}", f"{rank}/{world}",
+                   f"{what}; using the world size {rank + 1}", stacklevel=3)
         world = rank + 1
     return rank, world
