@@ -170,6 +170,12 @@ class Session:
                 self._transition(Action.NONE, first, 0)
                 self._action = first
                 self._check_finished()
+            elif self._skip_reason and self.config.trigger and not any(
+                    c in self.config.trigger for c in (os.sep, "/", ".")):
+                # a rank that does not profile still takes the trigger's signal (not a file:
+                # that is for the ranks that profile), and drops it: an operator signalling
+                # every rank must not terminate this one (SIGUSR2's default action)
+                self._trigger = triggers.arm(self.config.trigger, lambda: None)
         _refresh_idle()
 
     def _triggered(self) -> None:

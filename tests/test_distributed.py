@@ -137,6 +137,27 @@ def test_the_ambient_session_of_a_rank_not_selected_goes_idle(monkeypatch):
     assert "rank 1 (of 2) is not among the ranks that profile (PROFILED_RANKS=0)" in line
 
 
+def test_the_trigger_signal_does_not_kill_a_rank_not_selected(run_python):
+    """Every rank gets the same PROFILED_TRIGGER=SIGUSR2; an operator signals them all. A rank
+    that does not profile must survive it (SIGUSR2's default action terminates)."""
+    code = """
+import os, signal
+from instrument import profiled
+@profiled("f")
+def f():
+    return 1
+f()
+os.kill(os.getpid(), signal.SIGUSR2)
+f()
+print("alive")
+"""
+    result = run_python(code, env={"RANK": "1", "WORLD_SIZE": "2", "PROFILED_RANKS": "0",
+                                   "PROFILED_TRIGGER": "SIGUSR2", "PROFILED_EXPORTERS": "console"})
+    assert result.returncode == 0, (result.returncode, result.stderr)
+    assert result.stdout == "alive\n"
+    assert "rank 1 (of 2) is not among the ranks that profile" in result.stderr
+
+
 def test_a_selected_rank_profiles(monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "4")
