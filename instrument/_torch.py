@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 from typing import Any
@@ -137,27 +136,37 @@ def device_name(activities: tuple[str, ...]) -> str:
     return "cpu"
 
 
+_last_distributed: dict[str, Any] | None = None
+
+
 def distributed_info() -> dict[str, Any]:
-    """rank, world_size and backend: from torch.distributed when initialised, else the env."""
+    """rank, world_size and backend: from torch.distributed when initialised, else from the
+    launcher's variables (``RANK``/``WORLD_SIZE``, else ``LOCAL_RANK``/``LOCAL_WORLD_SIZE``;
+    backend None).
+
+    Once torch.distributed has been seen initialised, its answer is kept: a window exported
+    after ``destroy_process_group()`` (at exit) still names the rank that recorded it, also
+    where no launcher variable says it (``mp.spawn`` with ``init_process_group(rank=...)``).
+    """
+    global _last_distributed
     try:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
-            return {
+            _last_distributed = {
                 "rank": int(dist.get_rank()),
                 "world_size": int(dist.get_world_size()),
                 "backend": str(dist.get_backend()),
             }
-    except Exception:  # noqa: BLE001
+            return dict(_last_distributed)
+    except Exception:  # noqa: BLE001 - a broken process group must not break profiling
         pass
+    if _last_distributed is not None:
+        return dict(_last_distributed)
+    from .config import launcher_ranks_from_env
 
-    def _int(var: str, default: int) -> int:
-        try:
-            return int(os.environ.get(var, default))
-        except ValueError:
-            return default
-
-    return {"rank": _int("RANK", 0), "world_size": _int("WORLD_SIZE", 1), "backend": None}
+    rank, world_size = launcher_ranks_from_env()
+    return {"rank": rank, "world_size": world_size, "backend": None}
 
 
 def host_name() -> str:

@@ -14,8 +14,10 @@ are the ranges; ``--range NAME`` also finds a range recorded as a plain operator
 
 ``summarize`` prints the console table for each trace (``--json``: ``WindowReport.to_dict()``,
 an object for one trace and a list for several). When the traces come from several ranks
-(``distributedInfo``) it adds "ranks side by side": each range's CPU time per rank, the slowest
-rank and the spread (``--json``: ``{"reports": [...], "ranks": {...}}``).
+(``distributedInfo``) it adds "ranks side by side": each range's CPU time per rank (summed over
+a rank's traces), the slowest rank and the spread (``--json``: ``{"reports": [...], "ranks":
+{...}}``), and a note when the ranks recorded different steps (``ProfilerStep#N``), whose
+times then do not compare like with like.
 
 ``diff A B`` sums each side over its traces and lists, per range, per device kernel and per
 operator (self CPU time), before, after, delta and after/before, largest change first.
@@ -362,8 +364,10 @@ def rank_summary(reports: Sequence["WindowReport"]) -> dict[str, Any] | None:
     per_rank: dict[str, dict[int, float]] = {}
     totals: dict[int, float] = {}
     traces: dict[int, int] = {}
+    steps: dict[int, set[int]] = {r: set() for r in ranks}
     for rep in reports:
         traces[rep.rank] = traces.get(rep.rank, 0) + 1
+        steps[rep.rank].update(rep.steps)
         totals[rep.rank] = totals.get(rep.rank, 0.0) + rep.self_cpu_time_total_us
         for name, stats in rep.ranges.items():
             by_rank = per_rank.setdefault(name, {})
@@ -388,6 +392,9 @@ def rank_summary(reports: Sequence["WindowReport"]) -> dict[str, Any] | None:
     return {
         "ranks": ranks,
         "traces_per_rank": {str(r): traces[r] for r in ranks},
+        # sums compare like with like only when every rank recorded the same steps
+        "steps_per_rank": {str(r): sorted(steps[r]) for r in ranks},
+        "same_steps": len({frozenset(v) for v in steps.values()}) == 1,
         "ranges": {name: spread(per_rank[name]) for name in order},
         "self_cpu_time_total": spread(totals),
     }
@@ -397,8 +404,20 @@ def format_rank_summary(summary: dict[str, Any], rows: int) -> str:
     ranks: list[int] = summary["ranks"]
     tail_w = 10 + 12 + 9  # slowest, spread, max/min
     each = len(ranks) * 12 <= WIDTH - 24 - tail_w
-    lines = [_fit(f"ranks side by side | CPU time per range (inclusive) | {len(ranks)} ranks",
-                  WIDTH), "-" * WIDTH]
+    title = f"ranks side by side | CPU time per range (inclusive) | {len(ranks)} ranks"
+    counts = set(summary["traces_per_rank"].values())
+    if counts != {1}:
+        title += f" | {counts.pop()} traces each, summed" if len(counts) == 1 \
+            else " | each rank's traces summed"
+    lines = [_fit(title, WIDTH)]
+    if not summary["same_steps"]:
+        # the failure this section exists to catch: ranks that profiled different steps
+        listed = "; ".join(f"rank {r}: {_runs(v) or 'none'}"
+                           for r, v in summary["steps_per_rank"].items())
+        lines.append("note: the ranks recorded different steps; their times do not compare "
+                     "like with like")
+        lines.append(_fit(f"  steps: {listed}", WIDTH))
+    lines.append("-" * WIDTH)
     if each:
         cols = "".join(f"{'rank ' + str(r):>12}" for r in ranks)
         extra = ""
@@ -427,6 +446,17 @@ def format_rank_summary(summary: dict[str, Any], rows: int) -> str:
         lines.append("(no range ran on any rank)")
     lines.append(line("Self CPU time total", summary["self_cpu_time_total"]))
     return "\n".join(lines) + "\n"
+
+
+def _runs(values: Sequence[int]) -> str:
+    """``[3, 4, 5, 8]`` -> ``3-5,8``."""
+    parts: list[list[int]] = []
+    for v in sorted(values):
+        if parts and parts[-1][1] == v - 1:
+            parts[-1][1] = v
+        else:
+            parts.append([v, v])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)
 
 
 # ---------------------------------------------------------------- diff

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .ranks import RankSet
 from .sampling import Sampling, Schedule
 
 __all__ = [
@@ -40,6 +41,10 @@ __all__ = [
     "PROFILED_WITH_FLOPS",
     "PROFILED_WITH_STACK",
     "otel_settings_from_env",
+    # distributed and disk
+    "PROFILED_RANKS",
+    "PROFILED_TRACE_MAX_MB",
+    "launcher_ranks_from_env",
 ]
 
 PROFILED_ENABLED = "PROFILED_ENABLED"
@@ -125,6 +130,19 @@ PROFILED_EXPORT_TIMEOUT_S = "PROFILED_EXPORT_TIMEOUT_S"
 """``PROFILED_EXPORT_TIMEOUT_S`` [10]: at exit (and when a session ends), how long to wait for
 queued reports to be exported; past it the program goes on and says what was not exported."""
 
+# ---- distributed and disk (issue 5, parts 3 and 6)
+
+PROFILED_RANKS = "PROFILED_RANKS"
+"""``PROFILED_RANKS`` [all]: which ranks of a distributed job profile: ``all``, ``0,3``, ``0-7``
+or a mix (``0,4-7``). The rank comes from ``torch.distributed`` when it is initialised at the
+first decorated call, else from ``RANK`` (``LOCAL_RANK``; 0 without either). A rank not listed
+starts no profiler: its decorated calls cost what idle calls cost, and it says so in one line."""
+
+PROFILED_TRACE_MAX_MB = "PROFILED_TRACE_MAX_MB"
+"""``PROFILED_TRACE_MAX_MB`` [1024]: at most this many megabytes (MiB; fractions allowed) of
+torch-profiled trace files in the trace directory, every worker's together; after each write
+the oldest go first. Other files there are never touched. 0 = no limit."""
+
 PROFILED_STRICT = "PROFILED_STRICT"
 """``PROFILED_STRICT`` [0]: raise ``ValueError`` on a bad ``PROFILED_*`` value instead of warning."""
 
@@ -150,6 +168,8 @@ ENV_VARS: tuple[str, ...] = (
     PROFILED_SEED,
     PROFILED_TRIGGER,
     PROFILED_EXPORT_TIMEOUT_S,
+    PROFILED_RANKS,
+    PROFILED_TRACE_MAX_MB,
     PROFILED_STRICT,
 )
 
@@ -188,6 +208,9 @@ class Config:
     seed: int = 0
     trigger: str | None = None
     export_timeout_s: float = 10.0
+    # distributed and disk
+    ranks: RankSet = field(default_factory=RankSet)
+    trace_max_mb: float = 1024.0
     strict: bool = False
 
     def __post_init__(self) -> None:
@@ -234,6 +257,10 @@ class Config:
                                                  "error instead of using"))
             _warn_once(PROFILED_EVERY, str(values["every"]), message)
             values["every"] = window
+        if strict:
+            # a bad RANK/WORLD_SIZE raises here, when the session is built, and never later at
+            # a window's end inside a decorated call (distributed_info() reads them tolerantly)
+            launcher_ranks_from_env(env, strict=True)
         if strict and values["exporters"]:
             # Without strict, unknown names warn (ExporterWarning) when the exporters are
             # resolved; strict turns them into an error here, with the other bad values.
@@ -345,6 +372,18 @@ def _check_field(name: str, value: Any) -> Any:
         if not out:
             raise ValueError("activities must name at least one of " + ", ".join(KNOWN_ACTIVITIES))
         return tuple(out)
+    if name == "ranks":
+        return RankSet.of(value)
+    if name == "trace_max_mb":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(
+                f"trace_max_mb must be a number of MiB, got {type(value).__name__} {value!r}"
+            )
+        if not value >= 0 or value == float("inf"):
+            raise ValueError(
+                f"trace_max_mb must be a finite number >= 0 (0: no limit), got {value}"
+            )
+        return float(value)
     if name == "exporters":
         if isinstance(value, str) or not hasattr(value, "__iter__"):
             value = (value,)
@@ -471,6 +510,16 @@ def _parse_trigger(text: str) -> str | None:
     return _check_trigger(text.strip())
 
 
+def _parse_max_mb(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError("expected a number of MiB >= 0 (0: no limit)") from None
+    if not value >= 0 or value == float("inf"):
+        raise ValueError("expected a number of MiB >= 0 (0: no limit)")
+    return value
+
+
 _ENV_PARSERS = {
     "enabled": _parse_bool,
     "exporters": _parse_names,
@@ -491,6 +540,8 @@ _ENV_PARSERS = {
     "seed": _parse_any_int,
     "trigger": _parse_trigger,
     "export_timeout_s": _float_parser(0.0, None, low_open=True),
+    "ranks": RankSet.parse,
+    "trace_max_mb": _parse_max_mb,
     "strict": _parse_bool,
 }
 _FIELD_ENV = {
@@ -513,6 +564,8 @@ _FIELD_ENV = {
     "seed": PROFILED_SEED,
     "trigger": PROFILED_TRIGGER,
     "export_timeout_s": PROFILED_EXPORT_TIMEOUT_S,
+    "ranks": PROFILED_RANKS,
+    "trace_max_mb": PROFILED_TRACE_MAX_MB,
     "strict": PROFILED_STRICT,
 }
 
@@ -524,6 +577,8 @@ def _describe_default(value: Any, var: str = "") -> str:
         return value.to_env()
     if value is None:
         return "auto" if var == PROFILED_ACTIVITIES else "unset"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
     if isinstance(value, tuple):
         return ",".join(map(str, value)) or "none"
     return str(value)
@@ -592,3 +647,53 @@ def otel_settings_from_env(environ: Mapping[str, str] | None = None) -> tuple[st
     detail = _env_value(env, PROFILED_OTEL_DETAIL, _parse_otel_detail, "ranges", strict)
     max_spans = _env_value(env, PROFILED_OTEL_MAX_SPANS, _parse_max_spans, 1000, strict)
     return detail, max_spans
+
+
+# ---------------------------------------------------------------- launcher variables (ranks)
+
+LAUNCHER_VARS: tuple[str, ...] = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+"""What ``torchrun`` (and most launchers) set for each process; read when torch.distributed
+is not initialised."""
+
+
+def _parse_rank(text: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ValueError("expected an integer >= 0") from None
+    if value < 0:
+        raise ValueError("expected an integer >= 0")
+    return value
+
+
+def _parse_world(text: str) -> int:
+    value = _parse_rank(text)
+    if value < 1:
+        raise ValueError("expected an integer >= 1")
+    return value
+
+
+def launcher_ranks_from_env(
+    environ: Mapping[str, str] | None = None, *, strict: bool = False
+) -> tuple[int, int]:
+    """``(rank, world_size)`` from the launcher's variables: ``RANK`` and ``WORLD_SIZE``, else
+    ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``, else ``(0, 1)``. A bad value warns once (as for
+    ``PROFILED_*`` values) and its default applies; so does a rank outside the world size.
+    ``strict=True`` raises ``ValueError`` instead (``Config.from_env`` with
+    ``PROFILED_STRICT=1``)."""
+    env = os.environ if environ is None else environ
+    if "RANK" in env or "LOCAL_RANK" not in env:
+        rank_var, world_var = "RANK", "WORLD_SIZE"
+    else:
+        rank_var, world_var = "LOCAL_RANK", "LOCAL_WORLD_SIZE"
+    rank = _env_value(env, rank_var, _parse_rank, 0, strict)
+    world = _env_value(env, world_var, _parse_world, max(rank + 1, 1), strict)
+    if rank >= world:
+        what = f"{rank_var}={rank} is not below {world_var}={world}"
+        if strict:
+            raise ValueError(f"{what}; PROFILED_STRICT=1 makes this an error (without it "
+                             f"the world size {rank + 1} would be used)")
+        _warn_once(f"{rank_var}/{world_var}", f"{rank}/{world}",
+                   f"{what}; using the world size {rank + 1}", stacklevel=3)
+        world = rank + 1
+    return rank, world

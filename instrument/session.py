@@ -163,21 +163,43 @@ class Session:
         with self._lock:
             if self._started:
                 return
+            if not self.finished and not self._rank_selected():
+                self.finished = True  # decorated calls go idle (below)
             self._started = True
-            if self.finished:  # disabled (PROFILED_ENABLED=0): never opens a window
-                return
-            if self.config.trigger:
-                self._trigger = triggers.arm(self.config.trigger, self._triggered)
-            first = self._action_for(0)
-            self._transition(Action.NONE, first, 0)
-            self._action = first
-            self._check_finished()
+            if not self.finished:  # else disabled (PROFILED_ENABLED=0) or rank not selected
+                if self.config.trigger:
+                    self._trigger = triggers.arm(self.config.trigger, self._triggered)
+                first = self._action_for(0)
+                self._transition(Action.NONE, first, 0)
+                self._action = first
+                self._check_finished()
+            elif self._skip_reason and self.config.trigger and not any(
+                    c in self.config.trigger for c in (os.sep, "/", ".")):
+                # a rank that does not profile still takes the trigger's signal (not a file:
+                # that is for the ranks that profile), and drops it: an operator signalling
+                # every rank must not terminate this one (SIGUSR2's default action)
+                self._trigger = triggers.arm(self.config.trigger, lambda: None)
         _refresh_idle()
 
     def _triggered(self) -> None:
         """A trigger fired (signal handler or poll thread): lock-free, open at the next step
         (the idle fast path in ``_advance`` checks the flag)."""
         self._trigger_pending = True
+
+    def _rank_selected(self) -> bool:
+        """``PROFILED_RANKS``: a rank not listed never opens a window; the reason is the
+        session's one line at its end."""
+        ranks = self.config.ranks
+        if ranks.ranks is None:
+            return True
+        dist = _torch.distributed_info()
+        if ranks.selects(dist["rank"]):
+            return True
+        self._skip_reason = (
+            f"rank {dist['rank']} (of {dist['world_size']}) is not among the ranks that profile "
+            f"(PROFILED_RANKS={ranks}), so this process started no profiler"
+        )
+        return False
 
     def _advance(self) -> None:
         with self._lock:
@@ -539,7 +561,8 @@ def ambient_config() -> Config:
 
 def _builtin_kwargs(config: Config) -> dict[str, dict[str, Any]]:
     return {
-        "trace": {"dir": config.trace_dir, "gzip": config.trace_gzip, "keep": config.trace_keep},
+        "trace": {"dir": config.trace_dir, "gzip": config.trace_gzip, "keep": config.trace_keep,
+                  "max_mb": config.trace_max_mb},
         "json": {"path": config.json_path},
     }
 
