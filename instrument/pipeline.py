@@ -37,7 +37,7 @@ from .report import WindowReport
 __all__ = ["ANALYSIS_QUEUE_SIZE", "QUEUE_SIZE", "TRACE_WAIT_S", "ExportPipeline", "export_report"]
 
 QUEUE_SIZE = 8  # reports waiting per exporter (small: plain data, the trace file is on disk)
-ANALYSIS_QUEUE_SIZE = 4  # stopped windows waiting for analysis (each holds a whole profile)
+ANALYSIS_QUEUE_SIZE = 8  # stopped windows waiting for analysis (each holds a whole profile)
 TRACE_WAIT_S = 10.0
 
 
