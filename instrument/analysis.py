@@ -242,6 +242,16 @@ def drop_warmup(events: list[Event]) -> list[Event]:
             if ev[START] >= cut and (ev[0] == "cpu" or ev[0] == "overhead" or ev[LINK] not in dropped)]
 
 
+def _take_out_of_ranges(work_ns: int, open_ranges: tuple[tuple["_Range", list[int]], ...]
+                        ) -> int:
+    """The profiler's own work inside ranges is not theirs: it leaves their CPU time and (via
+    the occurrence's 4th slot) their wall time. Returns ``work_ns``."""
+    for rng, occ in open_ranges:
+        rng.incl_ns -= work_ns
+        occ[3] += work_ns
+    return work_ns
+
+
 def _nest_orphan_bookkeeping(by_thread: dict[Any, list[Event]]) -> None:
     """Move bookkeeping events that sit on a row of their own (Kineto's JSON gives "Activity
     Buffer Request" its own row) onto the CPU thread with an event that encloses them, so they
@@ -363,10 +373,7 @@ def _analyze(events: Iterable[Event], range_names: Iterable[str], top: int) -> A
                 if agg is None:  # profiler bookkeeping
                     overhead_ns += self_ns
                     if cname in PROFILER_WORK_NAMES:
-                        work_ns += self_ns
-                        for rng, occ in open_ranges:
-                            rng.incl_ns -= self_ns
-                            occ[3] += self_ns
+                        work_ns += _take_out_of_ranges(self_ns, open_ranges)
                     continue
                 self_total += self_ns
                 d = depth[cname] - 1
@@ -424,10 +431,7 @@ def _analyze(events: Iterable[Event], range_names: Iterable[str], top: int) -> A
             if agg is None:
                 overhead_ns += self_ns
                 if cname in PROFILER_WORK_NAMES:
-                    work_ns += self_ns
-                    for rng, occ in open_ranges:
-                        rng.incl_ns -= self_ns
-                        occ[3] += self_ns
+                    work_ns += _take_out_of_ranges(self_ns, open_ranges)
                 continue
             self_total += self_ns
             d = depth[cname] - 1

@@ -421,14 +421,23 @@ def _parse_bool(text: str) -> bool:
     raise ValueError("expected one of 1/true/yes/on or 0/false/no/off")
 
 
-def _parse_int(text: str) -> int:
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise ValueError("expected a non-negative integer") from None
-    if value < 0:
-        raise ValueError("expected a non-negative integer")
-    return value
+def _int_parser(minimum: int | None, *, optional: bool = False):
+    """A parser of integers ``>= minimum`` (any integer when None); ``optional``: an empty
+    value, ``none`` or ``unset`` reads as None."""
+    expected = "expected an integer" + (f" >= {minimum}" if minimum is not None else "")
+
+    def parse(text: str) -> int | None:
+        low = text.strip().lower()
+        if optional and low in ("", "none", "unset"):
+            return None
+        try:
+            value = int(low)
+        except ValueError:
+            raise ValueError(expected) from None
+        if minimum is not None and value < minimum:
+            raise ValueError(expected)
+        return value
+    return parse
 
 
 def _parse_names(text: str) -> tuple[str, ...]:
@@ -467,26 +476,6 @@ def _check_trigger(text: str) -> str:
             "a file path (a path contains '/' or '.')"
         )
     return name
-
-
-def _parse_opt_int(text: str) -> int | None:
-    low = text.strip().lower()
-    if low in ("", "none", "unset"):
-        return None
-    try:
-        value = int(low)
-    except ValueError:
-        raise ValueError("expected an integer >= 1") from None
-    if value < 1:
-        raise ValueError("expected an integer >= 1")
-    return value
-
-
-def _parse_any_int(text: str) -> int:
-    try:
-        return int(text.strip())
-    except ValueError:
-        raise ValueError("expected an integer") from None
 
 
 def _float_parser(low: float, high: float | None, *, low_open: bool = False):
@@ -531,13 +520,13 @@ _ENV_PARSERS = {
     "with_flops": _parse_bool,
     "trace_dir": _parse_dir,
     "trace_gzip": _parse_bool,
-    "trace_keep": _parse_int,
+    "trace_keep": _int_parser(0),
     "json_path": _parse_dir,
-    "every": _parse_opt_int,
+    "every": _int_parser(1, optional=True),
     "sample_rate": _float_parser(0.0, 1.0),
-    "max_windows": _parse_opt_int,
+    "max_windows": _int_parser(1, optional=True),
     "min_interval_s": _float_parser(0.0, None),
-    "seed": _parse_any_int,
+    "seed": _int_parser(None),
     "trigger": _parse_trigger,
     "export_timeout_s": _float_parser(0.0, None, low_open=True),
     "ranks": RankSet.parse,
@@ -629,23 +618,13 @@ def _parse_otel_detail(text: str) -> str:
     return low
 
 
-def _parse_max_spans(text: str) -> int:
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise ValueError("expected an integer >= 1") from None
-    if value < 1:
-        raise ValueError("expected an integer >= 1")
-    return value
-
-
 def otel_settings_from_env(environ: Mapping[str, str] | None = None) -> tuple[str, int]:
     """``(PROFILED_OTEL_DETAIL, PROFILED_OTEL_MAX_SPANS)``, read when an ``otel`` exporter is
     built (tolerant like every ``PROFILED_*`` value; ``PROFILED_STRICT=1`` raises)."""
     env = os.environ if environ is None else environ
     strict = _env_value(env, PROFILED_STRICT, _parse_bool, False, strict=False)
     detail = _env_value(env, PROFILED_OTEL_DETAIL, _parse_otel_detail, "ranges", strict)
-    max_spans = _env_value(env, PROFILED_OTEL_MAX_SPANS, _parse_max_spans, 1000, strict)
+    max_spans = _env_value(env, PROFILED_OTEL_MAX_SPANS, _int_parser(1), 1000, strict)
     return detail, max_spans
 
 
@@ -654,23 +633,6 @@ def otel_settings_from_env(environ: Mapping[str, str] | None = None) -> tuple[st
 LAUNCHER_VARS: tuple[str, ...] = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 """What ``torchrun`` (and most launchers) set for each process; read when torch.distributed
 is not initialised."""
-
-
-def _parse_rank(text: str) -> int:
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise ValueError("expected an integer >= 0") from None
-    if value < 0:
-        raise ValueError("expected an integer >= 0")
-    return value
-
-
-def _parse_world(text: str) -> int:
-    value = _parse_rank(text)
-    if value < 1:
-        raise ValueError("expected an integer >= 1")
-    return value
 
 
 def launcher_ranks_from_env(
@@ -686,8 +648,8 @@ def launcher_ranks_from_env(
         rank_var, world_var = "RANK", "WORLD_SIZE"
     else:
         rank_var, world_var = "LOCAL_RANK", "LOCAL_WORLD_SIZE"
-    rank = _env_value(env, rank_var, _parse_rank, 0, strict)
-    world = _env_value(env, world_var, _parse_world, max(rank + 1, 1), strict)
+    rank = _env_value(env, rank_var, _int_parser(0), 0, strict)
+    world = _env_value(env, world_var, _int_parser(1), max(rank + 1, 1), strict)
     if rank >= world:
         what = f"{rank_var}={rank} is not below {world_var}={world}"
         if strict:
