@@ -14,7 +14,6 @@ exporter (gzip). A diagnostic for the end-to-end target in BENCHMARKS.md, not a 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -28,20 +27,13 @@ sys.path.insert(0, REPO)
 
 import torch  # noqa: E402
 
+from e2e_overhead import load_example  # noqa: E402 - bench/ is this script's directory
 from exporters import TraceFileExporter  # noqa: E402
 from instrument import Schedule, _torch, session  # noqa: E402
 from instrument import session as _session_fn  # noqa: E402,F401
 from instrument.pipeline import ExportPipeline  # noqa: E402
 
 _sess_mod = sys.modules["instrument.session"]
-
-
-def load_example():
-    path = os.path.join(REPO, "examples", "06_training_loop.py")
-    spec = importlib.util.spec_from_file_location("training_loop_06", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 PHASES: dict[str, list[float]] = defaultdict(list)

@@ -33,6 +33,7 @@ __all__ = [
     "PROFILED_STRICT",
     "PROFILED_TRACE_DIR",
     "PROFILED_TRACE_GZIP",
+    "PROFILED_ANALYSIS_PROCESS",
     "PROFILED_TRACE_KEEP",
     "PROFILED_JSON_PATH",
     "PROFILED_OTEL_DETAIL",
@@ -81,6 +82,11 @@ PROFILED_TRACE_DIR = "PROFILED_TRACE_DIR"
 
 PROFILED_TRACE_GZIP = "PROFILED_TRACE_GZIP"
 """``PROFILED_TRACE_GZIP`` [1]: write ``.pt.trace.json.gz`` (1) or ``.pt.trace.json`` (0)."""
+
+PROFILED_ANALYSIS_PROCESS = "PROFILED_ANALYSIS_PROCESS"
+"""``PROFILED_ANALYSIS_PROCESS`` [1]: read, shape and analyse each window's trace in a helper
+process (1), off the program's GIL, or on the export thread (0). See
+``instrument.analysis_process``."""
 
 PROFILED_TRACE_KEEP = "PROFILED_TRACE_KEEP"
 """``PROFILED_TRACE_KEEP`` [20]: keep only the newest N trace files of this worker (0 = keep all)."""
@@ -168,6 +174,7 @@ ENV_VARS: tuple[str, ...] = (
     PROFILED_SEED,
     PROFILED_TRIGGER,
     PROFILED_EXPORT_TIMEOUT_S,
+    PROFILED_ANALYSIS_PROCESS,
     PROFILED_RANKS,
     PROFILED_TRACE_MAX_MB,
     PROFILED_STRICT,
@@ -208,6 +215,7 @@ class Config:
     seed: int = 0
     trigger: str | None = None
     export_timeout_s: float = 10.0
+    analysis_process: bool = True
     # distributed and disk
     ranks: RankSet = field(default_factory=RankSet)
     trace_max_mb: float = 1024.0
@@ -296,7 +304,7 @@ def _check_bool(name: str, value: Any) -> bool:
 
 def _check_field(name: str, value: Any) -> Any:
     if name in ("enabled", "record_shapes", "profile_memory", "with_stack", "with_flops",
-                "trace_gzip", "strict"):
+                "trace_gzip", "analysis_process", "strict"):
         return _check_bool(name, value)
     if name == "schedule":
         if not isinstance(value, Schedule):
@@ -520,6 +528,7 @@ _ENV_PARSERS = {
     "with_flops": _parse_bool,
     "trace_dir": _parse_dir,
     "trace_gzip": _parse_bool,
+    "analysis_process": _parse_bool,
     "trace_keep": _int_parser(0),
     "json_path": _parse_dir,
     "every": _int_parser(1, optional=True),
@@ -553,6 +562,7 @@ _FIELD_ENV = {
     "seed": PROFILED_SEED,
     "trigger": PROFILED_TRIGGER,
     "export_timeout_s": PROFILED_EXPORT_TIMEOUT_S,
+    "analysis_process": PROFILED_ANALYSIS_PROCESS,
     "ranks": PROFILED_RANKS,
     "trace_max_mb": PROFILED_TRACE_MAX_MB,
     "strict": PROFILED_STRICT,

@@ -31,9 +31,10 @@ from typing import Any
 
 from exporters import ExporterWarning, check_exporter_names, resolve_exporters
 
-from . import _torch, decorator, triggers
+from . import _torch, analysis_process, decorator, triggers
 from .analysis import analyze, drop_warmup, events_from_trace
 from .analysis import gc_paused as analysis_gc_paused
+from .analysis_process import shape_and_analyse
 from .config import Config, _reject_unknown, _reset_warnings
 from .pipeline import ExportPipeline
 from .report import WindowReport
@@ -457,18 +458,29 @@ class Session:
             if self._tmpdir is None:
                 self._tmpdir = tempfile.mkdtemp(prefix="torch-profiled-")
             tmpdir = self._tmpdir
-        events = window.events()  # the report: straight from Kineto's events when possible
-        analysis = analyze(drop_warmup(events), names) if events is not None else None
-        del events
-        # the trace file exporters get: torch's JSON, shaped (see tracefile.shape_trace)
         raw = os.path.join(tmpdir, f"window{ended.index}.pt.trace.json")
-        window.export_chrome_trace(raw)
-        del window
-        trace = shape_trace(load_trace(raw), names, dist)
-        write_json_atomic(trace, raw, compress=False, durable=False)  # scratch: no fsync
-        if analysis is None:  # older torch: analyse the trace JSON
-            analysis = analyze(events_from_trace(trace), names)
-        del trace
+        analysis = None
+        if self.config.analysis_process:
+            # torch writes the trace here (it needs the profiler's results); reading, shaping
+            # and analysing it happen in the helper process, off this program's GIL
+            window.export_chrome_trace(raw)
+            del window
+            analysis = self._analyse_in_helper(raw, names, dist)
+            if analysis is None:
+                analysis = shape_and_analyse(raw, names, dist)
+        else:
+            events = window.events()  # straight from Kineto's events when possible
+            if events is not None:
+                analysis = analyze(drop_warmup(events), names)
+            del events
+            # the trace file exporters get: torch's JSON, shaped (see tracefile.shape_trace)
+            window.export_chrome_trace(raw)
+            del window
+            trace = shape_trace(load_trace(raw), names, dist)
+            write_json_atomic(trace, raw, compress=False, durable=False)  # scratch: no fsync
+            if analysis is None:  # older torch: analyse the trace JSON
+                analysis = analyze(events_from_trace(trace), names)
+            del trace
         return WindowReport(
             window=ended.index,
             steps=ended.steps,
@@ -484,6 +496,25 @@ class Session:
             raw_trace_path=raw,
             **analysis.report_fields(),
         )
+
+    def _analyse_in_helper(self, raw: str, names: frozenset[str],
+                           dist: dict[str, Any]) -> Any:
+        """The window's trace work in the shared helper process; None (the caller does it
+        here) when the helper cannot, with one warning the first time it fails."""
+        helper = analysis_process.shared()
+        if helper.failed is not None:
+            return None
+        try:
+            analysis, said = helper.analyse(raw, names, dist)
+        except analysis_process.AnalysisProcessError as exc:
+            if helper.failed is not None:
+                _warn_helper_once(f"{exc}; windows are analysed in this process from now on")
+            else:  # this window's trace only
+                self._warn(str(exc) + "; analysing it in this process instead")
+            return None
+        for message in said:
+            self._warn(message)
+        return analysis
 
     def _why_no_report(self) -> str:
         if self._skip_reason:
@@ -620,6 +651,16 @@ def session_for_calls() -> Session | None:
     if cur.finished:
         return None
     return cur
+
+
+_helper_warned = False
+
+
+def _warn_helper_once(message: str) -> None:
+    global _helper_warned
+    if not _helper_warned:
+        _helper_warned = True
+        warnings.warn(message, ProfilerWarning, stacklevel=3)
 
 
 def _make_ambient() -> Session | None:
@@ -786,7 +827,13 @@ def flush(timeout_s: float | None = None) -> bool:
 
 
 def shutdown() -> None:
-    """End every session: open windows that recorded steps are exported (``partial=True``)."""
+    """End every session: open windows that recorded steps are exported (``partial=True``);
+    then the analysis helper process leaves (a later window starts a new one)."""
+    _close_sessions()
+    analysis_process.close_shared()
+
+
+def _close_sessions() -> None:
     global _ambient, _explicit, _current, _shut_down
     with _state_lock:
         sessions = [s for s in (_explicit, _ambient) if s is not None]
@@ -803,7 +850,7 @@ def shutdown() -> None:
 def _reset_for_tests() -> None:
     """Close everything and forget ``configure()``: a fresh process, as far as we can tell."""
     global _shut_down
-    shutdown()
+    _close_sessions()  # the analysis helper stays: starting one per test costs ~0.1 s
     _reset_warnings()
     _exporter_warnings_seen.clear()
     with _state_lock:

@@ -29,13 +29,28 @@ def test_e2e_overhead_runs_every_variant_and_writes_its_json(tmp_path):
                     "--run-steps", "16", "--json", str(tmp_path / "e2e.json"))
     assert out.returncode == 0, out.stderr
     doc = json.loads((tmp_path / "e2e.json").read_text())
-    variants = {"unprofiled", "idle", "idle_modules", "counting", "sampled"}
+    variants = {"unprofiled", "idle", "idle_modules", "counting", "sampled", "sampled_in_thread",
+                "torch_profiler", "torch_profiler_export"}
     assert set(doc["steps_per_s"]) == variants
+    assert set(doc["window_costs_s"]) == {"sampled", "sampled_in_thread", "torch_profiler",
+                                          "torch_profiler_export"}
     assert all(len(runs) == 1 and runs[0] > 0 for runs in doc["steps_per_s"].values())
     assert set(doc["targets"]) == {"idle", "sampled"}
-    assert "windows timed" in out.stdout and "(2 windows timed)" in out.stdout
+    assert "windows timed" in out.stdout and "(2 windows timed per sampled variant)" in out.stdout
     assert sorted(os.listdir(tmp_path)) == ["e2e.json", "tmp"]
     assert os.listdir(tmp_path / "tmp") == []  # its trace directory is removed at the end
+
+
+def test_stop_cost_times_every_phase(tmp_path):
+    out = run_bench("stop_cost.py", tmp_path, "--windows", "2", "--idle", "2",
+                    "--json", str(tmp_path / "sc.json"))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "sc.json").read_text())
+    assert len(doc["windows"]) == 2
+    phases = {"start", "drain", "stop", "export", "load", "shape", "write", "events", "analyse",
+              "after", "events_n"}
+    assert phases <= set(doc["windows"][0])
+    assert all(w["events_n"] > 0 for w in doc["windows"])
 
 
 def test_e2e_overhead_rejects_a_run_that_is_not_whole_windows(tmp_path):

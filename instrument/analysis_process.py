@@ -1,0 +1,259 @@
+"""A window's trace work in a helper process, off the program's GIL.
+
+Once a window stops, its report needs the trace JSON read, shaped (``tracefile.shape_trace``),
+written back and analysed: ~80 ms of pure-Python and ``json`` work per window of a GPU training
+step (bench/stop_cost.py). Done on a thread of the profiled program, that work holds the GIL
+while the training thread wants it at every operator launch, and the training step slows by
+about twice the work (a GIL convoy; BENCHMARKS.md). So the export worker only has torch write
+its trace (``export_chrome_trace``, which needs the profiler's results in this process) and
+hands the file's path to this helper; the helper sends back the ``Analysis``.
+
+The helper is one ``python -S`` process per profiled process, started at the first window
+that needs it and shared by every session. It imports this package's pure-Python modules only
+(never torch: ``instrument/__init__`` is replaced by an empty package there). It runs in its
+own session (a Ctrl-C at the terminal reaches the program, not the helper) and leaves when its
+input closes, when asked to, or when its parent is gone. If it cannot start, fails or times
+out, the caller gets ``AnalysisProcessError`` and does the work in-process, as with
+``PROFILED_ANALYSIS_PROCESS=0``.
+
+Frames both ways: an 8-byte big-endian length, then a pickle.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import selectors
+import struct
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from typing import Any
+
+__all__ = ["AnalysisProcess", "AnalysisProcessError", "shape_and_analyse", "shared"]
+
+START_TIMEOUT_S = 30.0
+"""How long the helper may take to start (a Python interpreter on a loaded machine)."""
+
+WINDOW_TIMEOUT_S = 300.0
+"""How long one window's trace work may take before the helper is given up as hung."""
+
+_HEADER = struct.Struct(">Q")
+
+
+class AnalysisProcessError(RuntimeError):
+    """The helper could not do a window's work; the caller does it in-process."""
+
+
+def shape_and_analyse(raw: str, names: Any, dist: dict[str, Any]) -> Any:
+    """Shape the raw trace at ``raw`` in place and analyse it: the helper's work, and the
+    in-process fallback's when torch's events cannot be read directly."""
+    from .analysis import analyze, events_from_trace
+    from .tracefile import load_trace, shape_trace, write_json_atomic
+
+    trace = shape_trace(load_trace(raw), names, dist)
+    write_json_atomic(trace, raw, compress=False, durable=False)  # scratch: no fsync
+    return analyze(events_from_trace(trace), names)
+
+
+# ---------------------------------------------------------------- the parent's side
+
+
+class AnalysisProcess:
+    """The parent's handle on one helper process; ``analyse`` may be called from any thread
+    (calls are serialised)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._owner = os.getpid()
+        self.failed: str | None = None  # why the helper is no longer used, once it failed
+        self.torch_in_child: bool | None = None  # what the helper said when it started
+
+    @property
+    def pid(self) -> int | None:
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def analyse(self, raw: str, names: Any, dist: dict[str, Any],
+                timeout: float = WINDOW_TIMEOUT_S) -> tuple[Any, list[str]]:
+        """``shape_and_analyse`` in the helper: (the Analysis, warnings it gave)."""
+        with self._lock:
+            if self.failed is not None:
+                raise AnalysisProcessError(self.failed)
+            try:
+                if self._proc is None:
+                    self._start()
+                assert self._proc is not None
+                _write_frame(self._proc.stdin, ("analyse", raw, tuple(names), dict(dist)))
+                reply = _read_frame(self._proc.stdout, time.monotonic() + timeout)
+            except (OSError, EOFError, TimeoutError, pickle.PickleError, ValueError) as exc:
+                self._fail(f"the analysis helper process failed ({exc!r})")
+                raise AnalysisProcessError(self.failed) from exc
+            if reply[0] == "ok":
+                return reply[1], list(reply[2])
+            # the work itself raised there (a malformed trace): this window only
+            raise AnalysisProcessError(reply[1])
+
+    def _start(self) -> None:
+        parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        package = os.path.dirname(os.path.abspath(__file__))
+        boot = (
+            "import sys, types\n"
+            f"sys.path.insert(0, {parent!r})\n"
+            "p = types.ModuleType('instrument')\n"
+            f"p.__path__ = [{package!r}]\n"
+            "sys.modules['instrument'] = p\n"
+            "from instrument.analysis_process import child_main\n"
+            "child_main()\n"
+        )
+        self._proc = subprocess.Popen(
+            [sys.executable, "-S", "-c", boot],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            start_new_session=True, close_fds=True,
+        )
+        hello = _read_frame(self._proc.stdout, time.monotonic() + START_TIMEOUT_S)
+        if hello[0] != "ready":
+            raise ValueError(f"unexpected first message {hello[0]!r}")
+        self.torch_in_child = bool(hello[2])
+
+    def _fail(self, why: str) -> None:
+        self.failed = why
+        self._kill()
+
+    def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        for pipe in (proc.stdin, proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+        try:
+            proc.kill()
+            proc.wait(1.0)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Ask the helper to leave; kill it past ``timeout``. A forked child never touches
+        its parent's helper."""
+        if os.getpid() != self._owner:
+            return
+        with self._lock:
+            proc, self._proc = self._proc, None
+            if proc is None:
+                return
+            try:
+                _write_frame(proc.stdin, ("exit",))
+                proc.stdin.close()
+                proc.wait(timeout)
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                pass
+            self._proc = proc
+            self._kill()
+
+
+_shared: AnalysisProcess | None = None
+_shared_lock = threading.Lock()
+_inherited: list[AnalysisProcess] = []
+
+
+def shared() -> AnalysisProcess:
+    """The process's one helper handle (a forked child gets a new one)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None or _shared._owner != os.getpid():
+            if _shared is not None:
+                # a forked child: the parent's handle (and its pipes) is left alone, never
+                # closed from here (that would write into the parent's helper)
+                _inherited.append(_shared)
+            _shared = AnalysisProcess()
+        return _shared
+
+
+def close_shared(timeout: float = 2.0) -> None:
+    helper = _shared
+    if helper is not None:
+        helper.close(timeout)
+
+
+# ---------------------------------------------------------------- frames
+
+
+def _write_frame(pipe: Any, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    pipe.write(_HEADER.pack(len(data)) + data)
+    pipe.flush()
+
+
+def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
+    chunks = []
+    sel = None
+    if deadline is not None:
+        sel = selectors.DefaultSelector()
+        sel.register(fd, selectors.EVENT_READ)
+    try:
+        while n:
+            if sel is not None:
+                left = deadline - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    raise TimeoutError("no answer from the analysis helper process in time")
+            chunk = os.read(fd, min(n, 1 << 20))
+            if not chunk:
+                raise EOFError("the analysis helper process closed its output")
+            chunks.append(chunk)
+            n -= len(chunk)
+    finally:
+        if sel is not None:
+            sel.close()
+    return b"".join(chunks)
+
+
+def _read_frame(pipe: Any, deadline: float | None) -> Any:
+    fd = pipe.fileno()
+    (n,) = _HEADER.unpack(_read_exact(fd, _HEADER.size, deadline))
+    return pickle.loads(_read_exact(fd, n, deadline))
+
+
+# ---------------------------------------------------------------- the helper's side
+
+
+def child_main() -> None:
+    """The helper's loop: answer ``analyse`` frames until ``exit``, end of input, or the
+    parent's death (it may be gone while a forked child of it still holds our input open)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
+
+    def watch_parent() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch_parent, daemon=True, name="parent-watch").start()
+    stdin = sys.stdin.buffer
+    stdout = sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing else may write into the frame stream
+    _write_frame(stdout, ("ready", os.getpid(), "torch" in sys.modules))
+    while True:
+        try:
+            request = _read_frame(stdin, None)
+        except EOFError:
+            return
+        if request[0] != "analyse":
+            return
+        _, raw, names, dist = request
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                analysis = shape_and_analyse(raw, frozenset(names), dist)
+                reply: tuple = ("ok", analysis, [str(w.message) for w in caught])
+            except Exception as exc:  # noqa: BLE001 - reported to the parent, which goes on
+                reply = ("error", f"the trace of this window could not be analysed ({exc!r})")
+        _write_frame(stdout, reply)
