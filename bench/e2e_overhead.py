@@ -240,7 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-steps", type=int,
                         help="steps per timed run, a multiple of --every (default 2x --every)")
     parser.add_argument("--json", metavar="PATH", help="write the runs and summary as JSON")
+    parser.add_argument("--max-drain", type=int, metavar="N",
+                        help="a CUDA window's deferred stop waits at most N steps for its "
+                             "kernels (instrument.session.MAX_DRAIN_STEPS; a diagnostic)")
     args = parser.parse_args(argv)
+    if args.max_drain is not None:
+        sys.modules["instrument.session"].MAX_DRAIN_STEPS = args.max_drain
     if args.every <= WINDOW:
         parser.error(f"--every must be more than {WINDOW} (a window's steps), got {args.every}")
     run_steps = args.run_steps or 2 * args.every

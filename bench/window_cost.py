@@ -57,7 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=50)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--max-drain", type=int, metavar="N",
+                        help="instrument.session.MAX_DRAIN_STEPS (0: stop at the window's end)")
     args = parser.parse_args(argv)
+    if args.max_drain is not None:
+        _sess_mod.MAX_DRAIN_STEPS = args.max_drain
 
     ex = load_example()
     cuda = torch.cuda.is_available()
@@ -114,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                    "total_s": round(total, 3), "close_ms": round(close * 1e3, 1),
                    "plain_equivalent_s": round(med * args.steps, 3),
                    "excess_per_window_ms": excess, "mean_excess_after_first_ms": mean_excess,
-                   "phases_ms": phases}
+                   "phases_ms": phases, "deferred_stops": s._drain_log}
             result["runs"][label] = run
             print(f"\n== {label}: median step {med * 1e3:.2f} ms, {s.windows_opened} windows, "
                   f"run {total:.2f} s vs {med * args.steps:.2f} s at the median step; "
@@ -125,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
             if mean_excess:
                 print(f"    mean (windows after the first): {mean_excess}  "
                       f"sum {sum(mean_excess):.1f}")
+            if s._drain_log:
+                print("  deferred stops (steps after the window's end, kernels had run): "
+                      f"{s._drain_log}")
             for k, vals in phases.items():
                 later = vals[1:] or vals
                 print(f"  {k:28s} n={len(vals):2d}  first {vals[0]:7.1f} ms  "

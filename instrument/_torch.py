@@ -216,6 +216,7 @@ class ProfilerWindow:
         if config is not None:
             kwargs["experimental_config"] = config
         self._prof = torch.profiler.profile(**kwargs)
+        self.activities = tuple(activities)
         self.thread = threading.get_ident()
         self.with_flops = with_flops
         self.prepared = False
@@ -237,10 +238,30 @@ class ProfilerWindow:
         self._prof.start_trace()
         self.recording = True
 
-    def stop(self) -> None:
-        """Stop recording (synchronizes the device). Safe to call twice."""
+    def end_marker_event(self) -> Any:
+        """A CUDA event recorded now on the current stream, for a deferred stop: once it has
+        completed, the window's kernels on this stream have run and Kineto has their
+        records, so ``stop(sync=False)`` loses none of them. None where the window records no
+        CUDA work or torch cannot stop without synchronising (then stop at once)."""
+        if not (self.recording and "cuda" in self.activities
+                and hasattr(getattr(self._prof, "profiler", None), "use_device")):
+            return None
+        try:
+            event = torch.cuda.Event()
+            event.record()
+        except Exception:  # noqa: BLE001 - e.g. inside a CUDA graph capture: stop at once
+            return None
+        return event
+
+    def stop(self, *, sync: bool = True) -> None:
+        """Stop recording; with ``sync`` (torch's way) after synchronising the device. Safe to
+        call twice."""
         if self.recording:
             self.recording = False
+            if not sync:
+                # torch.autograd.profiler.profile.__exit__ synchronises its device when
+                # use_device is set; the caller made sure the window's kernels have run
+                self._prof.profiler.use_device = None
             self._prof.stop_trace()
         elif self.prepared:
             # prepared but never started: start and stop so torch releases its state

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .report import FrozenMap, KernelStats, OpStats, RangeStats
-from .tracefile import STEP_MARKER
+from .tracefile import STEP_MARKER, WINDOW_END
 from .verdict import CPU_ONLY, Verdict, judge
 
 __all__ = [
@@ -226,20 +226,32 @@ def _order(ev: Event) -> tuple[int, int]:
 
 def drop_warmup(events: list[Event]) -> list[Event]:
     """Events of the recorded steps only: drop those that began before the first
-    ``profiled::step#N`` marker (the warm-up, where the profiler's start-up costs land) and
-    the device work they launched. Events without such a marker are returned as they are."""
-    cut = None
+    ``profiled::step#N`` marker (the warm-up, where the profiler's start-up costs land) or at
+    or after the ``profiled::window_end`` marker (a CUDA window whose stop was deferred records
+    a few steps more), and the device work they launched. Events without such markers are
+    returned as they are."""
+    cut = end = None
     for ev in events:
-        if ev[0] == "overhead" and ev[NAME].startswith(STEP_MARKER):
-            if cut is None or ev[START] < cut:
-                cut = ev[START]
-    if cut is None:
+        if ev[0] == "overhead":
+            name = ev[NAME]
+            if name.startswith(STEP_MARKER):
+                if cut is None or ev[START] < cut:
+                    cut = ev[START]
+            elif name == WINDOW_END and (end is None or ev[START] < end):
+                end = ev[START]
+    if cut is None and end is None:
         return events
+    lo = cut if cut is not None else -(1 << 62)
+    hi = end if end is not None else 1 << 62
+    def recorded(ev: Event) -> bool:  # a host event of the recorded steps (the markers too)
+        return lo <= ev[START] and (ev[START] < hi or ev[NAME] == WINDOW_END)
+
     dropped = {ev[EXT] or ev[LINK] for ev in events
-               if (ev[0] == "cpu" or ev[0] == "overhead") and ev[START] < cut}
+               if (ev[0] == "cpu" or ev[0] == "overhead") and not recorded(ev)}
     dropped.discard(0)
     return [ev for ev in events
-            if ev[START] >= cut and (ev[0] == "cpu" or ev[0] == "overhead" or ev[LINK] not in dropped)]
+            if (recorded(ev) if ev[0] == "cpu" or ev[0] == "overhead"
+                else ev[START] >= lo and ev[LINK] not in dropped)]
 
 
 def _take_out_of_ranges(work_ns: int, open_ranges: tuple[tuple["_Range", list[int]], ...]

@@ -45,6 +45,11 @@ __all__ = ["ProfilerWarning", "Session", "configure", "session", "shutdown", "st
 
 _RECORDING = (Action.RECORD, Action.RECORD_AND_SAVE)
 
+MAX_DRAIN_STEPS = 8
+"""A CUDA window's deferred stop waits at most this many step boundaries for its kernels to
+have run (the CPU can be several steps ahead of the device); then it stops the usual way.
+0: no deferred stop (torch's synchronising stop at the window's end)."""
+
 
 class ProfilerWarning(UserWarning):
     """A profiler window could not be opened, ended or analysed; the program goes on."""
@@ -74,6 +79,10 @@ class Session:
         self._lock = threading.RLock()
         self._action = Action.NONE
         self._window: _torch.ProfilerWindow | None = None
+        # a CUDA window that ended but whose profiler still runs until its kernels have run
+        # (see _end_window): (window, CUDA event, hand-over, steps waited)
+        self._draining: tuple[Any, Any, _EndedWindow, int] | None = None
+        self._drain_log: list[tuple[int, bool]] = []  # (steps waited, kernels had run): bench
         self._window_steps: list[int] = []
         self._window_start_ns = 0
         self._active_started = False  # the open window has begun its recorded steps
@@ -111,6 +120,7 @@ class Session:
                 self._trigger = None
             if self._window is not None:
                 self._end_window(partial=True)
+            self._finish_drain(force=True)
         _refresh_idle()
         # outside the lock: decorated calls in other threads must not wait for exporters
         timeout = self.config.export_timeout_s
@@ -128,6 +138,8 @@ class Session:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every window that ended so far has been exported (False on timeout)."""
+        with self._lock:
+            self._finish_drain(force=True)
         return self._pipeline.flush(timeout)
 
     @property
@@ -208,6 +220,12 @@ class Session:
                 return
             if not self._started:
                 self._start()
+            if self._draining is not None:
+                self._finish_drain(force=False)
+                if self._draining is None:
+                    self._check_finished()
+                    if self.finished:
+                        return
             if (self._cycle_start is None and self._window is None
                     and self.step_index + 1 < self._idle_until and not self._trigger_pending):
                 self.step_index += 1  # an idle step: nothing else changes
@@ -285,6 +303,9 @@ class Session:
     def _check_finished(self) -> None:
         if self._window is not None or self._cycle_start is not None:
             return
+        if self._draining is not None:  # steps must still reach _advance to stop it
+            self._idle_until = 0
+            return
         nxt = self._next_possible(self.step_index + 1)
         if nxt is None and self._trigger is None:
             self.finished = True
@@ -352,6 +373,7 @@ class Session:
             _mark(STEP_MARKER + str(step))
 
     def _open_window(self) -> bool:
+        self._finish_drain(force=True)  # torch profilers do not overlap
         if _torch.profiler_on():
             self._skip_reason = self._foreign_reason()
             return False
@@ -419,20 +441,56 @@ class Session:
             _mark(WINDOW_END)
         end_ns = time.time_ns()
         self._last_window_end = time.monotonic()
+        event = (window.end_marker_event()
+                 if steps and not partial and MAX_DRAIN_STEPS > 0 else None)
+        if event is not None:
+            # Deferred stop: torch's stop would synchronise the device here and process
+            # Kineto's buffers while the device idles (~20-30 ms on an H200). Instead the
+            # profiler runs on until this event has completed, at a later step boundary
+            # (_finish_drain), and then stops without synchronising while the device works
+            # through the steps queued meanwhile. What it records after the window's end
+            # marker is cut from the report and the trace.
+            self._draining = (window, event, self._hand_over(window, steps, partial, end_ns), 0)
+            return
         try:
             window.stop()
         except Exception as exc:  # noqa: BLE001
             self._warn(f"the profiler could not be stopped ({exc!r}); window lost")
             return
-        if not steps:
-            return
+        if steps:
+            # the caller's whole cost of a window end: stop() above, and this hand-over
+            self._pipeline.submit(self._hand_over(window, steps, partial, end_ns))
+
+    def _hand_over(self, window: Any, steps: tuple[int, ...], partial: bool,
+                   end_ns: int) -> "_EndedWindow":
         index = self._window_index
         self._window_index += 1
         self.windows_ended += 1
-        # the caller's whole cost of a window end: stop() above, and this hand-over
-        self._pipeline.submit(_EndedWindow(window, index, steps, partial, self._window_start_ns,
-                                           end_ns, frozenset(decorator.RANGE_NAMES),
-                                           _torch.distributed_info()))
+        return _EndedWindow(window, index, steps, partial, self._window_start_ns, end_ns,
+                            frozenset(decorator.RANGE_NAMES), _torch.distributed_info())
+
+    def _finish_drain(self, *, force: bool) -> None:
+        """Stop a window whose stop was deferred, once its end event has completed (without
+        synchronising), or now (``force``, or after MAX_DRAIN_STEPS: synchronising)."""
+        if self._draining is None:
+            return
+        window, event, ended, waited = self._draining
+        try:
+            done = event.query()
+        except Exception:  # noqa: BLE001 - a device error: take torch's own way out
+            done = False
+            force = True
+        if not (done or force or waited + 1 >= MAX_DRAIN_STEPS):
+            self._draining = (window, event, ended, waited + 1)
+            return
+        self._draining = None
+        self._drain_log.append((waited + 1, done))
+        try:
+            window.stop(sync=not done)
+        except Exception as exc:  # noqa: BLE001
+            self._warn(f"the profiler could not be stopped ({exc!r}); window lost")
+            return
+        self._pipeline.submit(ended)
 
     def _remove_raw(self, report: WindowReport) -> None:
         if report.raw_trace_path:
@@ -694,13 +752,14 @@ def _enter_explicit(sess: Session) -> None:
             )
         if sess.closed:
             raise RuntimeError("this session has ended; create a new one with session(...)")
-        if _ambient is not None and _ambient._window is not None:
+        if _ambient is not None:
             with _ambient._lock:
-                if not _ambient._window_steps:
-                    _ambient._skip_reason = (
-                        "an explicit session() started before the ambient window recorded a step"
-                    )
-                _ambient._end_window(partial=True)
+                if _ambient._window is not None:
+                    if not _ambient._window_steps:
+                        _ambient._skip_reason = ("an explicit session() started before the "
+                                                 "ambient window recorded a step")
+                    _ambient._end_window(partial=True)
+                _ambient._finish_drain(force=True)  # its profiler must stop before ours starts
         _explicit = sess
         _current = sess
         _register_atexit()

@@ -60,8 +60,11 @@ def shape_trace(
     if markers:
         markers.sort(key=lambda e: float(e.get("ts", 0.0)))
         first_step = next((m for m in markers if m.get("name") != WINDOW_END), None)
-        if first_step is not None:
-            kept = _drop_warmup(kept, float(first_step.get("ts", 0.0)))
+        end = next((m for m in markers if m.get("name") == WINDOW_END), None)
+        if first_step is not None or end is not None:
+            kept = _keep_recorded(
+                kept, float(first_step.get("ts", 0.0)) if first_step is not None else None,
+                float(end.get("ts", 0.0)) if end is not None else None)
         tid = markers[0].get("tid")
         for here, nxt in zip(markers, markers[1:]):
             if here.get("name") == WINDOW_END:
@@ -85,10 +88,15 @@ _DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annota
                           "mtia_ccp_events"})
 
 
-def _drop_warmup(events: list[dict[str, Any]], cut: float) -> list[dict[str, Any]]:
-    """Drop what the profiler recorded before the first recorded step began (the warm-up):
-    events that began before ``cut``, the device work they launched, and their flow arrows.
-    The whole-trace span (category ``Trace``) and metadata events stay."""
+def _keep_recorded(events: list[dict[str, Any]], cut: float | None,
+                   end: float | None) -> list[dict[str, Any]]:
+    """Keep what the recorded steps did: drop host events that began before the first
+    recorded step (``cut``: the warm-up) or at or after the window's end marker (``end``: a
+    CUDA window whose stop was deferred records a few more steps), the device work they
+    launched, and their flow arrows. Device work the kept steps launched stays, also where it
+    ran after ``end``. The whole-trace span (category ``Trace``) and metadata events stay."""
+    lo = float("-inf") if cut is None else cut
+    hi = float("inf") if end is None else end
     dropped_ids: set[Any] = set()
     dropped_corr: set[Any] = set()
     kept: list[dict[str, Any]] = []
@@ -99,12 +107,13 @@ def _drop_warmup(events: list[dict[str, Any]], cut: float) -> list[dict[str, Any
             if ev.get("cat") in _DEVICE_CATS:
                 later.append(ev)
                 continue
-            if float(ev.get("ts", 0.0)) < cut:
+            ts = float(ev.get("ts", 0.0))
+            if ts < lo or ts >= hi:
                 args = ev.get("args") or {}
-                if "External id" in args:
-                    dropped_ids.add(args["External id"])
-                if "correlation" in args:
+                if "correlation" in args:  # a runtime call: its own launches only
                     dropped_corr.add(args["correlation"])
+                elif "External id" in args:  # an operator: everything it launched
+                    dropped_ids.add(args["External id"])
                 continue
         elif ph in ("s", "f", "t"):
             later.append(ev)
@@ -112,13 +121,16 @@ def _drop_warmup(events: list[dict[str, Any]], cut: float) -> list[dict[str, Any
         kept.append(ev)
     dropped_ids.discard(0)
     dropped_ids.discard(None)
+    dropped_corr.discard(0)
+    dropped_corr.discard(None)
     for ev in later:
         args = ev.get("args") or {}
+        ts = float(ev.get("ts", 0.0))
         if ev.get("ph") == "X":
-            if float(ev.get("ts", 0.0)) < cut or args.get("External id") in dropped_ids:
+            if ts < lo or args.get("External id") in dropped_ids or \
+                    args.get("correlation") in dropped_corr:
                 continue
-        elif float(ev.get("ts", 0.0)) < cut or (
-                ev.get("cat") == "ac2g" and ev.get("id") in dropped_corr):
+        elif ts < lo or (ev.get("cat") == "ac2g" and ev.get("id") in dropped_corr):
             continue  # a launch -> kernel arrow of a dropped launch
         kept.append(ev)
     return kept

@@ -217,3 +217,46 @@ def test_a_compiled_graphs_call_is_user_time_not_profiler_bookkeeping():
     assert ops[graph].self_cpu_time_us == pytest.approx(50.0)
     assert a.profiler_overhead_us == pytest.approx(10.0)  # ProfilerStep#2's own 10 us only
     assert a.self_cpu_time_total_us == pytest.approx(100.0)
+
+
+def test_work_recorded_after_the_window_end_marker_is_cut(tmp_path):
+    """A CUDA window whose stop is deferred records a few steps past its end marker: the
+    report and the shaped trace keep the recorded steps only. Real events, on the CPU: the
+    same profiler window records a warm-up call, three marked steps, the end marker, then
+    two calls more."""
+    from instrument import _torch
+    from instrument.analysis import analyze, drop_warmup, events_from_trace
+    from instrument.tracefile import STEP_MARKER, WINDOW_END, load_trace, shape_trace
+
+    @profiled("tail_mm")
+    def tail_mm(a):
+        return a @ a
+
+    a = torch.randn(16, 16)
+    win = _torch.ProfilerWindow(("cpu",), record_shapes=False, profile_memory=False,
+                                with_stack=False, with_flops=False)
+    win.start()
+    tail_mm(a)  # warm-up
+    for s in range(3):
+        with _torch.FastRange(STEP_MARKER + str(s)):
+            pass
+        tail_mm(a)
+    with _torch.FastRange(WINDOW_END):
+        pass
+    tail_mm(a)
+    tail_mm(a)
+    win.stop()
+    names = frozenset({"tail_mm"})
+    raw = tmp_path / "raw.json"
+    win.export_chrome_trace(str(raw))
+    everything = analyze_events(load_trace(str(raw))["traceEvents"], names)
+    assert everything.ranges["tail_mm"].calls == 6  # the raw trace holds them all
+    shaped = shape_trace(load_trace(str(raw)), names, {"rank": 0, "world_size": 1})
+    assert analyze(events_from_trace(shaped), names).ranges["tail_mm"].calls == 3
+    assert [e["name"] for e in shaped["traceEvents"] if e.get("name", "").startswith(
+        "ProfilerStep#")] == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
+    mms = [e for e in shaped["traceEvents"] if e.get("name") == "aten::mm"]
+    assert len(mms) == 3
+    events = win.events()
+    if events is not None:  # torch with typed Kineto events (2.13): the in-thread path
+        assert analyze(drop_warmup(events), names).ranges["tail_mm"].calls == 3

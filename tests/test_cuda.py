@@ -112,3 +112,40 @@ def test_ranges_from_threads_carry_device_time(tmp_path):
     r = cap.reports[0].ranges["matmul_bias"]
     assert r.calls == 20
     assert r.device_time_us > 0 and r.kernel_launches >= 20
+
+
+def test_a_window_stops_once_its_kernels_ran_without_synchronising(tmp_path):
+    """The window's end only marks it and records a CUDA event; the profiler stops at a later
+    step boundary once that event completed, without a device synchronisation, and the
+    report and trace hold the recorded steps' work only (what ran after the end is cut)."""
+    import sys
+
+    session_mod = sys.modules["instrument.session"]  # (instrument.session is the function)
+
+    x, w, b = _tensors(2048)
+    matmul_bias(x, w, b)
+    torch.cuda.synchronize()
+    with capture(schedule=Schedule(warmup=1, active=3),
+                 exporters=[TraceFileExporter(tmp_path, gzip=False)]) as cap:
+        sess = cap.session
+        for _ in range(4):  # warm-up + 3 recorded steps: the 4th return ends the window
+            matmul_bias(x, w, b)
+        assert sess._draining is not None and sess._window is None
+        deferred_window = sess._draining[0]
+        extra = 0
+        while sess._draining is not None and extra < session_mod.MAX_DRAIN_STEPS:
+            matmul_bias(x, w, b)  # still recorded by the profiler, cut from the report
+            extra += 1
+        assert sess._draining is None
+        assert deferred_window._prof.profiler.use_device is None  # stopped without a sync
+        assert sess.flush(60)
+        (report,) = cap.reports
+    r = report.ranges["matmul_bias"]
+    assert r.calls == 3
+    per_call = _window(2048, tmp_path / "sync").ranges["matmul_bias"].kernel_launches // 3
+    assert r.kernel_launches == 3 * per_call  # every recorded kernel, none from after the end
+    trace = json.load(open(report.trace_file))
+    ranges = [e for e in trace["traceEvents"] if e.get("name") == "matmul_bias"
+              and e.get("cat") == "user_annotation"]
+    assert len(ranges) == 3
+    assert sum(1 for e in trace["traceEvents"] if e.get("cat") == "kernel") == 3 * per_call
