@@ -215,6 +215,7 @@ class ProfilerWindow:
         config = _experimental_config(profile_memory)
         if config is not None:
             kwargs["experimental_config"] = config
+        self.all_threads = config is not None  # a stop from any thread finds its session
         self._prof = torch.profiler.profile(**kwargs)
         self.activities = tuple(activities)
         self.thread = threading.get_ident()
@@ -242,8 +243,10 @@ class ProfilerWindow:
         """A CUDA event recorded now on the current stream, for a deferred stop: once it has
         completed, the window's kernels on this stream have run and Kineto has their
         records, so ``stop(sync=False)`` loses none of them. None where the window records no
-        CUDA work or torch cannot stop without synchronising (then stop at once)."""
-        if not (self.recording and "cuda" in self.activities
+        CUDA work, records only the thread that started it (a later stop may come from
+        another thread: ``flush()``, the exit hook), or torch cannot stop without
+        synchronising (then stop at once)."""
+        if not (self.recording and "cuda" in self.activities and self.all_threads
                 and hasattr(getattr(self._prof, "profiler", None), "use_device")):
             return None
         try:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import pickle
 import selectors
+import socket
 import struct
 import subprocess
 import sys
@@ -68,6 +69,7 @@ class AnalysisProcess:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
+        self._requests: socket.socket | None = None  # our end of the helper's standard input
         self._owner = os.getpid()
         self.failed: str | None = None  # why the helper is no longer used, once it failed
         self.torch_in_child: bool | None = None  # what the helper said when it started
@@ -86,10 +88,13 @@ class AnalysisProcess:
             try:
                 if self._proc is None:
                     self._start()
-                assert self._proc is not None
-                _write_frame(self._proc.stdin, ("analyse", raw, tuple(names), dict(dist)))
+                assert self._proc is not None and self._requests is not None
+                _send_frame(self._requests, ("analyse", raw, tuple(names), dict(dist)))
                 reply = _read_frame(self._proc.stdout, time.monotonic() + timeout)
-            except (OSError, EOFError, TimeoutError, pickle.PickleError, ValueError) as exc:
+                if not (isinstance(reply, tuple) and len(reply) in (2, 3)
+                        and reply[0] in ("ok", "error")):
+                    raise ValueError(f"unexpected reply {type(reply).__name__}")
+            except Exception as exc:  # noqa: BLE001 - whatever broke, the helper is given up
                 self._fail(f"the analysis helper process failed ({exc!r})")
                 raise AnalysisProcessError(self.failed) from exc
             if reply[0] == "ok":
@@ -109,14 +114,24 @@ class AnalysisProcess:
             "from instrument.analysis_process import child_main\n"
             "child_main()\n"
         )
-        self._proc = subprocess.Popen(
-            [sys.executable, "-S", "-c", boot],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True,
-        )
+        # requests go through a socket, not a pipe: sent with MSG_NOSIGNAL, a dead helper is
+        # an error here, never a SIGPIPE (which kills a program that restored its default)
+        ours, theirs = socket.socketpair()
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-S", "-c", boot],
+                stdin=theirs.fileno(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                start_new_session=True, close_fds=True,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._requests = ours
         hello = _read_frame(self._proc.stdout, time.monotonic() + START_TIMEOUT_S)
-        if hello[0] != "ready":
-            raise ValueError(f"unexpected first message {hello[0]!r}")
+        if not (isinstance(hello, tuple) and hello and hello[0] == "ready"):
+            raise ValueError(f"unexpected first message {hello!r:.80}")
         self.torch_in_child = bool(hello[2])
 
     def _fail(self, why: str) -> None:
@@ -125,13 +140,15 @@ class AnalysisProcess:
 
     def _kill(self) -> None:
         proc, self._proc = self._proc, None
+        requests, self._requests = self._requests, None
+        if requests is not None:
+            requests.close()
         if proc is None:
             return
-        for pipe in (proc.stdin, proc.stdout):
-            try:
-                pipe.close()
-            except OSError:
-                pass
+        try:
+            proc.stdout.close()
+        except OSError:
+            pass
         try:
             proc.kill()
             proc.wait(1.0)
@@ -139,22 +156,35 @@ class AnalysisProcess:
             pass
 
     def close(self, timeout: float = 2.0) -> None:
-        """Ask the helper to leave; kill it past ``timeout``. A forked child never touches
-        its parent's helper."""
+        """Ask the helper to leave; kill it past ``timeout`` (also when it is busy with a
+        window: an exit never waits for one). A forked child never touches its parent's
+        helper."""
         if os.getpid() != self._owner:
             return
-        with self._lock:
-            proc, self._proc = self._proc, None
+        if not self._lock.acquire(timeout=timeout):
+            # analyse() holds the lock while the helper works: end it; analyse() then gets
+            # end-of-file and gives the helper up
+            proc = self._proc
+            if proc is not None:
+                try:
+                    proc.kill()
+                except OSError:
+                    pass
+            return
+        try:
+            proc, requests = self._proc, self._requests
             if proc is None:
                 return
             try:
-                _write_frame(proc.stdin, ("exit",))
-                proc.stdin.close()
+                if requests is not None:
+                    _send_frame(requests, ("exit",))
+                    requests.shutdown(socket.SHUT_WR)
                 proc.wait(timeout)
             except (OSError, ValueError, subprocess.TimeoutExpired):
                 pass
-            self._proc = proc
             self._kill()
+        finally:
+            self._lock.release()
 
 
 _shared: AnalysisProcess | None = None
@@ -184,9 +214,21 @@ def close_shared(timeout: float = 2.0) -> None:
 # ---------------------------------------------------------------- frames
 
 
-def _write_frame(pipe: Any, obj: Any) -> None:
+MAX_FRAME = 1 << 30
+"""Frames are small (a request, an ``Analysis``): a longer length means a corrupt stream."""
+
+
+def _frame(obj: Any) -> bytes:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    pipe.write(_HEADER.pack(len(data)) + data)
+    return _HEADER.pack(len(data)) + data
+
+
+def _send_frame(sock: socket.socket, obj: Any) -> None:
+    sock.sendall(_frame(obj), getattr(socket, "MSG_NOSIGNAL", 0))
+
+
+def _write_frame(pipe: Any, obj: Any) -> None:
+    pipe.write(_frame(obj))
     pipe.flush()
 
 
@@ -216,6 +258,8 @@ def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
 def _read_frame(pipe: Any, deadline: float | None) -> Any:
     fd = pipe.fileno()
     (n,) = _HEADER.unpack(_read_exact(fd, _HEADER.size, deadline))
+    if n > MAX_FRAME:
+        raise ValueError(f"a frame of {n} bytes: the stream is corrupt")
     return pickle.loads(_read_exact(fd, n, deadline))
 
 

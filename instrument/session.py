@@ -45,10 +45,12 @@ __all__ = ["ProfilerWarning", "Session", "configure", "session", "shutdown", "st
 
 _RECORDING = (Action.RECORD, Action.RECORD_AND_SAVE)
 
-MAX_DRAIN_STEPS = 8
-"""A CUDA window's deferred stop waits at most this many step boundaries for its kernels to
-have run (the CPU can be several steps ahead of the device); then it stops the usual way.
-0: no deferred stop (torch's synchronising stop at the window's end)."""
+MAX_DRAIN_STEPS = 0
+"""Experimental, off (0): a CUDA window's deferred stop (see ``_end_window``) waits at most
+this many step boundaries for its kernels to have run, then stops the usual way. Off by
+default: while it waits, a torch.profiler the program starts would be ended by this one's stop
+(torch profilers do not nest), and kernels of other streams still running may be lost.
+``bench/e2e_overhead.py --max-drain 8`` measures it."""
 
 
 class ProfilerWarning(UserWarning):

@@ -130,8 +130,8 @@ def _keep_recorded(events: list[dict[str, Any]], cut: float | None,
             if ts < lo or args.get("External id") in dropped_ids or \
                     args.get("correlation") in dropped_corr:
                 continue
-        elif ts < lo or (ev.get("cat") == "ac2g" and ev.get("id") in dropped_corr):
-            continue  # a launch -> kernel arrow of a dropped launch
+        elif ts < lo or (ev.get("id") in dropped_corr if ev.get("cat") == "ac2g" else ts >= hi):
+            continue  # a launch -> kernel arrow of a dropped launch; other arrows by time
         kept.append(ev)
     return kept
 

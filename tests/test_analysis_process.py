@@ -253,3 +253,61 @@ def test_subprocess_output_is_not_held_by_the_helper(run_python):
     assert ended == 1
     assert _gone(pid)
     assert time.monotonic() - t0 < 60
+
+
+def test_a_dead_helper_never_kills_a_program_that_restored_sigpipe(run_python):
+    """A program that restored SIGPIPE's default action (as command-line tools do) loses
+    nothing when the helper dies: the next window's request fails as an error, not a signal,
+    and its report is built in the program's process."""
+    code = (
+        "import os, signal, time, warnings, torch, instrument\n"
+        "from instrument import profiled, analysis_process\n"
+        "from exporters import InMemoryExporter\n"
+        "signal.signal(signal.SIGPIPE, signal.SIG_DFL)\n"
+        "warnings.simplefilter('ignore')\n"
+        "@profiled('mm')\n"
+        "def mm(a): return a @ a\n"
+        "a = torch.randn(16, 16)\n"
+        "def window():\n"
+        "    mem = InMemoryExporter()\n"
+        "    with instrument.session(exporters=[mem]):\n"
+        "        for _ in range(6): mm(a)\n"
+        "    return mem.reports[0].ranges['mm'].calls\n"
+        "first = window()\n"
+        "pid = analysis_process.shared().pid\n"
+        "os.kill(pid, signal.SIGKILL)\n"
+        "time.sleep(0.5)\n"
+        "print(first, window(), analysis_process.shared().failed is not None, flush=True)\n"
+    )
+    proc = run_python(code)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stdout.split()[-3:] == ["3", "3", "True"]
+
+
+def test_exit_never_waits_for_a_busy_helper(raw_trace):
+    """close() while a window is being analysed (here: a helper stopped mid-work) ends the
+    helper within its timeout instead of waiting for the window's own deadline."""
+    import threading
+
+    helper = AnalysisProcess()
+    helper.analyse(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1})
+    pid = helper.pid
+    os.kill(pid, signal.SIGSTOP)
+    errors = []
+
+    def busy():
+        try:
+            helper.analyse(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1}, timeout=120)
+        except AnalysisProcessError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=busy)
+    t.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    helper.close(timeout=0.5)
+    assert time.monotonic() - t0 < 5
+    t.join(10)
+    assert not t.is_alive() and len(errors) == 1
+    assert _gone(pid)
+    assert helper.failed is not None

@@ -114,13 +114,14 @@ def test_ranges_from_threads_carry_device_time(tmp_path):
     assert r.device_time_us > 0 and r.kernel_launches >= 20
 
 
-def test_a_window_stops_once_its_kernels_ran_without_synchronising(tmp_path):
+def test_a_window_stops_once_its_kernels_ran_without_synchronising(tmp_path, monkeypatch):
     """The window's end only marks it and records a CUDA event; the profiler stops at a later
     step boundary once that event completed, without a device synchronisation, and the
     report and trace hold the recorded steps' work only (what ran after the end is cut)."""
     import sys
 
     session_mod = sys.modules["instrument.session"]  # (instrument.session is the function)
+    monkeypatch.setattr(session_mod, "MAX_DRAIN_STEPS", 8)  # experimental, off by default
 
     x, w, b = _tensors(2048)
     matmul_bias(x, w, b)
@@ -142,6 +143,7 @@ def test_a_window_stops_once_its_kernels_ran_without_synchronising(tmp_path):
         (report,) = cap.reports
     r = report.ranges["matmul_bias"]
     assert r.calls == 3
+    monkeypatch.setattr(session_mod, "MAX_DRAIN_STEPS", 0)
     per_call = _window(2048, tmp_path / "sync").ranges["matmul_bias"].kernel_launches // 3
     assert r.kernel_launches == 3 * per_call  # every recorded kernel, none from after the end
     trace = json.load(open(report.trace_file))
