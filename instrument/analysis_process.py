@@ -33,7 +33,8 @@ import time
 import warnings
 from typing import Any
 
-__all__ = ["AnalysisProcess", "AnalysisProcessError", "shape_and_analyse", "shared"]
+__all__ = ["SUPPORTED", "AnalysisProcess", "AnalysisProcessError", "shape_and_analyse",
+           "shared"]
 
 START_TIMEOUT_S = 30.0
 """How long the helper may take to start (a Python interpreter on a loaded machine)."""
@@ -42,6 +43,9 @@ WINDOW_TIMEOUT_S = 300.0
 """How long one window's trace work may take before the helper is given up as hung."""
 
 _HEADER = struct.Struct(">Q")
+
+SUPPORTED = os.name == "posix"
+"""The helper needs POSIX pipes and sessions; elsewhere windows are analysed in-process."""
 
 
 class AnalysisProcessError(RuntimeError):

@@ -561,6 +561,8 @@ class Session:
                            dist: dict[str, Any]) -> Any:
         """The window's trace work in the shared helper process; None (the caller does it
         here) when the helper cannot, with one warning the first time it fails."""
+        if not analysis_process.SUPPORTED:
+            return None
         helper = analysis_process.shared()
         if helper.failed is not None:
             return None
