@@ -245,6 +245,8 @@ def test_work_recorded_after_the_window_end_marker_is_cut(tmp_path):
         pass
     tail_mm(a)
     tail_mm(a)
+    g = torch.randn(16, 16, requires_grad=True)
+    (g @ g).sum().backward()  # forward -> backward flow arrows, after the end
     win.stop()
     names = frozenset({"tail_mm"})
     raw = tmp_path / "raw.json"
@@ -257,6 +259,11 @@ def test_work_recorded_after_the_window_end_marker_is_cut(tmp_path):
         "ProfilerStep#")] == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
     mms = [e for e in shaped["traceEvents"] if e.get("name") == "aten::mm"]
     assert len(mms) == 3
+    raw_events = load_trace(str(raw))["traceEvents"]
+    end = next(float(e["ts"]) for e in raw_events if e.get("name") == WINDOW_END)
+    assert any(e.get("ph") in ("s", "f") and float(e["ts"]) >= end for e in raw_events)
+    assert not [e for e in shaped["traceEvents"]
+                if e.get("ph") in ("s", "f", "t") and float(e.get("ts", 0)) >= end]
     events = win.events()
     if events is not None:  # torch with typed Kineto events (2.13): the in-thread path
         assert analyze(drop_warmup(events), names).ranges["tail_mm"].calls == 3

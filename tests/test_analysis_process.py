@@ -311,3 +311,23 @@ def test_exit_never_waits_for_a_busy_helper(raw_trace):
     assert not t.is_alive() and len(errors) == 1
     assert _gone(pid)
     assert helper.failed is not None
+
+
+def test_junk_from_the_helper_gives_it_up_and_the_window_is_kept(raw_trace, tmp_path):
+    """Bytes that are no frame on the helper's output (written into its real pipe) make the
+    parent give the helper up at once, not wait for a frame that never ends; the session
+    then analyses in-process."""
+    helper = AnalysisProcess()
+    try:
+        helper.analyse(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1})
+        pid = helper.pid
+        os.kill(pid, signal.SIGSTOP)  # it must not answer before our junk is read
+        with open(f"/proc/{pid}/fd/1", "wb") as out:  # the helper's end of the reply pipe
+            out.write(b"\xff" * 8 + b"junk")
+        t0 = time.monotonic()
+        with pytest.raises(AnalysisProcessError, match="corrupt"):
+            helper.analyse(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1}, timeout=30)
+        assert time.monotonic() - t0 < 5
+        assert helper.failed and _gone(pid)
+    finally:
+        helper.close()
