@@ -182,16 +182,16 @@ class Bench:
         if self.device == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         sched = torch.profiler.schedule(wait=self.every - WINDOW, warmup=1, active=WINDOW - 1)
-        model, opt, task = self.model, self.opt, self.task
         sync(self.device)
         t0 = time.perf_counter()
         with torch.profiler.profile(activities=activities, schedule=sched,
                                     on_trace_ready=ready) as prof:
-            for _ in range(self.run_steps):
-                x, y = task.batch_at(self.i)
-                self.i += 1
+
+            def step(model, opt, x, y) -> None:
                 plain_step(model, opt, x, y)
                 prof.step()
+
+            self._loop(step)
         sync(self.device)
         took = time.perf_counter() - t0
         assert len(windows) == self.run_steps // self.every, len(windows)

@@ -56,11 +56,9 @@ def shape_and_analyse(raw: str, names: Any, dist: dict[str, Any]) -> Any:
     """Shape the raw trace at ``raw`` in place and analyse it: the helper's work, and the
     in-process fallback's when torch's events cannot be read directly."""
     from .analysis import analyze, events_from_trace
-    from .tracefile import load_trace, shape_trace, write_json_atomic
+    from .tracefile import shape_file
 
-    trace = shape_trace(load_trace(raw), names, dist)
-    write_json_atomic(trace, raw, compress=False, durable=False)  # scratch: no fsync
-    return analyze(events_from_trace(trace), names)
+    return analyze(events_from_trace(shape_file(raw, names, dist)), names)
 
 
 # ---------------------------------------------------------------- the parent's side

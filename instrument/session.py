@@ -32,14 +32,14 @@ from typing import Any
 from exporters import ExporterWarning, check_exporter_names, resolve_exporters
 
 from . import _torch, analysis_process, decorator, triggers
-from .analysis import analyze, drop_warmup, events_from_trace
+from .analysis import analyze, drop_warmup
 from .analysis import gc_paused as analysis_gc_paused
 from .analysis_process import shape_and_analyse
 from .config import Config, _reject_unknown, _reset_warnings
 from .pipeline import ExportPipeline
 from .report import WindowReport
 from .sampling import Action, Schedule
-from .tracefile import STEP_MARKER, WINDOW_END, load_trace, shape_trace, write_json_atomic
+from .tracefile import STEP_MARKER, WINDOW_END, shape_file
 
 __all__ = ["ProfilerWarning", "Session", "configure", "session", "shutdown", "step"]
 
@@ -519,28 +519,21 @@ class Session:
                 self._tmpdir = tempfile.mkdtemp(prefix="torch-profiled-")
             tmpdir = self._tmpdir
         raw = os.path.join(tmpdir, f"window{ended.index}.pt.trace.json")
-        analysis = None
-        if self.config.analysis_process:
-            # torch writes the trace here (it needs the profiler's results); reading, shaping
-            # and analysing it happen in the helper process, off this program's GIL
-            window.export_chrome_trace(raw)
-            del window
-            analysis = self._analyse_in_helper(raw, names, dist)
+        # straight from Kineto's events where this torch allows it, on the export thread
+        events = None if self.config.analysis_process else window.events()
+        window.export_chrome_trace(raw)  # needs the profiler's results: in this process
+        del window
+        if events is not None:
+            analysis = analyze(drop_warmup(events), names)
+            del events
+            shape_file(raw, names, dist)  # the trace file exporters get (tracefile.shape_trace)
+        else:
+            # reading, shaping and analysing the trace: in the helper process, off this
+            # program's GIL, unless it is off or cannot
+            analysis = (self._analyse_in_helper(raw, names, dist)
+                        if self.config.analysis_process else None)
             if analysis is None:
                 analysis = shape_and_analyse(raw, names, dist)
-        else:
-            events = window.events()  # straight from Kineto's events when possible
-            if events is not None:
-                analysis = analyze(drop_warmup(events), names)
-            del events
-            # the trace file exporters get: torch's JSON, shaped (see tracefile.shape_trace)
-            window.export_chrome_trace(raw)
-            del window
-            trace = shape_trace(load_trace(raw), names, dist)
-            write_json_atomic(trace, raw, compress=False, durable=False)  # scratch: no fsync
-            if analysis is None:  # older torch: analyse the trace JSON
-                analysis = analyze(events_from_trace(trace), names)
-            del trace
         return WindowReport(
             window=ended.index,
             steps=ended.steps,

@@ -23,7 +23,7 @@ from typing import Any
 
 from exporters.trace_file import _open_temp  # one place creates readable temp files
 
-__all__ = ["MARKER_PREFIX", "STEP_MARKER", "STEP_PREFIX", "WINDOW_END", "load_trace", "shape_trace", "write_json_atomic"]
+__all__ = ["MARKER_PREFIX", "STEP_MARKER", "STEP_PREFIX", "WINDOW_END", "load_trace", "shape_file", "shape_trace", "write_json_atomic"]
 
 STEP_PREFIX = "ProfilerStep#"
 MARKER_PREFIX = "profiled::"
@@ -134,6 +134,15 @@ def _keep_recorded(events: list[dict[str, Any]], cut: float | None,
             continue  # a launch -> kernel arrow of a dropped launch; other arrows by time
         kept.append(ev)
     return kept
+
+
+def shape_file(path: str, range_names: Iterable[str], distributed: dict[str, Any]
+               ) -> dict[str, Any]:
+    """Shape the raw window trace at ``path`` in place (a scratch file: no ``fsync``) and
+    return the shaped trace."""
+    trace = shape_trace(load_trace(path), range_names, distributed)
+    write_json_atomic(trace, path, compress=False, durable=False)
+    return trace
 
 
 def write_json_atomic(obj: Any, path: str, *, compress: bool, durable: bool = True) -> None:

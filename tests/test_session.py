@@ -513,14 +513,16 @@ def test_steps_end_when_the_whole_step_function_is_compiled(backend):
 
 def test_report_from_trace_json_where_kineto_events_lack_categories(monkeypatch):
     """torch < 2.13 (2.11 on the GPU host): Kineto events have no activity_type(); the session
-    analyses the exported trace instead, with the same numbers."""
+    analyses the exported trace instead, with the same numbers. (The export-thread path: the
+    helper process always analyses the trace.)"""
     from instrument import _torch
 
-    with capture(schedule=Schedule(wait=0, warmup=1, active=2)) as cap:
+    with capture(schedule=Schedule(wait=0, warmup=1, active=2), analysis_process=False) as cap:
         for _ in range(3):
             work()
     monkeypatch.setattr(_torch.ProfilerWindow, "events", lambda self: None)
-    with capture(schedule=Schedule(wait=0, warmup=1, active=2)) as cap_json:
+    with capture(schedule=Schedule(wait=0, warmup=1, active=2),
+                 analysis_process=False) as cap_json:
         for _ in range(3):
             work()
     a, b = cap.reports[0], cap_json.reports[0]
