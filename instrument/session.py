@@ -472,8 +472,9 @@ class Session:
                             frozenset(decorator.RANGE_NAMES), _torch.distributed_info())
 
     def _finish_drain(self, *, force: bool) -> None:
-        """Stop a window whose stop was deferred, once its end event has completed (without
-        synchronising), or now (``force``, or after MAX_DRAIN_STEPS: synchronising)."""
+        """Stop a window whose stop was deferred, once its end event has completed, or now
+        (``force``, or after MAX_DRAIN_STEPS) after waiting for that event; either way without
+        synchronising the whole device."""
         if self._draining is None:
             return
         window, event, ended, waited = self._draining
@@ -487,8 +488,18 @@ class Session:
             return
         self._draining = None
         self._drain_log.append((waited + 1, done))
+        synced = done
+        if not done and event is not None:
+            # wait for the window's own kernels only: the steps queued after them keep the
+            # device busy while Kineto processes its buffers (a device-wide synchronisation
+            # would empty the queue first and leave the device idle meanwhile)
+            try:
+                event.synchronize()
+                synced = True
+            except Exception:  # noqa: BLE001 - a device error: take torch's own way out
+                synced = False
         try:
-            window.stop(sync=not done)
+            window.stop(sync=not synced)
         except Exception as exc:  # noqa: BLE001
             self._warn(f"the profiler could not be stopped ({exc!r}); window lost")
             return
