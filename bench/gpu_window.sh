@@ -2,10 +2,10 @@
 # A sampled window's cost on a GPU (issue 6), as sent to the device machine (H200, torch+CUDA,
 # no network; OpenTelemetry wheels carried in .whl/, see the device README):
 #   bash bench/gpu_window.sh        # from the repository root; logs under $OUT or ./gpu_out
-# Where a window's time goes with the deferred stop off (0) and on (2, 8, 32 steps at most),
-# then the end-to-end figures for 0 and 2, 5 interleaved rounds each (ROUNDS=...).
-# Expect ~7-8 minutes on an H200 (the device tool's limit is 10). Seven files come back (the
-# device tool returns at most 8): machine.txt, window_cost_{0,2,8,32}.log, e2e_{0,2}.log.
+# The CUDA tests of the deferred stop first, then the end-to-end figures of the sampled window
+# against plain torch.profiler (same windows) for: the defaults (deferred stop, at most
+# 3 steps, export 0.15 s after the stop), at most 2 steps, no export delay, and no deferred
+# stop (torch's synchronising stop). ROUNDS=7 rounds each. Expect ~6-7 minutes on an H200.
 set -uo pipefail
 OUT="${OUT:-./gpu_out}"
 mkdir -p "$OUT"
@@ -15,10 +15,14 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch; print('torch', torch.__version__)"
 } 2>&1 | tee "$OUT/machine.txt"
-for n in 0 2 8 32; do
-  timeout 60 python3 bench/window_cost.py --every 50 --steps 300 --max-drain "$n" 2>&1 | grep -v USDT | tee "$OUT/window_cost_$n.log"
-done
-for n in 0 2; do
-  timeout 200 python3 bench/e2e_overhead.py --rounds "${ROUNDS:-5}" --max-drain "$n" \
-    2>&1 | grep -v USDT | tee "$OUT/e2e_$n.log"
-done
+timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_deferred_stop.py \
+  2>&1 | grep -v USDT | tail -30 | tee "$OUT/tests.log"
+run() {  # name, extra e2e arguments
+  local name=$1; shift
+  timeout 150 python3 bench/e2e_overhead.py --rounds "${ROUNDS:-7}" \
+    --only sampled,torch_profiler "$@" 2>&1 | grep -v USDT | tee "$OUT/e2e_$name.log"
+}
+run defaults
+run drain2 --max-drain 2
+run nodelay --export-delay 0
+run nodefer --max-drain 0

@@ -1,7 +1,9 @@
 """The only module that touches private torch APIs or checks torch versions.
 
 - ``PROFILER_FLAG._is_profiler_enabled``: a plain Python bool that every torch profiler
-  (``torch.profiler.profile``, ``torch.autograd.profiler.profile``, ours) sets while it records.
+  (``torch.profiler.profile``, ``torch.autograd.profiler.profile``, ours) sets while it records;
+  ours then replaces torch's ``True`` with ``OURS`` (1), so that a later ``True`` says a
+  profiler of the program's started meanwhile.
   It is global, so threads the program starts see it too (``_profiler_enabled()`` in C++ reads
   False there even when ``profile_all_threads`` records them).
 - ``FastRange``: ``torch._C._profiler._RecordFunctionFast`` (~0.2 µs idle, ~0.5 µs recording),
@@ -29,6 +31,7 @@ __all__ = [
     "device_name",
     "distributed_info",
     "is_compiling",
+    "OURS",
     "profiler_on",
     "run_after_graph",
 ]
@@ -49,6 +52,12 @@ try:
     PROFILER_FLAG: Any = _autograd_profiler
 except (ImportError, AttributeError):  # pragma: no cover - old torch
     PROFILER_FLAG = _AlwaysCheck()
+
+
+OURS = 1
+"""What ``PROFILER_FLAG._is_profiler_enabled`` holds while a window of ours records: truthy like
+the ``True`` torch's own start writes there (every reader tests its truth), yet not ``True``,
+so ``ProfilerWindow.overtaken`` can tell that a torch profiler of the program started since."""
 
 
 def profiler_on() -> bool:
@@ -238,6 +247,16 @@ class ProfilerWindow:
             self.prepare()
         self._prof.start_trace()
         self.recording = True
+        if not isinstance(PROFILER_FLAG, _AlwaysCheck):
+            PROFILER_FLAG._is_profiler_enabled = OURS
+
+    def overtaken(self) -> bool:
+        """A torch profiler of the program's started while this window recorded. torch's
+        start replaced this window's profiling state with its own, so stopping this window
+        would end the program's profiler (and its trace export would then crash): the window
+        must be abandoned, not stopped. Told by the flag: our start left ``OURS`` there, a
+        torch start since wrote ``True``."""
+        return self.recording and PROFILER_FLAG._is_profiler_enabled is True
 
     def end_marker_event(self) -> Any:
         """A CUDA event recorded now on the current stream, for a deferred stop: once it has

@@ -19,6 +19,7 @@ while one is open, else the *ambient* session, built lazily from the environment
 from __future__ import annotations
 
 import atexit
+import collections
 import gc
 import os
 import shutil
@@ -45,12 +46,19 @@ __all__ = ["ProfilerWarning", "Session", "configure", "session", "shutdown", "st
 
 _RECORDING = (Action.RECORD, Action.RECORD_AND_SAVE)
 
-MAX_DRAIN_STEPS = 0
-"""Experimental, off (0): a CUDA window's deferred stop (see ``_end_window``) waits at most
-this many step boundaries for its kernels to have run, then stops the usual way. Off by
-default: while it waits, a torch.profiler the program starts would be ended by this one's stop
-(torch profilers do not nest), and kernels of other streams still running may be lost.
-``bench/e2e_overhead.py --max-drain 8`` measures it."""
+MAX_DRAIN_STEPS = 3
+"""A CUDA window's deferred stop (see ``_end_window``) waits at most this many step boundaries
+for the window's kernels to have run, then waits for them (not for the whole device) and
+stops; 0 stops at the window's end the way torch does (synchronising the device first)."""
+DRAIN_MAX_S = 2.0
+"""... and at most this long, should the program stop ending steps (a timer thread stops it)."""
+DEFER_MAX_STEP_NS = 250_000_000
+"""Deferred only where the window's steps took less than this on average: a longer step hides
+a synchronising stop's ~20-30 ms, and would keep the profiler on for long after the window."""
+EXPORT_DELAY_S = 0.15
+"""After a deferred stop the export worker waits this long (from the stop) before torch's
+``export_chrome_trace``, which holds the GIL for ~15-30 ms: right after the stop the device's
+queue is short, and the training thread must refill it first."""
 
 
 class ProfilerWarning(UserWarning):
@@ -83,8 +91,10 @@ class Session:
         self._window: _torch.ProfilerWindow | None = None
         # a CUDA window that ended but whose profiler still runs until its kernels have run
         # (see _end_window): (window, CUDA event, hand-over, steps waited)
-        self._draining: tuple[Any, Any, _EndedWindow, int] | None = None
-        self._drain_log: list[tuple[int, bool]] = []  # (steps waited, kernels had run): bench
+        # (window, CUDA event, (steps, partial, end_ns, start_ns), steps waited, timer)
+        self._draining: tuple[Any, ...] | None = None
+        # the last deferred stops, (steps waited, kernels had run): for the benches
+        self._drain_log: collections.deque[tuple[int, bool]] = collections.deque(maxlen=64)
         self._window_steps: list[int] = []
         self._window_start_ns = 0
         self._active_started = False  # the open window has begun its recorded steps
@@ -427,10 +437,28 @@ class Session:
         window, self._window = self._window, None
         self._window_steps = []
         if window is not None:
-            try:
-                window.stop()
-            except Exception as exc:  # noqa: BLE001
-                self._warn(f"the profiler could not be stopped cleanly ({exc!r})")
+            self._stop(window, lost="")
+
+    def _stop(self, window: Any, *, sync: bool = True, lost: str = "; window lost") -> bool:
+        """Stop ``window``'s profiler; False where it was not stopped cleanly. A torch profiler
+        the program started while the window recorded took torch's profiling state over:
+        stopping ours would end the program's (and crash its trace export), so the window is
+        abandoned instead, with a warning, and the program's profiler runs on."""
+        if window.overtaken():
+            self._skip_reason = (
+                "your own torch.profiler started while a torch-profiled window recorded; torch "
+                "profilers do not nest, so torch-profiled left yours running and dropped its "
+                "window"
+            )
+            self._warn(self._skip_reason)
+            window.abandon()
+            return False
+        try:
+            window.stop(sync=sync)
+        except Exception as exc:  # noqa: BLE001
+            self._warn(f"the profiler could not be stopped cleanly ({exc!r}){lost}")
+            return False
+        return True
 
     def _end_window(self, *, partial: bool) -> None:
         decorator.set_first_call_hook(None)
@@ -439,37 +467,49 @@ class Session:
         self._window_steps = []
         if window is None:
             return
-        if window.recording:
+        if window.recording and not window.overtaken():
             _mark(WINDOW_END)
         end_ns = time.time_ns()
         self._last_window_end = time.monotonic()
+        short_steps = steps and (end_ns - self._window_start_ns) / len(steps) < DEFER_MAX_STEP_NS
         event = (window.end_marker_event()
-                 if steps and not partial and MAX_DRAIN_STEPS > 0 else None)
+                 if short_steps and not partial and MAX_DRAIN_STEPS > 0
+                 and not window.overtaken() else None)
         if event is not None:
             # Deferred stop: torch's stop would synchronise the device here and process
             # Kineto's buffers while the device idles (~20-30 ms on an H200). Instead the
-            # profiler runs on until this event has completed, at a later step boundary
-            # (_finish_drain), and then stops without synchronising while the device works
-            # through the steps queued meanwhile. What it records after the window's end
-            # marker is cut from the report and the trace.
-            self._draining = (window, event, self._hand_over(window, steps, partial, end_ns), 0)
+            # profiler runs on until this event has completed, at a later step boundary, or
+            # at most MAX_DRAIN_STEPS steps or DRAIN_MAX_S seconds (_finish_drain), and then
+            # stops without synchronising the device while it works through the steps queued
+            # meanwhile. What it records after the window's end marker is cut from the report
+            # and the trace.
+            timer = threading.Timer(DRAIN_MAX_S, self._drain_timed_out, (window,))
+            timer.daemon = True
+            timer.name = "torch-profiled-drain"
+            self._draining = (window, event, (steps, partial, end_ns, self._window_start_ns),
+                              0, timer)
+            timer.start()
             return
-        try:
-            window.stop()
-        except Exception as exc:  # noqa: BLE001
-            self._warn(f"the profiler could not be stopped ({exc!r}); window lost")
-            return
-        if steps:
-            # the caller's whole cost of a window end: stop() above, and this hand-over
+        if self._stop(window) and steps:
+            # the caller's whole cost of a window end: the stop above, and this hand-over
             self._pipeline.submit(self._hand_over(window, steps, partial, end_ns))
 
-    def _hand_over(self, window: Any, steps: tuple[int, ...], partial: bool,
-                   end_ns: int) -> "_EndedWindow":
+    def _hand_over(self, window: Any, steps: tuple[int, ...], partial: bool, end_ns: int,
+                   start_ns: int | None = None, deferred: bool = False) -> "_EndedWindow":
         index = self._window_index
         self._window_index += 1
         self.windows_ended += 1
-        return _EndedWindow(window, index, steps, partial, self._window_start_ns, end_ns,
-                            frozenset(decorator.RANGE_NAMES), _torch.distributed_info())
+        return _EndedWindow(window, index, steps, partial,
+                            self._window_start_ns if start_ns is None else start_ns, end_ns,
+                            frozenset(decorator.RANGE_NAMES), _torch.distributed_info(),
+                            time.monotonic() if deferred else None)
+
+    def _drain_timed_out(self, window: Any) -> None:
+        """DRAIN_MAX_S after a deferred stop began and no step ended it (the program stopped
+        stepping): stop it from this timer thread (deferred stops are all-threads windows)."""
+        with self._lock:
+            if self._draining is not None and self._draining[0] is window:
+                self._finish_drain(force=True)
 
     def _finish_drain(self, *, force: bool) -> None:
         """Stop a window whose stop was deferred, once its end event has completed, or now
@@ -477,19 +517,21 @@ class Session:
         synchronising the whole device."""
         if self._draining is None:
             return
-        window, event, ended, waited = self._draining
+        window, event, (steps, partial, end_ns, start_ns), waited, timer = self._draining
         try:
             done = event.query()
         except Exception:  # noqa: BLE001 - a device error: take torch's own way out
             done = False
             force = True
         if not (done or force or waited + 1 >= MAX_DRAIN_STEPS):
-            self._draining = (window, event, ended, waited + 1)
+            self._draining = (window, event, (steps, partial, end_ns, start_ns), waited + 1,
+                              timer)
             return
         self._draining = None
+        timer.cancel()
         self._drain_log.append((waited + 1, done))
         synced = done
-        if not done and event is not None:
+        if not done and not window.overtaken():
             # wait for the window's own kernels only: the steps queued after them keep the
             # device busy while Kineto processes its buffers (a device-wide synchronisation
             # would empty the queue first and leave the device idle meanwhile)
@@ -498,12 +540,9 @@ class Session:
                 synced = True
             except Exception:  # noqa: BLE001 - a device error: take torch's own way out
                 synced = False
-        try:
-            window.stop(sync=not synced)
-        except Exception as exc:  # noqa: BLE001
-            self._warn(f"the profiler could not be stopped ({exc!r}); window lost")
-            return
-        self._pipeline.submit(ended)
+        if self._stop(window, sync=not synced):
+            self._pipeline.submit(self._hand_over(window, steps, partial, end_ns, start_ns,
+                                                  deferred=True))
 
     def _remove_raw(self, report: WindowReport) -> None:
         if report.raw_trace_path:
@@ -530,6 +569,10 @@ class Session:
                 self._tmpdir = tempfile.mkdtemp(prefix="torch-profiled-")
             tmpdir = self._tmpdir
         raw = os.path.join(tmpdir, f"window{ended.index}.pt.trace.json")
+        if ended.stopped_at is not None:  # a deferred stop: let the device's queue refill
+            delay = ended.stopped_at + EXPORT_DELAY_S - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
         # straight from Kineto's events where this torch allows it, on the export thread
         events = None if self.config.analysis_process else window.events()
         window.export_chrome_trace(raw)  # needs the profiler's results: in this process
@@ -608,10 +651,12 @@ class Session:
 class _EndedWindow:
     """What the caller hands to the export worker when a window ends."""
 
-    __slots__ = ("window", "index", "steps", "partial", "start_ns", "end_ns", "names", "dist")
+    __slots__ = ("window", "index", "steps", "partial", "start_ns", "end_ns", "names", "dist",
+                 "stopped_at")
 
     def __init__(self, window: Any, index: int, steps: tuple[int, ...], partial: bool,
-                 start_ns: int, end_ns: int, names: frozenset[str], dist: dict[str, Any]):
+                 start_ns: int, end_ns: int, names: frozenset[str], dist: dict[str, Any],
+                 stopped_at: float | None = None):
         self.window = window
         self.index = index
         self.steps = steps
@@ -620,6 +665,7 @@ class _EndedWindow:
         self.end_ns = end_ns
         self.names = names
         self.dist = dist
+        self.stopped_at = stopped_at  # time.monotonic() of a deferred stop, else None
 
 
 def _mark(name: str) -> None:

@@ -121,7 +121,6 @@ def test_a_window_stops_once_its_kernels_ran_without_synchronising(tmp_path, mon
     import sys
 
     session_mod = sys.modules["instrument.session"]  # (instrument.session is the function)
-    monkeypatch.setattr(session_mod, "MAX_DRAIN_STEPS", 8)  # experimental, off by default
 
     x, w, b = _tensors(2048)
     matmul_bias(x, w, b)
@@ -138,7 +137,8 @@ def test_a_window_stops_once_its_kernels_ran_without_synchronising(tmp_path, mon
             matmul_bias(x, w, b)  # still recorded by the profiler, cut from the report
             extra += 1
         assert sess._draining is None
-        assert deferred_window._prof.profiler.use_device is None  # stopped without a sync
+        assert deferred_window._prof.profiler.use_device is None  # no device-wide sync
+        assert len(sess._drain_log) == 1 and sess._drain_log[0][0] == extra
         assert sess.flush(60)
         (report,) = cap.reports
     r = report.ranges["matmul_bias"]
@@ -151,3 +151,49 @@ def test_a_window_stops_once_its_kernels_ran_without_synchronising(tmp_path, mon
               and e.get("cat") == "user_annotation"]
     assert len(ranges) == 3
     assert sum(1 for e in trace["traceEvents"] if e.get("cat") == "kernel") == 3 * per_call
+
+
+def test_a_profiler_the_program_starts_while_a_cuda_window_drains_survives(tmp_path):
+    """The window ended and its stop waits for its kernels; the program starts its own torch
+    profiler meanwhile: the session drops its window and the program's profiler and export
+    are intact (stopping ours would have ended theirs)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import json, sys, warnings
+        import torch
+        from instrument import Schedule, profiled, session
+        from instrument.session import ProfilerWarning
+
+        @profiled("step", step=True)
+        def step(x):
+            return (x @ x).relu()
+
+        x = torch.randn(4096, 4096, device="cuda")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with session(schedule=Schedule(warmup=1, active=3), exporters=[]) as s:
+                for i in range(12):
+                    if i == 4:  # the window ended at step 3's return: its stop is pending
+                        assert s._draining is not None
+                        theirs = torch.profiler.profile()
+                        theirs.start()
+                    step(x)
+        theirs.stop()
+        theirs.export_chrome_trace(sys.argv[1])
+        trace = json.load(open(sys.argv[1]))["traceEvents"]
+        said = [str(w.message) for w in caught if issubclass(w.category, ProfilerWarning)]
+        print(json.dumps({"said": said, "windows": s.windows_ended,
+                          "steps": sum(e.get("name") == "step" and e.get("cat") == "user_annotation"
+                                       for e in trace),
+                          "kernels": sum(e.get("cat") == "kernel" for e in trace)}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "theirs.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["windows"] == 0
+    assert any("your own torch.profiler started" in m for m in out["said"]), out["said"]
+    assert out["steps"] == 8 and out["kernels"] >= 8

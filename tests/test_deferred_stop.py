@@ -1,0 +1,213 @@
+"""A window's deferred stop, and a torch profiler the program starts while a window records.
+
+On a CUDA window the session does not synchronise the device at the window's end: it records a
+CUDA event and stops the (real) profiler at a later step boundary once that event completed,
+or at MAX_DRAIN_STEPS / DRAIN_MAX_S after waiting for it. The device part is the event, so on
+the CPU these tests hand the session a stand-in event and drive real torch.profiler windows;
+tests/test_cuda.py runs the same with a real one. The profiler tests run in a subprocess: the
+failure they guard against is a segmentation fault in the program's own trace export.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from instrument import Schedule, _torch, profiled
+from instrument.testing import capture
+
+session_mod = sys.modules["instrument.session"]  # (instrument.session is the function)
+X = torch.randn(32, 32)
+
+
+@profiled("work", step=True)
+def work() -> torch.Tensor:
+    return X @ X
+
+
+class StandInEvent:
+    """A CUDA event's part in a deferred stop: ``query`` says whether the window's kernels
+    have run; ``synchronize`` waits for them."""
+
+    def __init__(self, done_after: int | None) -> None:
+        self.queries = 0
+        self.done_after = done_after  # completes at this query; None: only when waited for
+        self.synchronized = 0
+
+    def query(self) -> bool:
+        self.queries += 1
+        return self.done_after is not None and self.queries >= self.done_after
+
+    def synchronize(self) -> None:
+        self.synchronized += 1
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    events: list[StandInEvent] = []
+    done_after = [2]
+
+    def end_marker_event(window):
+        assert window.recording and window.all_threads
+        events.append(StandInEvent(done_after[0]))
+        return events[-1]
+
+    monkeypatch.setattr(_torch.ProfilerWindow, "end_marker_event", end_marker_event)
+    return events, done_after
+
+
+def _window(**kw):
+    return capture(schedule=Schedule(warmup=1, active=3), activities=["cpu"], **kw)
+
+
+def test_the_stop_waits_for_the_event_then_cuts_what_ran_after_the_end(stand_in):
+    events, _ = stand_in
+    with _window() as cap:
+        sess = cap.session
+        for _ in range(4):  # warm-up + 3 recorded steps
+            work()
+        assert sess._draining is not None and sess._window is None
+        window = sess._draining[0]
+        assert window.recording and _torch.profiler_on()
+        work()  # first boundary: the event has not completed, the profiler records on
+        assert sess._draining is not None
+        work()  # second: completed, stopped without a synchronisation
+        assert sess._draining is None and not window.recording
+        assert window._prof.profiler.use_device is None
+        assert not _torch.profiler_on()
+    (event,) = events
+    assert event.synchronized == 0
+    assert list(sess._drain_log) == [(2, True)]
+    (report,) = cap.reports
+    assert report.steps == (1, 2, 3)
+    assert report.ranges["work"].calls == 3  # the two calls after the window's end are cut
+
+
+def test_at_the_cap_it_waits_for_the_event_not_the_device(stand_in, monkeypatch):
+    events, done_after = stand_in
+    done_after[0] = None  # never completes by itself
+    monkeypatch.setattr(session_mod, "MAX_DRAIN_STEPS", 3)
+    with _window() as cap:
+        sess = cap.session
+        for _ in range(4):
+            work()
+        for _ in range(2):
+            work()
+            assert sess._draining is not None
+        work()  # the third boundary: the cap
+        assert sess._draining is None
+    (event,) = events
+    assert event.synchronized == 1
+    assert list(sess._drain_log) == [(3, False)]
+    assert cap.reports[0].ranges["work"].calls == 3
+
+
+def test_a_program_that_stops_stepping_is_stopped_by_the_timer(stand_in, monkeypatch):
+    events, done_after = stand_in
+    done_after[0] = None
+    monkeypatch.setattr(session_mod, "DRAIN_MAX_S", 0.2)
+    with _window() as cap:
+        sess = cap.session
+        for _ in range(4):
+            work()
+        assert sess._draining is not None
+        deadline = time.monotonic() + 30
+        while sess._draining is not None and time.monotonic() < deadline:
+            time.sleep(0.02)  # no step ends: only the timer thread can stop it
+        assert sess._draining is None
+        assert not _torch.profiler_on()
+        assert sess.flush(30)
+        assert cap.reports and cap.reports[0].steps == (1, 2, 3)
+    assert events[0].synchronized == 1
+
+
+def test_long_steps_stop_at_the_windows_end(stand_in, monkeypatch):
+    events, _ = stand_in
+    monkeypatch.setattr(session_mod, "DEFER_MAX_STEP_NS", 0)  # every step counts as long
+    with _window() as cap:
+        for _ in range(4):
+            work()
+        assert cap.session._draining is None and not _torch.profiler_on()
+    assert events == []
+    assert cap.reports[0].ranges["work"].calls == 3
+
+
+def test_closing_the_session_stops_a_deferred_window(stand_in):
+    events, done_after = stand_in
+    done_after[0] = None
+    with _window() as cap:
+        for _ in range(4):
+            work()
+        assert cap.session._draining is not None
+    assert cap.session._draining is None and not _torch.profiler_on()
+    assert events[0].synchronized == 1
+    assert cap.reports[0].steps == (1, 2, 3)
+
+
+# A torch profiler of the program's own starts while a window records (or drains) and is still
+# running when the window ends: torch profilers do not nest, and stopping the window would end
+# the program's profiler, whose export then crashed (SIGSEGV, torch 2.13). The session must
+# leave the program's profiler running, drop its own window and say so.
+_PROGRAM = """
+import json, sys, warnings
+import torch
+from instrument import Schedule, _torch, profiled, session
+from instrument.session import ProfilerWarning
+
+{setup}
+
+@profiled("step", step=True)
+def step(x):
+    return x @ x
+
+x = torch.randn(64, 64)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with session(schedule=Schedule(warmup=1, active=3), activities=["cpu"],
+                 exporters=[]) as s:
+        for i in range(8):
+            if i == {start_at}:
+                theirs = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+                theirs.start()
+            step(x)
+    said = [str(w.message) for w in caught if issubclass(w.category, ProfilerWarning)]
+    torch.ones(3).mul(2)
+    theirs.stop()
+theirs.export_chrome_trace(sys.argv[1])
+names = [e.get("name") for e in json.load(open(sys.argv[1]))["traceEvents"]]
+print(json.dumps({{"said": said, "steps": names.count("step"), "mul": "aten::mul" in names,
+                  "windows": s.windows_ended, "on": _torch.profiler_on()}}))
+"""
+
+_STAND_IN = """
+from instrument import _torch
+class Event:
+    def query(self): return False
+    def synchronize(self): pass
+_torch.ProfilerWindow.end_marker_event = lambda self: Event()
+"""
+
+
+@pytest.mark.parametrize("case", ["recording", "draining"])
+def test_a_profiler_the_program_starts_meanwhile_survives_the_windows_end(case, tmp_path):
+    # recording: theirs starts at step 2 (of the recorded 1-3); draining: at step 4, after the
+    # window's end, while its deferred stop waits (a stand-in event that never completes)
+    script = textwrap.dedent(_PROGRAM).format(
+        setup=_STAND_IN if case == "draining" else "", start_at=2 if case == "recording" else 4)
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "theirs.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["windows"] == 0  # the session's window was dropped, not stopped
+    assert any("your own torch.profiler started while a torch-profiled window recorded" in m
+               for m in out["said"]), out["said"]
+    # the program's profiler recorded on past the window's end, to its own stop
+    assert out["steps"] == 8 - (2 if case == "recording" else 4)
+    assert out["mul"] and out["on"] is False
