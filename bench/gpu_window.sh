@@ -4,7 +4,7 @@
 #   bash bench/gpu_window.sh        # from the repository root; logs under $OUT or ./gpu_out
 # The CUDA tests of the deferred stop first, then the end-to-end figures of the sampled window
 # against plain torch.profiler (same windows) for: the defaults (deferred stop, at most
-# 3 steps, export 0.15 s after the stop), at most 2 steps, no export delay, and no deferred
+# 4 steps, export 0.3 s after the stop), at most 2 steps, no export delay, and no deferred
 # stop (torch's synchronising stop). ROUNDS=7 rounds each. Expect ~6-7 minutes on an H200.
 set -uo pipefail
 OUT="${OUT:-./gpu_out}"

@@ -46,7 +46,7 @@ __all__ = ["ProfilerWarning", "Session", "configure", "session", "shutdown", "st
 
 _RECORDING = (Action.RECORD, Action.RECORD_AND_SAVE)
 
-MAX_DRAIN_STEPS = 3
+MAX_DRAIN_STEPS = 4
 """A CUDA window's deferred stop (see ``_end_window``) waits at most this many step boundaries
 for the window's kernels to have run, then waits for them (not for the whole device) and
 stops; 0 stops at the window's end the way torch does (synchronising the device first)."""
@@ -55,7 +55,7 @@ DRAIN_MAX_S = 2.0
 DEFER_MAX_STEP_NS = 250_000_000
 """Deferred only where the window's steps took less than this on average: a longer step hides
 a synchronising stop's ~20-30 ms, and would keep the profiler on for long after the window."""
-EXPORT_DELAY_S = 0.15
+EXPORT_DELAY_S = 0.3
 """After a deferred stop the export worker waits this long (from the stop) before torch's
 ``export_chrome_trace``, which holds the GIL for ~15-30 ms: right after the stop the device's
 queue is short, and the training thread must refill it first."""
