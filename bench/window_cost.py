@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                    "total_s": round(total, 3), "close_ms": round(close * 1e3, 1),
                    "plain_equivalent_s": round(med * args.steps, 3),
                    "excess_per_window_ms": excess, "mean_excess_after_first_ms": mean_excess,
-                   "phases_ms": phases, "deferred_stops": s._drain_log}
+                   "phases_ms": phases, "deferred_stops": list(s._drain_log)}
             result["runs"][label] = run
             print(f"\n== {label}: median step {med * 1e3:.2f} ms, {s.windows_opened} windows, "
                   f"run {total:.2f} s vs {med * args.steps:.2f} s at the median step; "
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"sum {sum(mean_excess):.1f}")
             if s._drain_log:
                 print("  deferred stops (steps after the window's end, kernels had run): "
-                      f"{s._drain_log}")
+                      f"{list(s._drain_log)}")
             for k, vals in phases.items():
                 later = vals[1:] or vals
                 print(f"  {k:28s} n={len(vals):2d}  first {vals[0]:7.1f} ms  "
