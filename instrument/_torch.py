@@ -253,10 +253,13 @@ class ProfilerWindow:
     def overtaken(self) -> bool:
         """A torch profiler of the program's started while this window recorded. torch's
         start replaced this window's profiling state with its own, so stopping this window
-        would end the program's profiler (and its trace export would then crash): the window
-        must be abandoned, not stopped. Told by the flag: our start left ``OURS`` there, a
-        torch start since wrote ``True``."""
-        return self.recording and PROFILER_FLAG._is_profiler_enabled is True
+        would end the program's profiler (and its trace export would then crash), and if it
+        has stopped already it ended this one too: either way the window must be abandoned,
+        not stopped. Told by the flag: our start left ``OURS`` there, a torch start since
+        wrote ``True``, a torch stop ``False``."""
+        if isinstance(PROFILER_FLAG, _AlwaysCheck):  # pragma: no cover - old torch
+            return False
+        return self.recording and PROFILER_FLAG._is_profiler_enabled is not OURS
 
     def end_marker_event(self) -> Any:
         """A CUDA event recorded now on the current stream, for a deferred stop: once it has

@@ -90,8 +90,8 @@ class Session:
         self._action = Action.NONE
         self._window: _torch.ProfilerWindow | None = None
         # a CUDA window that ended but whose profiler still runs until its kernels have run
-        # (see _end_window): (window, CUDA event, hand-over, steps waited)
-        # (window, CUDA event, (steps, partial, end_ns, start_ns), steps waited, timer)
+        # (see _end_window): (window, CUDA event, (steps, partial, end_ns, start_ns), steps
+        # waited, timer)
         self._draining: tuple[Any, ...] | None = None
         # the last deferred stops, (steps waited, kernels had run): for the benches
         self._drain_log: collections.deque[tuple[int, bool]] = collections.deque(maxlen=64)
@@ -447,8 +447,8 @@ class Session:
         if window.overtaken():
             self._skip_reason = (
                 "your own torch.profiler started while a torch-profiled window recorded; torch "
-                "profilers do not nest, so torch-profiled left yours running and dropped its "
-                "window"
+                "profilers do not nest, so torch-profiled dropped its window and left yours "
+                "alone"
             )
             self._warn(self._skip_reason)
             window.abandon()
@@ -523,6 +523,8 @@ class Session:
         except Exception:  # noqa: BLE001 - a device error: take torch's own way out
             done = False
             force = True
+        if window.overtaken():
+            force = True  # nothing of ours to wait for: the program's profiler took over
         if not (done or force or waited + 1 >= MAX_DRAIN_STEPS):
             self._draining = (window, event, (steps, partial, end_ns, start_ns), waited + 1,
                               timer)

@@ -211,3 +211,23 @@ def test_a_profiler_the_program_starts_meanwhile_survives_the_windows_end(case, 
     # the program's profiler recorded on past the window's end, to its own stop
     assert out["steps"] == 8 - (2 if case == "recording" else 4)
     assert out["mul"] and out["on"] is False
+
+
+def test_a_profiler_the_program_starts_and_stops_during_the_drain(stand_in, tmp_path):
+    """Its stop ended our window's profiler too: the session must not stop it again (torch
+    would find no session), and drops the window with the same warning."""
+    events, done_after = stand_in
+    done_after[0] = None
+    with pytest.warns(session_mod.ProfilerWarning, match="your own torch.profiler started"):
+        with _window() as cap:
+            for _ in range(4):
+                work()
+            assert cap.session._draining is not None
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                torch.ones(3).mul(2)  # no step boundary while it runs
+            assert cap.session._draining is not None and not _torch.profiler_on()
+            work()  # the next boundary sees that ours was ended: dropped, not stopped again
+            assert cap.session._draining is None
+    assert cap.session.windows_ended == 0 and cap.reports == []
+    assert events[0].synchronized == 0  # nothing of ours left to wait for
+    assert "aten::mul" in [e.name for e in prof.events()]
