@@ -165,6 +165,14 @@ class Bench:
         self.windows += expected
         return took
 
+    def sampled_cpu_off(self) -> float:
+        mod = sys.modules["instrument.session"]
+        mod.DRAIN_PAUSES_CPU_OPS = True
+        try:
+            return self.sampled()
+        finally:
+            mod.DRAIN_PAUSES_CPU_OPS = False
+
     def sampled_in_thread(self) -> float:
         return self.sampled(analysis_process=False)
 
@@ -216,6 +224,7 @@ VARIANTS = {
     "idle_modules": "decorated, idle + instrument_module",
     "counting": "decorated, session counting",
     "sampled": "sampled (window every N steps)",
+    "sampled_cpu_off": "  the same, no CPU ops recorded during the deferred stop",
     "sampled_in_thread": "  the same, analysis on the export thread",
     "torch_profiler": "plain torch.profiler, same windows",
     "torch_profiler_export": "  the same + export_chrome_trace",

@@ -59,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--max-drain", type=int, metavar="N",
                         help="instrument.session.MAX_DRAIN_STEPS (0: stop at the window's end)")
+    parser.add_argument("--drain-cpu-off", action="store_true",
+                        help="instrument.session.DRAIN_PAUSES_CPU_OPS = True")
     args = parser.parse_args(argv)
+    _sess_mod.DRAIN_PAUSES_CPU_OPS = args.drain_cpu_off
     if args.max_drain is not None:
         _sess_mod.MAX_DRAIN_STEPS = args.max_drain
 

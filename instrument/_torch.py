@@ -80,6 +80,11 @@ except ImportError:  # pragma: no cover - old torch
     from torch._dynamo import is_compiling  # type: ignore[no-redef]
 
 
+def record_cpu_ops(on: bool) -> None:
+    """Turn torch's RecordFunction on or off for the calling thread (and what it starts)."""
+    torch.autograd._enable_record_function(on)
+
+
 def run_after_graph(fn: Any) -> bool:
     """Let ``fn()`` be called inside ``torch.compile``d code without a graph break: Dynamo
     moves the call to after the graph runs (``reorderable_logging_functions``, torch >= 2.5).

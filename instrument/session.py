@@ -55,6 +55,9 @@ DRAIN_MAX_S = 2.0
 DEFER_MAX_STEP_NS = 250_000_000
 """Deferred only where the window's steps took less than this on average: a longer step hides
 a synchronising stop's ~20-30 ms, and would keep the profiler on for long after the window."""
+DRAIN_PAUSES_CPU_OPS = False
+"""Experiment: during a deferred stop, the stepping thread records no CPU operators (torch's
+RecordFunction off on that thread): the window is over and what follows is cut anyway."""
 EXPORT_DELAY_S = 0.3
 """After a deferred stop the export worker waits this long (from the stop) before torch's
 ``export_chrome_trace``, which holds the GIL for ~15-30 ms: right after the stop the device's
@@ -95,6 +98,7 @@ class Session:
         self._draining: tuple[Any, ...] | None = None
         # the last deferred stops, (steps waited, kernels had run): for the benches
         self._drain_log: collections.deque[tuple[int, bool]] = collections.deque(maxlen=64)
+        self._cpu_ops_paused: int | None = None  # the thread whose CPU ops a drain paused
         self._window_steps: list[int] = []
         self._window_start_ns = 0
         self._active_started = False  # the open window has begun its recorded steps
@@ -133,6 +137,7 @@ class Session:
             if self._window is not None:
                 self._end_window(partial=True)
             self._finish_drain(force=True)
+            self._resume_cpu_ops()
         _refresh_idle()
         # outside the lock: decorated calls in other threads must not wait for exporters
         timeout = self.config.export_timeout_s
@@ -152,6 +157,7 @@ class Session:
         """Wait until every window that ended so far has been exported (False on timeout)."""
         with self._lock:
             self._finish_drain(force=True)
+            self._resume_cpu_ops()
         return self._pipeline.flush(timeout)
 
     @property
@@ -232,6 +238,8 @@ class Session:
                 return
             if not self._started:
                 self._start()
+            if self._cpu_ops_paused is not None and self._draining is None:
+                self._resume_cpu_ops()
             if self._draining is not None:
                 self._finish_drain(force=False)
                 if self._draining is None:
@@ -483,6 +491,9 @@ class Session:
             # stops without synchronising the device while it works through the steps queued
             # meanwhile. What it records after the window's end marker is cut from the report
             # and the trace.
+            if DRAIN_PAUSES_CPU_OPS and self._cpu_ops_paused is None:
+                self._cpu_ops_paused = threading.get_ident()
+                _torch.record_cpu_ops(False)
             timer = threading.Timer(DRAIN_MAX_S, self._drain_timed_out, (window,))
             timer.daemon = True
             timer.name = "torch-profiled-drain"
@@ -503,6 +514,13 @@ class Session:
                             self._window_start_ns if start_ns is None else start_ns, end_ns,
                             frozenset(decorator.RANGE_NAMES), _torch.distributed_info(),
                             time.monotonic() if deferred else None)
+
+    def _resume_cpu_ops(self) -> None:
+        """Record CPU ops again on the thread a drain paused them on (thread-local in torch:
+        from another thread, the paused one resumes at its next step)."""
+        if self._cpu_ops_paused == threading.get_ident():
+            self._cpu_ops_paused = None
+            _torch.record_cpu_ops(True)
 
     def _drain_timed_out(self, window: Any) -> None:
         """DRAIN_MAX_S after a deferred stop began and no step ended it (the program stopped
@@ -531,6 +549,7 @@ class Session:
             return
         self._draining = None
         timer.cancel()
+        self._resume_cpu_ops()
         self._drain_log.append((waited + 1, done))
         synced = done
         if not done and not window.overtaken():

@@ -231,3 +231,54 @@ def test_a_profiler_the_program_starts_and_stops_during_the_drain(stand_in, tmp_
     assert cap.session.windows_ended == 0 and cap.reports == []
     assert events[0].synchronized == 0  # nothing of ours left to wait for
     assert "aten::mul" in [e.name for e in prof.events()]
+
+
+def _work_ranges(window) -> int:
+    return [e.name() for e in window._prof.profiler.kineto_results.events()].count("work")
+
+
+@pytest.mark.parametrize("paused", [True, False])
+def test_during_the_drain_the_stepping_thread_records_no_cpu_ops(stand_in, monkeypatch, paused):
+    events, done_after = stand_in
+    done_after[0] = 3
+    monkeypatch.setattr(session_mod, "DRAIN_PAUSES_CPU_OPS", paused)
+    with capture(schedule=Schedule(warmup=1, active=3, repeat=1), activities=["cpu"]) as cap:
+        sess = cap.session
+        for _ in range(4):
+            work()
+        window = sess._draining[0]
+        for _ in range(3):
+            work()
+        assert sess._draining is None and not window.recording
+        # the 3 recorded steps (a CPU window records from its first); the drain's 3 steps
+        # only where not paused
+        assert _work_ranges(window) == (3 if paused else 6)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            torch.ones(3).mul(2)  # recorded again once the window stopped
+        assert "aten::mul" in [e.name for e in prof.events()]
+    assert cap.reports[0].ranges["work"].calls == 3
+
+
+def test_after_a_drain_the_timer_stopped_cpu_ops_resume_at_the_next_step(stand_in, monkeypatch):
+    """torch's switch is per thread: the timer thread cannot turn it back on for the stepping
+    thread, which resumes at its next step boundary (or when the session closes)."""
+    events, done_after = stand_in
+    done_after[0] = None
+    monkeypatch.setattr(session_mod, "DRAIN_PAUSES_CPU_OPS", True)
+    monkeypatch.setattr(session_mod, "DRAIN_MAX_S", 0.2)
+    for close_first in (False, True):
+        with capture(schedule=Schedule(warmup=1, active=3, repeat=1), activities=["cpu"]) as cap:
+            sess = cap.session
+            for _ in range(4):
+                work()
+            deadline = time.monotonic() + 30
+            while sess._draining is not None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert sess._draining is None and sess._cpu_ops_paused is not None
+            if not close_first:
+                work()
+                assert sess._cpu_ops_paused is None
+        assert sess._cpu_ops_paused is None
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            torch.ones(3).mul(2)
+        assert "aten::mul" in [e.name for e in prof.events()]
