@@ -59,10 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--max-drain", type=int, metavar="N",
                         help="instrument.session.MAX_DRAIN_STEPS (0: stop at the window's end)")
-    parser.add_argument("--drain-cpu-off", action="store_true",
-                        help="instrument.session.DRAIN_PAUSES_CPU_OPS = True")
+    parser.add_argument("--drain-records-cpu", action="store_true",
+                        help="instrument.session.DRAIN_PAUSES_CPU_OPS = False")
     args = parser.parse_args(argv)
-    _sess_mod.DRAIN_PAUSES_CPU_OPS = args.drain_cpu_off
+    _sess_mod.DRAIN_PAUSES_CPU_OPS = not args.drain_records_cpu
     if args.max_drain is not None:
         _sess_mod.MAX_DRAIN_STEPS = args.max_drain
 
