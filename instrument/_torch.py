@@ -80,9 +80,14 @@ except ImportError:  # pragma: no cover - old torch
     from torch._dynamo import is_compiling  # type: ignore[no-redef]
 
 
-def record_cpu_ops(on: bool) -> None:
-    """Turn torch's RecordFunction on or off for the calling thread (and what it starts)."""
-    torch.autograd._enable_record_function(on)
+def record_cpu_ops(on: bool) -> bool:
+    """Turn torch's RecordFunction on or off for the calling thread (and the autograd work it
+    starts); False where this torch has no such switch."""
+    switch = getattr(torch.autograd, "_enable_record_function", None)
+    if switch is None:  # pragma: no cover - not in the torch versions we support
+        return False
+    switch(on)
+    return True
 
 
 def run_after_graph(fn: Any) -> bool:

@@ -493,9 +493,9 @@ class Session:
             # stops without synchronising the device while it works through the steps queued
             # meanwhile. What it records after the window's end marker is cut from the report
             # and the trace.
-            if DRAIN_PAUSES_CPU_OPS and self._cpu_ops_paused is None:
+            if (DRAIN_PAUSES_CPU_OPS and self._cpu_ops_paused is None
+                    and _torch.record_cpu_ops(False)):
                 self._cpu_ops_paused = threading.get_ident()
-                _torch.record_cpu_ops(False)
             timer = threading.Timer(DRAIN_MAX_S, self._drain_timed_out, (window,))
             timer.daemon = True
             timer.name = "torch-profiled-drain"
