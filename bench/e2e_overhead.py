@@ -312,17 +312,18 @@ def main(argv: list[str] | None = None) -> int:
           f"{torch.__version__}  python {platform.python_version()}")
     print(f"  examples/06_training_loop.py at its {device.upper()} sizes {sizes}")
     print(f"  {rounds} rounds x {len(VARIANTS)} variants x {run_steps} steps; sampled: a window "
-          f"every {args.every} steps ({bench.windows // 2} windows timed per sampled variant); "
+          f"every {args.every} steps ({rounds * (run_steps // args.every)} windows timed per sampled variant); "
           f"took {wall:.1f} s")
     print(f"  first profiler start of the process (untimed warm-up): {first_start_s:+.2f} s")
     print()
-    print(f"  {'variant':<40} {'steps/s':>9} {'min':>9} {'max':>9} {'vs plain':>9} "
+    width = max(len(label) for label in VARIANTS.values())
+    print(f"  {'variant':<{width}} {'steps/s':>9} {'min':>9} {'max':>9} {'vs plain':>9} "
           f"{'best/best':>10}")
-    print("  " + "-" * 91)
+    print("  " + "-" * (width + 51))
     best = max(runs["unprofiled"])
     for name, label in VARIANTS.items():
         tp = runs[name]
-        print(f"  {label:<40} {statistics.median(tp):>9.1f} {min(tp):>9.1f} {max(tp):>9.1f} "
+        print(f"  {label:<{width}} {statistics.median(tp):>9.1f} {min(tp):>9.1f} {max(tp):>9.1f} "
               f"{100 * statistics.median(ratios[name]):>8.2f}% {100 * max(tp) / best:>9.2f}%")
     print("  (vs plain: median over rounds of the ratio to the same round's plain run; "
           "best/best: fastest run over fastest plain run, robust to bursts of load)")
@@ -331,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     if bench.windows:
         t_plain = run_steps / statistics.median(runs["unprofiled"])
         print()
-        for name in ("sampled", "sampled_drain_cpu", "sampled_in_thread", "torch_profiler", "torch_profiler_export"):
+        for name in ("sampled", "sampled_drain_cpu", "sampled_in_thread", "torch_profiler",
+                     "torch_profiler_export"):
             if name not in runs:
                 continue
             t = run_steps / statistics.median(runs[name])

@@ -80,14 +80,29 @@ except ImportError:  # pragma: no cover - old torch
     from torch._dynamo import is_compiling  # type: ignore[no-redef]
 
 
-def record_cpu_ops(on: bool) -> bool:
-    """Turn torch's RecordFunction on or off for the calling thread (and the autograd work it
-    starts); False where this torch has no such switch."""
+PAUSED_CPU_OPS: set[int] = set()
+"""The threads whose CPU operators ``pause_cpu_ops`` stopped recording (their idents)."""
+
+
+def pause_cpu_ops() -> bool:
+    """Stop recording CPU operators on the calling thread: torch's RecordFunction off there
+    (thread-local, and for the autograd work the thread starts) until ``resume_cpu_ops`` on
+    that same thread. False where this torch has no such switch."""
     switch = getattr(torch.autograd, "_enable_record_function", None)
     if switch is None:  # pragma: no cover - not in the torch versions we support
         return False
-    switch(on)
+    switch(False)
+    PAUSED_CPU_OPS.add(threading.get_ident())
     return True
+
+
+def resume_cpu_ops() -> None:
+    """Record CPU operators again on the calling thread if ``pause_cpu_ops`` stopped them."""
+    if PAUSED_CPU_OPS:
+        ident = threading.get_ident()
+        if ident in PAUSED_CPU_OPS:
+            PAUSED_CPU_OPS.discard(ident)
+            torch.autograd._enable_record_function(True)
 
 
 def run_after_graph(fn: Any) -> bool:

@@ -56,10 +56,13 @@ DEFER_MAX_STEP_NS = 250_000_000
 """Deferred only where the window's steps took less than this on average: a longer step hides
 a synchronising stop's ~20-30 ms, and would keep the profiler on for long after the window."""
 DRAIN_PAUSES_CPU_OPS = True
-"""During a deferred stop the thread that ended the window records no CPU operators (torch's
-RecordFunction off on that thread, on again at the stop): what the profiler records after the
-window's end is cut anyway, and recording it cost each drained step and the stop's processing
-(H200: the stop 49 -> 34 ms on the caller, sampled 98.5-99.0% -> 99.1-99.6%)."""
+"""During a deferred stop the thread that steps records no CPU operators (torch's
+RecordFunction off on that thread): what the profiler records after the window's end is cut
+anyway, and recording it cost each drained step and the stop's processing (H200: the stop
+49 -> 34 ms on the caller, sampled 98.5-99.0% -> 99.1-99.6%). The thread records them again
+when the stop runs on it, else (the timer stopped it, or ``close()`` from another thread) at
+its next step, session start or flush. Not where steps have come from more than one thread:
+a thread's switch can only be turned back on by that thread."""
 EXPORT_DELAY_S = 0.3
 """After a deferred stop the export worker waits this long (from the stop) before torch's
 ``export_chrome_trace``, which holds the GIL for ~15-30 ms: right after the stop the device's
@@ -100,10 +103,13 @@ class Session:
         self._draining: tuple[Any, ...] | None = None
         # the last deferred stops, (steps waited, kernels had run): for the benches
         self._drain_log: collections.deque[tuple[int, bool]] = collections.deque(maxlen=64)
-        self._cpu_ops_paused: int | None = None  # the thread whose CPU ops a drain paused
+        self._cpu_ops_paused: int | None = None  # the thread whose CPU ops the drain pauses
+        self._step_thread: int | None = None  # the thread of the last step
+        self._step_threads_mixed = False  # steps came from more than one thread
         self._window_steps: list[int] = []
         self._window_start_ns = 0
         self._active_started = False  # the open window has begun its recorded steps
+        self._window_told = False  # the exporters' window_started hooks were called
         self._window_index = 0
         self._steps_declared = False
         self._started = False
@@ -194,6 +200,7 @@ class Session:
 
     def _start(self) -> None:
         with self._lock:
+            self._resume_cpu_ops()
             if self._started:
                 return
             if not self.finished and not self._rank_selected():
@@ -236,12 +243,16 @@ class Session:
 
     def _advance(self) -> None:
         with self._lock:
+            if _torch.PAUSED_CPU_OPS:  # even when closed: another thread may have closed it
+                self._resume_cpu_ops()
             if self.closed or self.finished:
                 return
             if not self._started:
                 self._start()
-            if self._cpu_ops_paused is not None and self._draining is None:
-                self._resume_cpu_ops()
+            ident = threading.get_ident()
+            if ident != self._step_thread:
+                self._step_threads_mixed = self._step_thread is not None
+                self._step_thread = ident
             if self._draining is not None:
                 self._finish_drain(force=False)
                 if self._draining is None:
@@ -390,12 +401,16 @@ class Session:
             if not self._active_started:
                 self._active_started = True
                 self._window_start_ns = time.time_ns()
-                if self._window_hooks:
+                self._window_told = False
+                if self._window_hooks or _torch.PAUSED_CPU_OPS:
                     decorator.set_first_call_hook(self._first_call_in_window)
             _mark(STEP_MARKER + str(step))
 
     def _open_window(self) -> bool:
         self._finish_drain(force=True)  # torch profilers do not overlap
+        self._resume_cpu_ops()
+        if _torch.PAUSED_CPU_OPS:  # a paused thread that ended meanwhile never resumes
+            _torch.PAUSED_CPU_OPS.intersection_update(t.ident for t in threading.enumerate())
         if _torch.profiler_on():
             self._skip_reason = self._foreign_reason()
             return False
@@ -430,11 +445,16 @@ class Session:
 
     def _first_call_in_window(self) -> None:
         """The first decorated call of the recording window began: tell the exporters that
-        asked (``window_started``), on that call's thread and in its context."""
-        decorator.set_first_call_hook(None)
+        asked (``window_started``), on that call's thread and in its context. Called on every
+        decorated call while a thread a deferred stop paused has not resumed (that stop ended
+        on another thread): the calling thread records CPU ops again from this call on."""
+        _torch.resume_cpu_ops()
         with self._lock:
-            if self._window is None or not self._active_started:
+            if not _torch.PAUSED_CPU_OPS:
+                decorator.set_first_call_hook(None)
+            if self._window is None or not self._active_started or self._window_told:
                 return
+            self._window_told = True
             index = self._window_index
         for hook in self._window_hooks:
             try:
@@ -493,9 +513,10 @@ class Session:
             # stops without synchronising the device while it works through the steps queued
             # meanwhile. What it records after the window's end marker is cut from the report
             # and the trace.
-            if (DRAIN_PAUSES_CPU_OPS and self._cpu_ops_paused is None
-                    and _torch.record_cpu_ops(False)):
-                self._cpu_ops_paused = threading.get_ident()
+            if (DRAIN_PAUSES_CPU_OPS and not self._step_threads_mixed
+                    and self._step_thread == threading.get_ident()
+                    and _torch.pause_cpu_ops()):
+                self._cpu_ops_paused = self._step_thread
             timer = threading.Timer(DRAIN_MAX_S, self._drain_timed_out, (window,))
             timer.daemon = True
             timer.name = "torch-profiled-drain"
@@ -518,11 +539,16 @@ class Session:
                             time.monotonic() if deferred else None)
 
     def _resume_cpu_ops(self) -> None:
-        """Record CPU ops again on the thread a drain paused them on (thread-local in torch:
-        from another thread, the paused one resumes at its next step)."""
-        if self._cpu_ops_paused == threading.get_ident():
-            self._cpu_ops_paused = None
-            _torch.record_cpu_ops(True)
+        """The calling thread records CPU ops again, unless this session's deferred stop runs
+        and paused them there. Torch's switch is per thread: a thread paused by a stop that
+        ended elsewhere (the timer, ``close()`` from another thread) resumes at its next step,
+        session start or flush, whichever session that is."""
+        if not _torch.PAUSED_CPU_OPS:
+            return
+        ident = threading.get_ident()
+        if self._draining is not None and self._cpu_ops_paused == ident:
+            return
+        _torch.resume_cpu_ops()
 
     def _drain_timed_out(self, window: Any) -> None:
         """DRAIN_MAX_S after a deferred stop began and no step ended it (the program stopped
@@ -550,6 +576,7 @@ class Session:
                               timer)
             return
         self._draining = None
+        self._cpu_ops_paused = None  # a pause on another thread ends at that thread's next step
         timer.cancel()
         self._resume_cpu_ops()
         self._drain_log.append((waited + 1, done))
@@ -837,6 +864,7 @@ def _enter_explicit(sess: Session) -> None:
                                                  "ambient window recorded a step")
                     _ambient._end_window(partial=True)
                 _ambient._finish_drain(force=True)  # its profiler must stop before ours starts
+        _torch.resume_cpu_ops()  # a stop the timer ended left this thread paused
         _explicit = sess
         _current = sess
         _register_atexit()
@@ -946,6 +974,8 @@ def step() -> None:
         if not sess._started:
             sess._start()
         sess.step()
+    else:
+        _torch.resume_cpu_ops()  # after shutdown() from another thread during a stop
 
 
 def flush(timeout_s: float | None = None) -> bool:
@@ -966,6 +996,7 @@ def shutdown() -> None:
     """End every session: open windows that recorded steps are exported (``partial=True``);
     then the analysis helper process leaves (a later window starts a new one)."""
     _close_sessions()
+    _torch.resume_cpu_ops()
     analysis_process.close_shared()
 
 
@@ -987,6 +1018,7 @@ def _reset_for_tests() -> None:
     """Close everything and forget ``configure()``: a fresh process, as far as we can tell."""
     global _shut_down
     _close_sessions()  # the analysis helper stays: starting one per test costs ~0.1 s
+    _torch.resume_cpu_ops()
     _reset_warnings()
     _exporter_warnings_seen.clear()
     with _state_lock:
@@ -1007,6 +1039,10 @@ def _after_fork_in_child() -> None:
     decorator.set_idle(True)
     if analysis_gc_paused():  # forked while the export worker had the collector paused
         gc.enable()
+    # forked while a deferred stop paused this thread's CPU ops (the DataLoader workers an
+    # epoch's first batch starts): the child records them again; the other threads are gone
+    _torch.resume_cpu_ops()
+    _torch.PAUSED_CPU_OPS.clear()
 
 
 if hasattr(os, "register_at_fork"):

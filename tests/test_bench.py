@@ -30,10 +30,10 @@ def test_e2e_overhead_runs_every_variant_and_writes_its_json(tmp_path):
     assert out.returncode == 0, out.stderr
     doc = json.loads((tmp_path / "e2e.json").read_text())
     variants = {"unprofiled", "idle", "idle_modules", "counting", "sampled", "sampled_in_thread",
-                "torch_profiler", "torch_profiler_export"}
+                "sampled_drain_cpu", "torch_profiler", "torch_profiler_export"}
     assert set(doc["steps_per_s"]) == variants
-    assert set(doc["window_costs_s"]) == {"sampled", "sampled_in_thread", "torch_profiler",
-                                          "torch_profiler_export"}
+    assert set(doc["window_costs_s"]) == {"sampled", "sampled_in_thread", "sampled_drain_cpu",
+                                          "torch_profiler", "torch_profiler_export"}
     assert all(len(runs) == 1 and runs[0] > 0 for runs in doc["steps_per_s"].values())
     assert set(doc["targets"]) == {"idle", "sampled"}
     assert "windows timed" in out.stdout and "(2 windows timed per sampled variant)" in out.stdout

@@ -10,16 +10,20 @@ failure they guard against is a segmentation fault in the program's own trace ex
 
 from __future__ import annotations
 
+import os
+import queue
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
 import torch
 
+import instrument
 from instrument import Schedule, _torch, profiled
-from instrument.testing import capture
+from instrument.testing import InMemoryExporter, capture
 
 session_mod = sys.modules["instrument.session"]  # (instrument.session is the function)
 X = torch.randn(32, 32)
@@ -266,26 +270,177 @@ def test_during_the_drain_the_stepping_thread_records_no_cpu_ops(stand_in, monke
     assert cap.reports[0].ranges["work"].calls == 3
 
 
-def test_after_a_drain_the_timer_stopped_cpu_ops_resume_at_the_next_step(stand_in, monkeypatch):
-    """torch's switch is per thread: the timer thread cannot turn it back on for the stepping
-    thread, which resumes at its next step boundary (or when the session closes)."""
+def _records_cpu_ops() -> bool:
+    """Whether a profiler the program starts on this thread now sees its CPU operators."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        torch.ones(3).mul(2)
+    return "aten::mul" in [e.name for e in prof.events()]
+
+
+def _ambient_window_stopped_by_the_timer(monkeypatch, mem) -> None:
+    """An ambient session's window whose deferred stop the timer ended (the program stopped
+    stepping): torch's switch is per thread, so the timer thread cannot turn this thread's
+    CPU ops back on."""
+    monkeypatch.setattr(session_mod, "DRAIN_PAUSES_CPU_OPS", True)
+    monkeypatch.setattr(session_mod, "DRAIN_MAX_S", 0.2)
+    instrument.configure(exporters=[mem], activities=["cpu"],
+                         schedule=Schedule(warmup=1, active=3, repeat=1))
+    for _ in range(4):
+        work()
+    sess = session_mod._ambient
+    assert sess._draining is not None
+    deadline = time.monotonic() + 30
+    while sess._draining is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sess._draining is None and not _torch.profiler_on()
+
+
+@pytest.mark.parametrize("then", ["step", "flush", "shutdown", "explicit session"])
+def test_after_the_timer_stopped_a_drain_the_thread_records_cpu_ops_again(stand_in, monkeypatch,
+                                                                         then):
+    events, done_after = stand_in
+    done_after[0] = None
+    mem = InMemoryExporter()
+    _ambient_window_stopped_by_the_timer(monkeypatch, mem)
+    assert not _records_cpu_ops()  # the documented gap: until this thread's next step or call
+    if then == "step":
+        work()
+    elif then == "flush":
+        instrument.flush()
+    elif then == "shutdown":
+        instrument.shutdown()
+    else:  # its window must see this thread's ranges and operators
+        with capture(schedule=Schedule(warmup=0, active=2, repeat=1), activities=["cpu"]) as cap:
+            work()
+            work()
+        assert cap.reports[0].ranges["work"].calls == 2
+        assert any(op.name == "aten::mm" for op in cap.reports[0].top_ops)
+    assert _records_cpu_ops()
+    instrument.flush()
+    assert [r.steps for r in mem.reports] == [(1, 2, 3)]
+
+
+def test_a_session_closed_from_another_thread_during_the_drain(stand_in, monkeypatch):
+    """configure() on another thread closes the ambient session and stops its drain there: the
+    stepping thread, still paused, records again from its first step in the next session."""
     events, done_after = stand_in
     done_after[0] = None
     monkeypatch.setattr(session_mod, "DRAIN_PAUSES_CPU_OPS", True)
-    monkeypatch.setattr(session_mod, "DRAIN_MAX_S", 0.2)
-    for close_first in (False, True):
-        with capture(schedule=Schedule(warmup=1, active=3, repeat=1), activities=["cpu"]) as cap:
+    first, second = InMemoryExporter(), InMemoryExporter()
+    instrument.configure(exporters=[first], activities=["cpu"],
+                         schedule=Schedule(warmup=1, active=3, repeat=1))
+    for _ in range(4):
+        work()
+    assert session_mod._ambient._draining is not None
+    other = threading.Thread(target=instrument.configure, kwargs=dict(
+        exporters=[second], activities=["cpu"], schedule=Schedule(warmup=1, active=3, repeat=1)))
+    other.start()
+    other.join()
+    assert [r.steps for r in first.reports] == [(1, 2, 3)] and not _torch.profiler_on()
+    for _ in range(4):  # the new ambient session's window
+        work()
+    instrument.flush()
+    assert [r.steps for r in second.reports] == [(1, 2, 3)]
+    assert second.reports[0].ranges["work"].calls == 3
+    assert any(op.name == "aten::mm" for op in second.reports[0].top_ops)
+
+
+class _Stepper(threading.Thread):
+    """A thread that runs ``work()`` steps when asked, and stays alive in between."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.asks: queue.Queue[int | None] = queue.Queue()
+        self.done: queue.Queue[BaseException | None] = queue.Queue()
+        self.start()
+
+    def run(self) -> None:
+        while (n := self.asks.get()) is not None:
+            try:
+                for _ in range(n):
+                    work()
+                self.done.put(None)
+            except BaseException as exc:  # noqa: BLE001 - handed to the test
+                self.done.put(exc)
+
+    def steps(self, n: int) -> None:
+        self.asks.put(n)
+        exc = self.done.get(timeout=60)
+        if exc is not None:
+            raise exc
+
+
+def test_steps_from_two_threads_are_never_left_paused(stand_in, monkeypatch):
+    """Thread A ends a window (its CPU ops paused), this thread steps on and the drain ends
+    here: A records again from its first call in the next window, and a session whose steps
+    came from more than one thread pauses none again (no thread can turn another's back on)."""
+    events, done_after = stand_in
+    done_after[0] = 2
+    monkeypatch.setattr(session_mod, "DRAIN_PAUSES_CPU_OPS", True)
+    a = _Stepper()
+    try:
+        with capture(schedule=Schedule(wait=2, warmup=1, active=3, repeat=2),
+                     activities=["cpu"]) as cap:
             sess = cap.session
-            for _ in range(4):
-                work()
-            deadline = time.monotonic() + 30
-            while sess._draining is not None and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert sess._draining is None and sess._cpu_ops_paused is not None
-            if not close_first:
-                work()
-                assert sess._cpu_ops_paused is None
-        assert sess._cpu_ops_paused is None
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            torch.ones(3).mul(2)
-        assert "aten::mul" in [e.name for e in prof.events()]
+            a.steps(6)  # wait, wait, warm-up, 3 recorded: the window's end pauses A
+            assert sess._draining is not None and _torch.PAUSED_CPU_OPS == {a.ident}
+            work()
+            work()  # the drain ends here, on another thread: A stays paused
+            assert sess._draining is None and _torch.PAUSED_CPU_OPS == {a.ident}
+            work()  # the second window's warm-up
+            a.steps(3)  # its 3 recorded steps: A's first call resumes A
+            assert sess._draining is not None and sess._cpu_ops_paused is None
+            assert not _torch.PAUSED_CPU_OPS
+            work()
+            work()
+        assert [r.steps for r in cap.reports] == [(3, 4, 5), (9, 10, 11)]
+        assert [r.ranges["work"].calls for r in cap.reports] == [3, 3]
+        assert all(any(op.name == "aten::mm" for op in r.top_ops) for r in cap.reports)
+    finally:
+        a.asks.put(None)
+        a.join()
+    assert _records_cpu_ops()
+
+
+_FORK = """
+import os, threading, time
+import torch
+import instrument
+from instrument import Schedule, profiled, _torch
+from instrument.testing import InMemoryExporter
+session_mod = __import__("sys").modules["instrument.session"]
+{stand_in}
+session_mod.DRAIN_MAX_S = 0.2
+
+@profiled("work", step=True)
+def work():
+    return torch.ones(8) @ torch.ones(8)
+
+def records_cpu_ops():
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        torch.ones(3).mul(2)
+    return "aten::mul" in [e.name for e in prof.events()]
+
+instrument.configure(exporters=[InMemoryExporter()], activities=["cpu"],
+                     schedule=Schedule(warmup=1, active=3, repeat=1))
+for _ in range(4):
+    work()
+while session_mod._ambient._draining is not None:
+    time.sleep(0.02)
+pid = os.fork()  # this thread is still paused (the timer stopped the drain)
+if pid == 0:
+    os._exit(0 if records_cpu_ops() else 3)
+_, status = os.waitpid(pid, 0)
+print("parent", records_cpu_ops(), "child", os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork: POSIX only")
+def test_a_child_forked_while_the_thread_is_paused_records_cpu_ops():
+    """A DataLoader worker forked during a drain inherits the thread's switch, off."""
+    script = _FORK.format(stand_in=_STAND_IN)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROFILED_")}
+    proc = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c", script],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "parent False child 0"
