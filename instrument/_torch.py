@@ -91,9 +91,15 @@ def pause_cpu_ops() -> bool:
     switch = getattr(torch.autograd, "_enable_record_function", None)
     if switch is None:  # pragma: no cover - not in the torch versions we support
         return False
+    PAUSED_CPU_OPS.add(threading.get_ident())  # listed before it is off: never off unlisted
     switch(False)
-    PAUSED_CPU_OPS.add(threading.get_ident())
     return True
+
+
+def forget_dead_paused_threads() -> None:
+    """Drop threads that ended while paused: nothing would ever resume them."""
+    if PAUSED_CPU_OPS:
+        PAUSED_CPU_OPS.intersection_update({t.ident for t in threading.enumerate()})
 
 
 def resume_cpu_ops() -> None:
@@ -101,8 +107,8 @@ def resume_cpu_ops() -> None:
     if PAUSED_CPU_OPS:
         ident = threading.get_ident()
         if ident in PAUSED_CPU_OPS:
-            PAUSED_CPU_OPS.discard(ident)
             torch.autograd._enable_record_function(True)
+            PAUSED_CPU_OPS.discard(ident)
 
 
 def run_after_graph(fn: Any) -> bool:

@@ -56,13 +56,16 @@ DEFER_MAX_STEP_NS = 250_000_000
 """Deferred only where the window's steps took less than this on average: a longer step hides
 a synchronising stop's ~20-30 ms, and would keep the profiler on for long after the window."""
 DRAIN_PAUSES_CPU_OPS = True
-"""During a deferred stop the thread that steps records no CPU operators (torch's
+"""During a deferred stop the thread that steps records no CPU operators or ranges (torch's
 RecordFunction off on that thread): what the profiler records after the window's end is cut
 anyway, and recording it cost each drained step and the stop's processing (H200: the stop
 49 -> 34 ms on the caller, sampled 98.5-99.0% -> 99.1-99.6%). The thread records them again
-when the stop runs on it, else (the timer stopped it, or ``close()`` from another thread) at
-its next step, session start or flush. Not where steps have come from more than one thread:
-a thread's switch can only be turned back on by that thread."""
+when the stop runs on it; where it ran elsewhere (the timer, another thread's step, flush,
+close, configure or shutdown), at its next step (``_advance``), a decorated call in a
+recording window (``_first_call_in_window``) or with no session running
+(``session_for_calls``; ``_refresh_idle`` keeps calls awake meanwhile), a session's start,
+``flush()``/``shutdown()`` on it, or in a child it forks. Not once a second thread has stepped
+in the session: a thread's switch can only be turned back on by that thread."""
 EXPORT_DELAY_S = 0.3
 """After a deferred stop the export worker waits this long (from the stop) before torch's
 ``export_chrome_trace``, which holds the GIL for ~15-30 ms: right after the stop the device's
@@ -249,10 +252,6 @@ class Session:
                 return
             if not self._started:
                 self._start()
-            ident = threading.get_ident()
-            if ident != self._step_thread:
-                self._step_threads_mixed = self._step_thread is not None
-                self._step_thread = ident
             if self._draining is not None:
                 self._finish_drain(force=False)
                 if self._draining is None:
@@ -263,6 +262,10 @@ class Session:
                     and self.step_index + 1 < self._idle_until and not self._trigger_pending):
                 self.step_index += 1  # an idle step: nothing else changes
                 return
+            ident = threading.get_ident()
+            if ident != self._step_thread:
+                self._step_threads_mixed = self._step_thread is not None
+                self._step_thread = ident
             ended = self.step_index
             prev = self._action
             window = self._window
@@ -409,8 +412,7 @@ class Session:
     def _open_window(self) -> bool:
         self._finish_drain(force=True)  # torch profilers do not overlap
         self._resume_cpu_ops()
-        if _torch.PAUSED_CPU_OPS:  # a paused thread that ended meanwhile never resumes
-            _torch.PAUSED_CPU_OPS.intersection_update(t.ident for t in threading.enumerate())
+        _torch.forget_dead_paused_threads()
         if _torch.profiler_on():
             self._skip_reason = self._foreign_reason()
             return False
@@ -738,6 +740,12 @@ _atexit_registered = False
 def _refresh_idle() -> None:
     """Decorated calls may skip all bookkeeping when no session needs to see them."""
     cur = _current
+    if _torch.PAUSED_CPU_OPS and (cur is None or cur.finished or cur.closed):
+        # a thread a deferred stop paused must still reach session_for_calls to resume
+        _torch.forget_dead_paused_threads()
+        if _torch.PAUSED_CPU_OPS:
+            decorator.set_idle(False, None)
+            return
     if cur is None:
         decorator.set_idle(_shut_down)
     else:
@@ -807,12 +815,23 @@ def session_for_calls() -> Session | None:
     if cur is None:
         cur = _make_ambient()
         if cur is None:
+            _resume_idle_thread()
             return None
     if not cur._started:
         cur._start()
     if cur.finished:
+        _resume_idle_thread()
         return None
     return cur
+
+
+def _resume_idle_thread() -> None:
+    """No session wants this call: resume the thread if a deferred stop paused it, and let
+    decorated calls go idle again once no thread is left paused (``_refresh_idle`` kept them
+    awake for it). Rare: idle calls do not get here."""
+    _torch.resume_cpu_ops()
+    if not _torch.PAUSED_CPU_OPS:
+        _refresh_idle()
 
 
 _helper_warned = False
@@ -984,6 +1003,7 @@ def flush(timeout_s: float | None = None) -> bool:
     Reports are built and exported on background threads; call this before reading what an
     exporter produced (a test, a notebook cell). Returns False if ``timeout_s`` passed first.
     """
+    _resume_idle_thread()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     ok = True
     for sess in [s for s in (_explicit, _ambient) if s is not None]:
@@ -996,7 +1016,7 @@ def shutdown() -> None:
     """End every session: open windows that recorded steps are exported (``partial=True``);
     then the analysis helper process leaves (a later window starts a new one)."""
     _close_sessions()
-    _torch.resume_cpu_ops()
+    _resume_idle_thread()
     analysis_process.close_shared()
 
 

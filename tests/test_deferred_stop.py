@@ -402,6 +402,83 @@ def test_steps_from_two_threads_are_never_left_paused(stand_in, monkeypatch):
     assert _records_cpu_ops()
 
 
+@profiled("helper")
+def helper() -> torch.Tensor:
+    return X + 1
+
+
+@pytest.mark.parametrize("then", ["step", "decorated call", "flush"])
+def test_after_shutdown_on_another_thread_the_paused_thread_records_again(stand_in, monkeypatch,
+                                                                          then):
+    """shutdown() elsewhere stops the drain there; with no session left, decorated calls would
+    go idle: they stay awake while a thread is paused, and the first one resumes it."""
+    events, done_after = stand_in
+    done_after[0] = None
+    monkeypatch.setattr(session_mod, "DRAIN_PAUSES_CPU_OPS", True)
+    mem = InMemoryExporter()
+    instrument.configure(exporters=[mem], activities=["cpu"],
+                         schedule=Schedule(warmup=1, active=3, repeat=1))
+    for _ in range(4):
+        work()
+    assert _torch.PAUSED_CPU_OPS == {threading.get_ident()}
+    other = threading.Thread(target=instrument.shutdown)
+    other.start()
+    other.join()
+    assert [r.steps for r in mem.reports] == [(1, 2, 3)] and not _torch.profiler_on()
+    {"step": work, "decorated call": helper, "flush": instrument.flush}[then]()
+    assert not _torch.PAUSED_CPU_OPS and _records_cpu_ops()
+    assert session_mod.decorator._IDLE  # and calls are idle again once nobody is paused
+
+
+def test_a_thread_paused_by_a_sessions_last_window_records_again(stand_in, monkeypatch):
+    """A ends the schedule's last window; the drain ends on this thread and the session is
+    finished, so decorated calls would go idle: A's next step still resumes it."""
+    events, done_after = stand_in
+    done_after[0] = 1
+    monkeypatch.setattr(session_mod, "DRAIN_PAUSES_CPU_OPS", True)
+    a = _Stepper()
+    try:
+        with capture(schedule=Schedule(warmup=1, active=3, repeat=1), activities=["cpu"]) as cap:
+            sess = cap.session
+            a.steps(4)
+            assert sess._draining is not None and _torch.PAUSED_CPU_OPS == {a.ident}
+            work()  # the drain ends here: the session is done
+            assert sess._draining is None and sess.finished
+            a.steps(1)
+            assert not _torch.PAUSED_CPU_OPS
+            assert session_mod.decorator._IDLE
+        assert [r.steps for r in cap.reports] == [(1, 2, 3)]
+    finally:
+        a.asks.put(None)
+        a.join()
+
+
+def test_an_explicit_session_closed_on_another_thread_than_its_steps(stand_in, monkeypatch):
+    """The ``with`` block exits on this thread while A, which steps, is paused; the ambient
+    session current again has finished: A's next step resumes it all the same."""
+    events, done_after = stand_in
+    done_after[0] = 1
+    monkeypatch.setattr(session_mod, "DRAIN_PAUSES_CPU_OPS", True)
+    instrument.configure(exporters=[InMemoryExporter()], activities=["cpu"],
+                         schedule=Schedule(warmup=0, active=1, repeat=1))
+    for _ in range(4):
+        work()
+    assert session_mod._ambient.finished and not _torch.PAUSED_CPU_OPS
+    done_after[0] = None
+    a = _Stepper()
+    try:
+        with capture(schedule=Schedule(warmup=1, active=3, repeat=1), activities=["cpu"]) as cap:
+            a.steps(4)
+            assert cap.session._draining is not None and _torch.PAUSED_CPU_OPS == {a.ident}
+        assert session_mod._current is session_mod._ambient
+        a.steps(1)
+        assert not _torch.PAUSED_CPU_OPS
+        assert [r.steps for r in cap.reports] == [(1, 2, 3)]
+    finally:
+        a.asks.put(None)
+        a.join()
+
+
 _FORK = """
 import os, threading, time
 import torch
