@@ -83,6 +83,22 @@ except ImportError:  # pragma: no cover - old torch
 PAUSED_CPU_OPS: set[int] = set()
 """The threads whose CPU operators ``pause_cpu_ops`` stopped recording (their idents)."""
 
+_PAUSE_TOKEN = threading.local()
+
+
+class _PausedThread:
+    """Kept in the paused thread's thread-local storage: if the thread ends still paused, its
+    storage goes and this drops it from ``PAUSED_CPU_OPS`` (nothing could resume it, and
+    decorated calls stay awake while the set is not empty)."""
+
+    __slots__ = ("ident",)
+
+    def __init__(self, ident: int) -> None:
+        self.ident = ident
+
+    def __del__(self) -> None:
+        PAUSED_CPU_OPS.discard(self.ident)
+
 
 def pause_cpu_ops() -> bool:
     """Stop recording CPU operators on the calling thread: torch's RecordFunction off there
@@ -91,7 +107,9 @@ def pause_cpu_ops() -> bool:
     switch = getattr(torch.autograd, "_enable_record_function", None)
     if switch is None:  # pragma: no cover - not in the torch versions we support
         return False
-    PAUSED_CPU_OPS.add(threading.get_ident())  # listed before it is off: never off unlisted
+    ident = threading.get_ident()
+    _PAUSE_TOKEN.token = _PausedThread(ident)  # first: replacing an old one discards ident
+    PAUSED_CPU_OPS.add(ident)  # listed before it is off: never off unlisted
     switch(False)
     return True
 
@@ -109,6 +127,7 @@ def resume_cpu_ops() -> None:
         if ident in PAUSED_CPU_OPS:
             torch.autograd._enable_record_function(True)
             PAUSED_CPU_OPS.discard(ident)
+            _PAUSE_TOKEN.token = None
 
 
 def run_after_graph(fn: Any) -> bool:

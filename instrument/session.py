@@ -59,13 +59,15 @@ DRAIN_PAUSES_CPU_OPS = True
 """During a deferred stop the thread that steps records no CPU operators or ranges (torch's
 RecordFunction off on that thread): what the profiler records after the window's end is cut
 anyway, and recording it cost each drained step and the stop's processing (H200: the stop
-49 -> 34 ms on the caller, sampled 98.5-99.0% -> 99.1-99.6%). The thread records them again
-when the stop runs on it; where it ran elsewhere (the timer, another thread's step, flush,
-close, configure or shutdown), at its next step (``_advance``), a decorated call in a
+49 -> 34 ms on the caller; sampled 97.1-99.0% -> 98.5-99.6% over BENCHMARKS.md's runs).
+The thread records them again when the stop runs on it; where it ran elsewhere (the timer,
+another thread's step, flush, close, configure or shutdown), at its next step (``_advance``), a decorated call in a
 recording window (``_first_call_in_window``) or with no session running
 (``session_for_calls``; ``_refresh_idle`` keeps calls awake meanwhile), a session's start,
-``flush()``/``shutdown()`` on it, or in a child it forks. Not once a second thread has stepped
-in the session: a thread's switch can only be turned back on by that thread."""
+``flush()``/``shutdown()`` on it, or in a child it forks; a thread that ends paused leaves
+the set by itself (``_torch._PausedThread``). Not once a second thread has stepped in the
+session's windows or drains (``_advance`` skips idle steps before it looks): a thread's switch
+can only be turned back on by that thread."""
 EXPORT_DELAY_S = 0.3
 """After a deferred stop the export worker waits this long (from the stop) before torch's
 ``export_chrome_trace``, which holds the GIL for ~15-30 ms: right after the stop the device's
@@ -737,19 +739,35 @@ _shut_down = False
 _atexit_registered = False
 
 
-def _refresh_idle() -> None:
-    """Decorated calls may skip all bookkeeping when no session needs to see them."""
+def _seen() -> tuple[Any, ...]:
     cur = _current
-    if _torch.PAUSED_CPU_OPS and (cur is None or cur.finished or cur.closed):
-        # a thread a deferred stop paused must still reach session_for_calls to resume
-        _torch.forget_dead_paused_threads()
-        if _torch.PAUSED_CPU_OPS:
-            decorator.set_idle(False, None)
-            return
     if cur is None:
-        decorator.set_idle(_shut_down)
-    else:
-        decorator.set_idle(cur.finished or cur.closed, cur if cur._started else None)
+        return (None, _shut_down, bool(_torch.PAUSED_CPU_OPS))
+    return (cur, _shut_down, bool(_torch.PAUSED_CPU_OPS), cur.finished, cur.closed,
+            cur._started)
+
+
+def _refresh_idle() -> None:
+    """Decorated calls may skip all bookkeeping when no session needs to see them.
+
+    Lock-free (it runs under sessions' locks, which ``_state_lock`` holders also take), so it
+    checks that what it read still holds after ``set_idle``: a ``configure()``, ``shutdown()``
+    or session change on another thread in between would otherwise be overwritten by a stale
+    flag (idle calls then never make the new ambient session)."""
+    while True:
+        seen = _seen()
+        cur = seen[0]
+        if _torch.PAUSED_CPU_OPS and (cur is None or cur.finished or cur.closed):
+            # a thread a deferred stop paused must still reach session_for_calls to resume
+            _torch.forget_dead_paused_threads()
+        if _torch.PAUSED_CPU_OPS and (cur is None or cur.finished or cur.closed):
+            decorator.set_idle(False, None)
+        elif cur is None:
+            decorator.set_idle(seen[1])
+        else:
+            decorator.set_idle(cur.finished or cur.closed, cur if cur._started else None)
+        if _seen() == seen:
+            return
 
 
 def ambient_config() -> Config:

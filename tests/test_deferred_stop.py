@@ -479,6 +479,57 @@ def test_an_explicit_session_closed_on_another_thread_than_its_steps(stand_in, m
         a.join()
 
 
+def test_a_thread_that_ends_paused_no_longer_keeps_calls_awake(stand_in, monkeypatch):
+    """Nothing can resume a thread that ended: it leaves the paused set by itself, and the
+    next decorated call goes idle again."""
+    events, done_after = stand_in
+    done_after[0] = None
+    monkeypatch.setattr(session_mod, "DRAIN_PAUSES_CPU_OPS", True)
+    instrument.configure(exporters=[InMemoryExporter()], activities=["cpu"],
+                         schedule=Schedule(warmup=1, active=3, repeat=1))
+    a = _Stepper()
+    a.steps(4)  # A ends the window: paused
+    assert _torch.PAUSED_CPU_OPS == {a.ident}
+    instrument.shutdown()  # here: the drain stops here, A stays paused
+    assert _torch.PAUSED_CPU_OPS == {a.ident} and not session_mod.decorator._IDLE
+    a.asks.put(None)
+    a.join()  # A ends without another decorated call
+    assert not _torch.PAUSED_CPU_OPS
+    helper()
+    assert session_mod.decorator._IDLE
+
+
+def test_a_refresh_that_read_before_configure_does_not_undo_it(monkeypatch):
+    """A thread reads the state to set the idle flag, configure() lands on another thread before
+    it writes the flag: the new session must still see decorated calls."""
+    instrument.configure(exporters=[InMemoryExporter()], activities=["cpu"],
+                         schedule=Schedule(warmup=0, active=1, repeat=1))
+    for _ in range(3):
+        work()
+    assert session_mod._current.finished and session_mod.decorator._IDLE
+    real_set_idle = session_mod.decorator.set_idle
+    configured = threading.Event()
+
+    def set_idle_after_configure(*args, **kwargs):  # the flushing thread is preempted here
+        if threading.current_thread().name == "late-refresh":
+            configured.wait(10)
+        real_set_idle(*args, **kwargs)
+
+    monkeypatch.setattr(session_mod.decorator, "set_idle", set_idle_after_configure)
+    late = threading.Thread(target=instrument.flush, name="late-refresh")
+    late.start()
+    time.sleep(0.2)
+    mem = InMemoryExporter()
+    instrument.configure(exporters=[mem], activities=["cpu"],
+                         schedule=Schedule(warmup=0, active=1, repeat=2))
+    configured.set()
+    late.join()
+    for _ in range(4):
+        work()
+    instrument.flush()
+    assert len(mem.reports) == 2
+
+
 _FORK = """
 import os, threading, time
 import torch
