@@ -114,12 +114,6 @@ def pause_cpu_ops() -> bool:
     return True
 
 
-def forget_dead_paused_threads() -> None:
-    """Drop threads that ended while paused: nothing would ever resume them."""
-    if PAUSED_CPU_OPS:
-        PAUSED_CPU_OPS.intersection_update({t.ident for t in threading.enumerate()})
-
-
 def resume_cpu_ops() -> None:
     """Record CPU operators again on the calling thread if ``pause_cpu_ops`` stopped them."""
     if PAUSED_CPU_OPS:

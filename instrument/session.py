@@ -61,11 +61,11 @@ RecordFunction off on that thread): what the profiler records after the window's
 anyway, and recording it cost each drained step and the stop's processing (H200: the stop
 49 -> 34 ms on the caller; sampled 97.1-99.0% -> 98.5-99.6% over BENCHMARKS.md's runs).
 The thread records them again when the stop runs on it; where it ran elsewhere (the timer,
-another thread's step, flush, close, configure or shutdown), at its next step (``_advance``), a decorated call in a
-recording window (``_first_call_in_window``) or with no session running
-(``session_for_calls``; ``_refresh_idle`` keeps calls awake meanwhile), a session's start,
-``flush()``/``shutdown()`` on it, or in a child it forks; a thread that ends paused leaves
-the set by itself (``_torch._PausedThread``). Not once a second thread has stepped in the
+another thread's step, flush, close, configure or shutdown), at its next step
+(``_advance``), a decorated call in a recording window (``_first_call_in_window``) or with
+no session running (``session_for_calls``; ``_refresh_idle`` keeps calls awake meanwhile), a
+session's start, ``flush()``/``shutdown()`` on it, or in a child it forks; a thread that
+ends paused leaves the set by itself (``_torch._PausedThread``). Not once a second thread has stepped in the
 session's windows or drains (``_advance`` skips idle steps before it looks): a thread's switch
 can only be turned back on by that thread."""
 EXPORT_DELAY_S = 0.3
@@ -414,7 +414,6 @@ class Session:
     def _open_window(self) -> bool:
         self._finish_drain(force=True)  # torch profilers do not overlap
         self._resume_cpu_ops()
-        _torch.forget_dead_paused_threads()
         if _torch.profiler_on():
             self._skip_reason = self._foreign_reason()
             return False
@@ -759,8 +758,6 @@ def _refresh_idle() -> None:
         cur = seen[0]
         if _torch.PAUSED_CPU_OPS and (cur is None or cur.finished or cur.closed):
             # a thread a deferred stop paused must still reach session_for_calls to resume
-            _torch.forget_dead_paused_threads()
-        if _torch.PAUSED_CPU_OPS and (cur is None or cur.finished or cur.closed):
             decorator.set_idle(False, None)
         elif cur is None:
             decorator.set_idle(seen[1])

@@ -369,36 +369,43 @@ class _Stepper(threading.Thread):
         if exc is not None:
             raise exc
 
+    def stop(self) -> None:
+        self.asks.put(None)
+        self.join()
 
-def test_steps_from_two_threads_are_never_left_paused(stand_in, monkeypatch):
+
+@pytest.fixture
+def a():
+    """Thread A, a ``_Stepper``; it ends with the test."""
+    stepper = _Stepper()
+    yield stepper
+    stepper.stop()
+
+
+def test_steps_from_two_threads_are_never_left_paused(stand_in, monkeypatch, a):
     """Thread A ends a window (its CPU ops paused), this thread steps on and the drain ends
     here: A records again from its first call in the next window, and a session whose steps
     came from more than one thread pauses none again (no thread can turn another's back on)."""
     events, done_after = stand_in
     done_after[0] = 2
     monkeypatch.setattr(session_mod, "DRAIN_PAUSES_CPU_OPS", True)
-    a = _Stepper()
-    try:
-        with capture(schedule=Schedule(wait=2, warmup=1, active=3, repeat=2),
-                     activities=["cpu"]) as cap:
-            sess = cap.session
-            a.steps(6)  # wait, wait, warm-up, 3 recorded: the window's end pauses A
-            assert sess._draining is not None and _torch.PAUSED_CPU_OPS == {a.ident}
-            work()
-            work()  # the drain ends here, on another thread: A stays paused
-            assert sess._draining is None and _torch.PAUSED_CPU_OPS == {a.ident}
-            work()  # the second window's warm-up
-            a.steps(3)  # its 3 recorded steps: A's first call resumes A
-            assert sess._draining is not None and sess._cpu_ops_paused is None
-            assert not _torch.PAUSED_CPU_OPS
-            work()
-            work()
-        assert [r.steps for r in cap.reports] == [(3, 4, 5), (9, 10, 11)]
-        assert [r.ranges["work"].calls for r in cap.reports] == [3, 3]
-        assert all(any(op.name == "aten::mm" for op in r.top_ops) for r in cap.reports)
-    finally:
-        a.asks.put(None)
-        a.join()
+    with capture(schedule=Schedule(wait=2, warmup=1, active=3, repeat=2),
+                 activities=["cpu"]) as cap:
+        sess = cap.session
+        a.steps(6)  # wait, wait, warm-up, 3 recorded: the window's end pauses A
+        assert sess._draining is not None and _torch.PAUSED_CPU_OPS == {a.ident}
+        work()
+        work()  # the drain ends here, on another thread: A stays paused
+        assert sess._draining is None and _torch.PAUSED_CPU_OPS == {a.ident}
+        work()  # the second window's warm-up
+        a.steps(3)  # its 3 recorded steps: A's first call resumes A
+        assert sess._draining is not None and sess._cpu_ops_paused is None
+        assert not _torch.PAUSED_CPU_OPS
+        work()
+        work()
+    assert [r.steps for r in cap.reports] == [(3, 4, 5), (9, 10, 11)]
+    assert [r.ranges["work"].calls for r in cap.reports] == [3, 3]
+    assert all(any(op.name == "aten::mm" for op in r.top_ops) for r in cap.reports)
     assert _records_cpu_ops()
 
 
@@ -430,30 +437,25 @@ def test_after_shutdown_on_another_thread_the_paused_thread_records_again(stand_
     assert session_mod.decorator._IDLE  # and calls are idle again once nobody is paused
 
 
-def test_a_thread_paused_by_a_sessions_last_window_records_again(stand_in, monkeypatch):
+def test_a_thread_paused_by_a_sessions_last_window_records_again(stand_in, monkeypatch, a):
     """A ends the schedule's last window; the drain ends on this thread and the session is
     finished, so decorated calls would go idle: A's next step still resumes it."""
     events, done_after = stand_in
     done_after[0] = 1
     monkeypatch.setattr(session_mod, "DRAIN_PAUSES_CPU_OPS", True)
-    a = _Stepper()
-    try:
-        with capture(schedule=Schedule(warmup=1, active=3, repeat=1), activities=["cpu"]) as cap:
-            sess = cap.session
-            a.steps(4)
-            assert sess._draining is not None and _torch.PAUSED_CPU_OPS == {a.ident}
-            work()  # the drain ends here: the session is done
-            assert sess._draining is None and sess.finished
-            a.steps(1)
-            assert not _torch.PAUSED_CPU_OPS
-            assert session_mod.decorator._IDLE
-        assert [r.steps for r in cap.reports] == [(1, 2, 3)]
-    finally:
-        a.asks.put(None)
-        a.join()
+    with capture(schedule=Schedule(warmup=1, active=3, repeat=1), activities=["cpu"]) as cap:
+        sess = cap.session
+        a.steps(4)
+        assert sess._draining is not None and _torch.PAUSED_CPU_OPS == {a.ident}
+        work()  # the drain ends here: the session is done
+        assert sess._draining is None and sess.finished
+        a.steps(1)
+        assert not _torch.PAUSED_CPU_OPS
+        assert session_mod.decorator._IDLE
+    assert [r.steps for r in cap.reports] == [(1, 2, 3)]
 
 
-def test_an_explicit_session_closed_on_another_thread_than_its_steps(stand_in, monkeypatch):
+def test_an_explicit_session_closed_on_another_thread_than_its_steps(stand_in, monkeypatch, a):
     """The ``with`` block exits on this thread while A, which steps, is paused; the ambient
     session current again has finished: A's next step resumes it all the same."""
     events, done_after = stand_in
@@ -465,21 +467,16 @@ def test_an_explicit_session_closed_on_another_thread_than_its_steps(stand_in, m
         work()
     assert session_mod._ambient.finished and not _torch.PAUSED_CPU_OPS
     done_after[0] = None
-    a = _Stepper()
-    try:
-        with capture(schedule=Schedule(warmup=1, active=3, repeat=1), activities=["cpu"]) as cap:
-            a.steps(4)
-            assert cap.session._draining is not None and _torch.PAUSED_CPU_OPS == {a.ident}
-        assert session_mod._current is session_mod._ambient
-        a.steps(1)
-        assert not _torch.PAUSED_CPU_OPS
-        assert [r.steps for r in cap.reports] == [(1, 2, 3)]
-    finally:
-        a.asks.put(None)
-        a.join()
+    with capture(schedule=Schedule(warmup=1, active=3, repeat=1), activities=["cpu"]) as cap:
+        a.steps(4)
+        assert cap.session._draining is not None and _torch.PAUSED_CPU_OPS == {a.ident}
+    assert session_mod._current is session_mod._ambient
+    a.steps(1)
+    assert not _torch.PAUSED_CPU_OPS
+    assert [r.steps for r in cap.reports] == [(1, 2, 3)]
 
 
-def test_a_thread_that_ends_paused_no_longer_keeps_calls_awake(stand_in, monkeypatch):
+def test_a_thread_that_ends_paused_no_longer_keeps_calls_awake(stand_in, monkeypatch, a):
     """Nothing can resume a thread that ended: it leaves the paused set by itself, and the
     next decorated call goes idle again."""
     events, done_after = stand_in
@@ -487,13 +484,11 @@ def test_a_thread_that_ends_paused_no_longer_keeps_calls_awake(stand_in, monkeyp
     monkeypatch.setattr(session_mod, "DRAIN_PAUSES_CPU_OPS", True)
     instrument.configure(exporters=[InMemoryExporter()], activities=["cpu"],
                          schedule=Schedule(warmup=1, active=3, repeat=1))
-    a = _Stepper()
     a.steps(4)  # A ends the window: paused
     assert _torch.PAUSED_CPU_OPS == {a.ident}
     instrument.shutdown()  # here: the drain stops here, A stays paused
     assert _torch.PAUSED_CPU_OPS == {a.ident} and not session_mod.decorator._IDLE
-    a.asks.put(None)
-    a.join()  # A ends without another decorated call
+    a.stop()  # A ends without another decorated call
     assert not _torch.PAUSED_CPU_OPS
     helper()
     assert session_mod.decorator._IDLE
