@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import abc
 import enum
-import warnings
 from collections.abc import Callable, Iterable
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
+
+from . import _warn
 
 if TYPE_CHECKING:
     from instrument.report import WindowReport
@@ -135,11 +136,13 @@ def resolve_exporters(
     items: Iterable[Any],
     *,
     builtin_kwargs: dict[str, dict[str, Any]] | None = None,
+    warn: Callable[[str, type[Warning]], None] = _warn.warn,
 ) -> list[Exporter]:
     """Turn names and instances into exporter instances.
 
     A name that is not known warns (listing the known names) and is skipped; an entry point
-    that fails to load or build warns and is skipped. Instances pass through.
+    that fails to load or build warns and is skipped. Instances pass through. Warnings go
+    through ``warn(message, category)`` (the SDK's, which never raises, by default).
     """
     out: list[Exporter] = []
     eps: dict[str, Any] | None = None
@@ -156,32 +159,29 @@ def resolve_exporters(
             eps = _entry_points()
         ep = eps.get(name)
         if ep is None:
-            warnings.warn(
+            warn(
                 f"unknown exporter {name!r}; known exporters: "
                 f"{', '.join(known_exporter_names())}; it is skipped",
                 ExporterWarning,
-                stacklevel=2,
             )
             continue
         try:
             factory = ep.load()
             exporter = factory()
         except Exception as exc:  # noqa: BLE001
-            warnings.warn(
+            warn(
                 f"exporter {name!r} (entry point {ep.value}) could not be built: {exc!r}; "
                 "it is skipped",
                 ExporterWarning,
-                stacklevel=2,
             )
             continue
         if not isinstance(exporter, Exporter) and not (
             hasattr(exporter, "export") and hasattr(exporter, "shutdown")
         ):
-            warnings.warn(
+            warn(
                 f"exporter {name!r} (entry point {ep.value}) built a "
                 f"{type(exporter).__name__}, which has no export()/shutdown(); it is skipped",
                 ExporterWarning,
-                stacklevel=2,
             )
             continue
         out.append(exporter)

@@ -13,10 +13,10 @@ import json
 import os
 import sys
 import threading
-import warnings
 from typing import TYPE_CHECKING, Any
 
 from . import Exporter, ExporterWarning, ExportResult
+from ._warn import warn
 
 if TYPE_CHECKING:
     from instrument.report import WindowReport
@@ -77,4 +77,4 @@ class JsonLinesExporter(Exporter):
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(message, ExporterWarning, stacklevel=3)
+            warn(message, ExporterWarning)

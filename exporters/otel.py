@@ -39,7 +39,6 @@ import os
 import socket
 import threading
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -49,6 +48,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.sdk.trace import SpanProcessor
 
 from . import Exporter, ExporterWarning, ExportResult
+from ._warn import warn
 
 if TYPE_CHECKING:
     from instrument.occurrences import Node, Walk
@@ -493,14 +493,11 @@ class OTelExporter(Exporter):
         self.lost["spans"] += spans
         if key not in self._failing:
             self._failing.add(key)
-            warnings.warn(
-                f"otel exporter: window {report.window}: {what} were not delivered via "
-                f"{sink.label} ({why}; gave up after {time.monotonic() - began:.1f} s) and are "
-                "lost; the program goes on. Further failures there are counted in "
-                "OTelExporter.lost and not repeated until a delivery succeeds",
-                ExporterWarning,
-                stacklevel=2,
-            )
+            warn(f"otel exporter: window {report.window}: {what} were not delivered via "
+                 f"{sink.label} ({why}; gave up after {time.monotonic() - began:.1f} s) and are "
+                 "lost; the program goes on. Further failures there are counted in "
+                 "OTelExporter.lost and not repeated until a delivery succeeds",
+                 ExporterWarning)
         return False
 
     # ------------------------------------------------------------ spans
@@ -601,7 +598,7 @@ class OTelExporter(Exporter):
     def _warn(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn("otel exporter: " + message, ExporterWarning, stacklevel=3)
+            warn("otel exporter: " + message, ExporterWarning)
 
 
 def _version() -> str:

@@ -26,10 +26,10 @@ import secrets
 import shutil
 import threading
 import time
-import warnings
 from typing import TYPE_CHECKING
 
 from . import Exporter, ExporterWarning, ExportResult
+from ._warn import warn
 
 if TYPE_CHECKING:
     from instrument.report import WindowReport
@@ -255,4 +255,4 @@ class TraceFileExporter(Exporter):
         if key in self._warned:
             return
         self._warned.add(key)
-        warnings.warn(message, ExporterWarning, stacklevel=3)
+        warn(message, ExporterWarning)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from exporters._warn import warn
 
 from .ranks import RankSet
 from .sampling import Sampling, Schedule
@@ -599,16 +600,16 @@ def _env_value(env: Mapping[str, str], var: str, parse, default: Any, strict: bo
             f"{var}={raw!r} is invalid ({exc}); using the default "
             f"{var}={_describe_default(default, var)}"
         )
-        _warn_once(var, raw, message, stacklevel=5)
+        _warn_once(var, raw, message)
         return default
 
 
-def _warn_once(var: str, raw: str, message: str, stacklevel: int = 4) -> None:
+def _warn_once(var: str, raw: str, message: str) -> None:
     with _warned_lock:
         first = (var, raw) not in _warned
         _warned.add((var, raw))
     if first:
-        warnings.warn(message, ConfigWarning, stacklevel=stacklevel)
+        warn(message, ConfigWarning)
 
 
 def enabled_from_env(environ: Mapping[str, str] | None = None) -> bool:
@@ -666,6 +667,6 @@ def launcher_ranks_from_env(
             raise ValueError(f"{what}; PROFILED_STRICT=1 makes this an error (without it "
                              f"the world size {rank + 1} would be used)")
         _warn_once(f"{rank_var}/{world_var}", f"{rank}/{world}",
-                   f"{what}; using the world size {rank + 1}", stacklevel=3)
+                   f"{what}; using the world size {rank + 1}")
         world = rank + 1
     return rank, world

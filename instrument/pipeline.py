@@ -26,11 +26,11 @@ import collections
 import dataclasses
 import threading
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from exporters import ExporterWarning, ExportResult
+from exporters._warn import warn
 
 from .report import WindowReport
 
@@ -49,12 +49,9 @@ def _export_one(exporter: Any, report: WindowReport) -> ExportResult | None:
     try:
         return exporter.export(report)
     except Exception as exc:  # noqa: BLE001 - telemetry never breaks the program
-        warnings.warn(
-            f"exporter {_name(exporter)} raised {exc!r} on window {report.window}; "
-            "its output for this window is lost, the other exporters still ran",
-            ExporterWarning,
-            stacklevel=2,
-        )
+        warn(f"exporter {_name(exporter)} raised {exc!r} on window {report.window}; "
+             "its output for this window is lost, the other exporters still ran",
+             ExporterWarning)
         return None
 
 
@@ -139,17 +136,10 @@ class _Worker:
             self.dropped += 1
             if not self._warned:
                 self._warned = True
-                try:  # on the program's thread: even warnings-as-errors must not reach it
-                    warnings.warn(
-                        f"torch-profiled: the {self.what} queue is full ({self.maxsize} "
-                        "waiting): the oldest was dropped; exporting cannot keep up with the "
-                        "windows (this warning is given once; see the session's dropped "
-                        "counts)",
-                        ExporterWarning,
-                        stacklevel=3,
-                    )
-                except Exception:  # noqa: BLE001
-                    pass
+                warn(f"torch-profiled: the {self.what} queue is full ({self.maxsize} "
+                     "waiting): the oldest was dropped; exporting cannot keep up with the "
+                     "windows (this warning is given once; see the session's dropped counts)",
+                     ExporterWarning)
 
     def _run(self) -> None:
         while True:
@@ -222,8 +212,7 @@ class _Lane(_Worker):
             try:
                 exporter.shutdown()
             except Exception as exc:  # noqa: BLE001
-                warnings.warn(f"exporter {_name(exporter)} raised {exc!r} in shutdown()",
-                              ExporterWarning, stacklevel=2)
+                warn(f"exporter {_name(exporter)} raised {exc!r} in shutdown()", ExporterWarning)
         return None
 
 

@@ -26,11 +26,11 @@ import shutil
 import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from exporters import ExporterWarning, check_exporter_names, resolve_exporters
+from exporters._warn import warn
 
 from . import _torch, analysis_process, decorator, triggers
 from .analysis import analyze, drop_warmup
@@ -157,10 +157,9 @@ class Session:
         lost = self._pipeline.close(timeout, self._why_no_report())
         if lost:
             what = ", ".join(f"{name}: {n}" for name, n in lost.items())
-            warnings.warn(
-                f"torch-profiled: window reports not exported within "
-                f"PROFILED_EXPORT_TIMEOUT_S={timeout:g}s were dropped ({what}); the program "
-                "goes on", ExporterWarning, stacklevel=2)
+            warn(f"torch-profiled: window reports not exported within "
+                 f"PROFILED_EXPORT_TIMEOUT_S={timeout:g}s were dropped ({what}); the program "
+                 "goes on", ExporterWarning)
         with self._lock:
             tmpdir, self._tmpdir = self._tmpdir, None
         if tmpdir is not None and not lost:  # else a lane may still read from it
@@ -698,7 +697,7 @@ class Session:
         )
 
     def _warn(self, message: str) -> None:
-        warnings.warn(message, ProfilerWarning, stacklevel=3)
+        warn(message, ProfilerWarning)
 
 
 class _EndedWindow:
@@ -813,15 +812,13 @@ _exporter_warnings_seen: set[str] = set()
 def _resolve_warning_once(config: Config) -> list[Any]:
     """Resolve the ambient exporters; a warning about a name is given once per process, like
     warnings about other environment values (the ambient session is rebuilt by configure())."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        exporters = resolve_exporters(config.exporters, builtin_kwargs=_builtin_kwargs(config))
-    for w in caught:
-        text = str(w.message)
-        if text not in _exporter_warnings_seen:
-            _exporter_warnings_seen.add(text)
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    return exporters
+    def warn_once(message: str, category: type[Warning]) -> None:
+        if message not in _exporter_warnings_seen:
+            _exporter_warnings_seen.add(message)
+            warn(message, category)
+
+    return resolve_exporters(config.exporters, builtin_kwargs=_builtin_kwargs(config),
+                             warn=warn_once)
 
 
 def session_for_calls() -> Session | None:
@@ -856,7 +853,7 @@ def _warn_helper_once(message: str) -> None:
     global _helper_warned
     if not _helper_warned:
         _helper_warned = True
-        warnings.warn(message, ProfilerWarning, stacklevel=3)
+        warn(message, ProfilerWarning)
 
 
 def _make_ambient() -> Session | None:
@@ -1046,7 +1043,7 @@ def _close_sessions() -> None:
         try:
             sess.close()
         except Exception as exc:  # noqa: BLE001
-            warnings.warn(f"torch-profiled shutdown failed: {exc!r}", ExporterWarning, stacklevel=2)
+            warn(f"torch-profiled shutdown failed: {exc!r}", ExporterWarning)
 
 
 def _reset_for_tests() -> None:

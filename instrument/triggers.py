@@ -15,9 +15,10 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import warnings
 from collections.abc import Callable
 from typing import Any
+
+from exporters._warn import warn
 
 __all__ = ["POLL_S", "Trigger", "arm"]
 
@@ -75,10 +76,9 @@ class _FileTrigger(Trigger):
                 except FileNotFoundError:
                     continue  # another process took it
                 except OSError as exc:
-                    warnings.warn(
-                        f"PROFILED_TRIGGER file {self.path} exists but cannot be removed "
-                        f"({exc}); it cannot trigger windows, the trigger is off",
-                        UserWarning, stacklevel=1)
+                    warn(f"PROFILED_TRIGGER file {self.path} exists but cannot be removed "
+                         f"({exc}); it cannot trigger windows, the trigger is off",
+                         UserWarning)
                     return
                 self._callback()
 
@@ -92,11 +92,10 @@ def arm(spec: str, callback: Callable[[], None]) -> Trigger | None:
     if spec.startswith("SIG") and os.sep not in spec and "/" not in spec and "." not in spec:
         signum = signal.Signals[spec]
         if threading.current_thread() is not threading.main_thread():
-            warnings.warn(
-                f"PROFILED_TRIGGER={spec}: the profiling session started outside the main "
-                "thread, where Python cannot install signal handlers; the trigger is off "
-                "(use a file trigger, or make the first decorated call from the main thread)",
-                UserWarning, stacklevel=3)
+            warn(f"PROFILED_TRIGGER={spec}: the profiling session started outside the main "
+                 "thread, where Python cannot install signal handlers; the trigger is off "
+                 "(use a file trigger, or make the first decorated call from the main thread)",
+                 UserWarning)
             return None
         return _SignalTrigger(signum, callback)
     return _FileTrigger(spec, callback)

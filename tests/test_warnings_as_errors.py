@@ -1,0 +1,106 @@
+"""No SDK warning ever raises into the program, not even with ``python -W error``; warnings
+point at the program's own line, not into the library."""
+
+from __future__ import annotations
+
+import warnings
+
+import instrument
+from exporters import ExporterWarning, InMemoryExporter
+from exporters._warn import warn
+from instrument import ConfigWarning, Schedule, profiled
+
+
+def test_bad_environment_value_under_warnings_as_errors(run_python):
+    """A bad ``PROFILED_*`` value is one plain stderr line; the first decorated call returns."""
+    result = run_python(
+        "from instrument import profiled\n"
+        "@profiled('f')\n"
+        "def f():\n"
+        "    return 41 + 1\n"
+        "print('result', f())\n",
+        env={"PROFILED_EVERY": "abc", "PROFILED_EXPORTERS": "memory",
+             "PYTHONWARNINGS": "error"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "result 42" in result.stdout
+    lines = [ln for ln in result.stderr.splitlines() if "PROFILED_EVERY" in ln]
+    assert len(lines) == 1 and lines[0].startswith("torch-profiled: ConfigWarning: "), lines
+    assert "Traceback" not in result.stderr
+
+
+def test_the_users_exception_is_not_replaced_by_an_sdk_warning(run_python):
+    """A session that ends while the user's ValueError propagates, and whose export misses its
+    deadline (a warning), still lets that ValueError through, unchanged, under ``-W error``."""
+    result = run_python(
+        "import time, instrument\n"
+        "from exporters import Exporter, ExportResult\n"
+        "class Slow(Exporter):\n"
+        "    def export(self, report):\n"
+        "        time.sleep(1.5)\n"
+        "        return ExportResult.SUCCESS\n"
+        "    def shutdown(self):\n"
+        "        pass\n"
+        "@instrument.profiled('work')\n"
+        "def work():\n"
+        "    return 1\n"
+        "try:\n"
+        "    with instrument.session(exporters=[Slow()], export_timeout_s=0.2,\n"
+        "                            schedule=instrument.Schedule(active=1),\n"
+        "                            activities=['cpu']) as s:\n"
+        "        work(); s.step(); work()\n"
+        "        raise ValueError('the user error')\n"
+        "except BaseException as exc:\n"
+        "    print('caught', type(exc).__name__, exc, type(exc.__context__).__name__)\n",
+        env={"PYTHONWARNINGS": "error"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "caught ValueError the user error NoneType" in result.stdout
+    assert "torch-profiled: ExporterWarning: " in result.stderr
+
+
+def test_config_warning_points_at_the_programs_line(monkeypatch):
+    monkeypatch.setenv("PROFILED_EVERY", "not-a-number")
+
+    @profiled("f")
+    def f():
+        return 1
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        f()
+    config_warnings = [w for w in caught if issubclass(w.category, ConfigWarning)]
+    assert len(config_warnings) == 1
+    assert config_warnings[0].filename == __file__  # the line that called f(), not the SDK
+
+
+def test_a_warning_from_an_export_lane_names_torch_profiled():
+    """No frame of the program's on an export lane's stack: the warning is the SDK's own."""
+    from instrument.testing import capture
+
+    class Broken(InMemoryExporter):
+        def export(self, report):
+            raise RuntimeError("backend down")
+
+    @profiled("k")
+    def k():
+        return 1
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with capture(exporters=[Broken()], schedule=Schedule(active=1),
+                     activities=["cpu"]) as cap:
+            k()
+            cap.step()
+        instrument.flush()
+    lane = [w for w in caught if "backend down" in str(w.message)]
+    assert [(w.filename, w.category) for w in lane] == [("torch-profiled", ExporterWarning)]
+
+
+def test_warn_never_raises_and_says_it_once(capfd):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            warn("exporting failed", ExporterWarning)  # would raise with warnings.warn
+    err = capfd.readouterr().err
+    assert err.count("torch-profiled: ExporterWarning: exporting failed\n") == 1
