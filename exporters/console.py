@@ -119,6 +119,11 @@ def format_report(report: "WindowReport", rows: int = 15) -> str:
                 per_call = r.flops / r.calls if r.calls else 0.0
                 rate = f", {_si(r.flops_per_s)}FLOP/s on the device" if r.flops_per_s else ""
                 lines.append(_fit(f"  {r.name}: {_si(per_call)}FLOP per call{rate}", WIDTH))
+        for r in shown:
+            if r.open_calls:
+                lines.extend(_wrap(
+                    f"  {r.name}: {r.open_calls} of {r.calls} call(s) still running when the "
+                    "window ended, counted up to its end"))
     else:
         lines.append("(no @profiled or record_function range ran in this window)")
 

@@ -80,6 +80,78 @@ except ImportError:  # pragma: no cover - old torch
     from torch._dynamo import is_compiling  # type: ignore[no-redef]
 
 
+# ---------------------------------------------------------------- ranges across windows
+#
+# A ``_RecordFunctionFast`` keeps, from its ``__enter__``, a pointer into the state of the
+# profiler that was on then. Ended (``__exit__``) or freed while another profiler is on, it
+# writes into the first one's freed memory: a segfault, also in plain torch. Ranges may
+# legally stay open across any number of windows (a ``with profiled(...)`` around a loop that
+# steps, a thread or an asyncio task holding one), so every range of ours goes through
+# ``range_enter``/``range_exit``: a range whose profiler is no longer the one on is never
+# ended, and is kept (``_orphans``) until no profiler is on, when freeing it touches nothing.
+# Its call is missing from the trace of the window it began in, where torch marks the event
+# ``"finished": false`` (the report names it: ``WindowReport.open_ranges``).
+
+_range_lock = threading.RLock()
+"""Held by a range's end and by our profiler's start and stop: a range never ends (in C++)
+while our profiler changes underneath it."""
+_epoch = 0
+"""Bumped (under ``_range_lock``) at each start and stop of one of our profilers."""
+_orphans: list[Any] = []
+"""Ranges whose profiler ended before they did: freed once no profiler is on."""
+
+
+def range_enter(name: str) -> list[Any]:
+    """Begin a range in the profiler that is on; pass the result to ``range_exit``."""
+    epoch = _epoch  # read first: a start or stop from here on makes the range an orphan
+    flag = PROFILER_FLAG._is_profiler_enabled
+    rf = FastRange(name)
+    try:
+        rf.__enter__()
+    except BaseException:
+        # an interrupt (a signal handler's exception) right as it began: end it now, in the
+        # profiler it began in, so that no frame a traceback keeps holds a live range
+        try:
+            rf.__exit__(None, None, None)
+        except RuntimeError:  # it had not begun
+            pass
+        raise
+    return [rf, epoch, flag]
+
+
+def range_exit(opened: list[Any]) -> None:
+    """End a range begun by ``range_enter`` if the profiler it began in is still the one on
+    (our window's, told by the epoch; a program's own, told by the flag it set), else keep it
+    unended until it can be freed safely. The holder lets go of it either way: a frame kept
+    alive by a traceback must never free a range later, under another profiler."""
+    rf, epoch, flag = opened
+    if rf is None:
+        return
+    with _range_lock:
+        if epoch == _epoch and PROFILER_FLAG._is_profiler_enabled is flag:
+            try:
+                rf.__exit__(None, None, None)
+            except RuntimeError:  # torch's own check failed: keep it, never crash (not wider:
+                _orphans.append(rf)  # a signal handler's exception must reach the program)
+        else:
+            _orphans.append(rf)
+        opened[0] = None
+
+
+def _profiler_changes() -> None:
+    """Under ``_range_lock``, right before our profiler starts or stops: ranges begun so far
+    must not end in C++ from now on."""
+    global _epoch
+    _epoch += 1
+
+
+def _free_orphans() -> None:
+    """Under ``_range_lock``: free the ranges kept unended, if no profiler is on (freeing one
+    then runs no profiler callback on freed state)."""
+    if _orphans and not profiler_on() and not torch.autograd._profiler_enabled():
+        _orphans.clear()
+
+
 PAUSED_CPU_OPS: set[int] = set()
 """The threads whose CPU operators ``pause_cpu_ops`` stopped recording (their idents)."""
 
@@ -226,14 +298,18 @@ def host_name() -> str:
     return socket.gethostname()
 
 
-def _experimental_config(profile_memory: bool) -> Any:
-    """Record ranges from every thread, not only the one that started the profiler.
+def _experimental_config(all_threads: bool, profile_memory: bool) -> Any:
+    """``all_threads``: record ranges and operators from every thread, not only the one that
+    started the profiler (torch's default, and ours).
 
-    Not with ``profile_memory``: with ``profile_all_threads=True`` torch 2.13 records no
-    ``[memory]`` events at all (seen here), so asking for memory keeps torch's default of
-    recording the thread that started the window.
+    Off by default because torch's all-threads profiling is not safe while other threads run
+    operators: its start and stop swap a process-wide profiler state that those threads'
+    operator callbacks read without a lock. Plain torch.profiler windows started and stopped
+    while 4 threads ran ``x + 1`` crashed the process in 4 of 4 runs of 100 windows (also with
+    20 ms between windows), torch's default in 0 of 4. Not with ``profile_memory`` either:
+    with ``profile_all_threads=True`` torch 2.13 records no ``[memory]`` events at all.
     """
-    if profile_memory:
+    if not all_threads or profile_memory:
         return None
     try:
         from torch._C._profiler import _ExperimentalConfig
@@ -257,6 +333,7 @@ class ProfilerWindow:
         profile_memory: bool,
         with_stack: bool,
         with_flops: bool,
+        all_threads: bool = False,
     ) -> None:
         kwargs: dict[str, Any] = dict(
             activities=_torch_activities(activities),
@@ -265,13 +342,15 @@ class ProfilerWindow:
             with_stack=with_stack,
             with_flops=with_flops,
         )
-        config = _experimental_config(profile_memory)
+        config = _experimental_config(all_threads, profile_memory)
         if config is not None:
             kwargs["experimental_config"] = config
         self.all_threads = config is not None  # a stop from any thread finds its session
         self._prof = torch.profiler.profile(**kwargs)
         self.activities = tuple(activities)
-        self.thread = threading.get_ident()
+        # the thread that started the profiler: only it can stop one that records only it
+        # (torch keeps such a profiler's state and callbacks in that thread's locals)
+        self.owner: threading.Thread = threading.current_thread()
         self.with_flops = with_flops
         self.prepared = False
         self.recording = False
@@ -289,10 +368,41 @@ class ProfilerWindow:
     def start(self) -> None:
         if not self.prepared:
             self.prepare()
-        self._prof.start_trace()
-        self.recording = True
-        if not isinstance(PROFILER_FLAG, _AlwaysCheck):
-            PROFILER_FLAG._is_profiler_enabled = OURS
+        with _range_lock:
+            _profiler_changes()
+            try:
+                self._prof.start_trace()
+            except BaseException:
+                if profiler_on():  # torch's start got as far as its flag: undo it
+                    _force_off()
+                raise
+            self.recording = True
+            self.owner = threading.current_thread()
+            _LIVE.add(self)
+            if not isinstance(PROFILER_FLAG, _AlwaysCheck):
+                PROFILER_FLAG._is_profiler_enabled = OURS
+
+    def stoppable_here(self) -> bool:
+        """The calling thread may stop this window: any thread for an all-threads profiler,
+        else only the thread that started it."""
+        return (self.all_threads or not self.recording
+                or threading.current_thread() is self.owner)
+
+    def owner_gone(self) -> bool:
+        """The thread that started this thread-local window has ended: its profiler state
+        went with the thread's locals, nothing is left to stop."""
+        return self.recording and not self.all_threads and not self.owner.is_alive()
+
+    def forget(self) -> None:
+        """Drop a window whose owner thread ended (``owner_gone``): no torch call (its state
+        is gone), and torch's flag is cleared so that windows open again."""
+        with _range_lock:
+            _profiler_changes()
+            self.abandon()
+            if not _LIVE and not isinstance(PROFILER_FLAG, _AlwaysCheck) and (
+                    PROFILER_FLAG._is_profiler_enabled is OURS):
+                PROFILER_FLAG._is_profiler_enabled = False
+            _free_orphans()
 
     def overtaken(self) -> bool:
         """A torch profiler of the program's started while this window recorded. torch's
@@ -309,10 +419,8 @@ class ProfilerWindow:
         """A CUDA event recorded now on the current stream, for a deferred stop: once it has
         completed, the window's kernels on this stream have run and Kineto has their
         records, so ``stop(sync=False)`` loses none of them. None where the window records no
-        CUDA work, records only the thread that started it (a later stop may come from
-        another thread: ``flush()``, the exit hook), or torch cannot stop without
-        synchronising (then stop at once)."""
-        if not (self.recording and "cuda" in self.activities and self.all_threads
+        CUDA work, or torch cannot stop without synchronising (then stop at once)."""
+        if not (self.recording and "cuda" in self.activities
                 and hasattr(getattr(self._prof, "profiler", None), "use_device")):
             return None
         try:
@@ -324,19 +432,31 @@ class ProfilerWindow:
 
     def stop(self, *, sync: bool = True) -> None:
         """Stop recording; with ``sync`` (torch's way) after synchronising the device. Safe to
-        call twice."""
-        if self.recording:
-            self.recording = False
-            if not sync:
-                # torch.autograd.profiler.profile.__exit__ synchronises its device when
-                # use_device is set; the caller made sure the window's kernels have run
-                self._prof.profiler.use_device = None
-            self._prof.stop_trace()
-        elif self.prepared:
-            # prepared but never started: start and stop so torch releases its state
-            self._prof.start_trace()
-            self._prof.stop_trace()
-        self.prepared = False
+        call twice. Where torch's stop fails part-way (a device error; an interrupt cannot
+        reach it: the session stops windows in ``atomic`` blocks), the profiler is switched
+        off all the same (``_force_off``) and the error raised: never a profiler left on."""
+        with _range_lock:
+            _profiler_changes()
+            try:
+                if self.recording:
+                    if not sync:
+                        # torch.autograd.profiler.profile.__exit__ synchronises its device
+                        # when use_device is set; the caller made sure the window's kernels
+                        # have run
+                        self._prof.profiler.use_device = None
+                    self._prof.stop_trace()
+                elif self.prepared:
+                    # prepared but never started: start and stop so torch releases its state
+                    self._prof.start_trace()
+                    self._prof.stop_trace()
+            except BaseException:
+                _force_off()
+                raise
+            finally:
+                self.recording = False
+                self.prepared = False
+                _LIVE.discard(self)
+                _free_orphans()
 
     def abandon(self) -> None:
         """Forget a prepared window without touching torch: used when the user's own profiler
@@ -344,6 +464,7 @@ class ProfilerWindow:
         disable theirs)."""
         self.prepared = False
         self.recording = False
+        _LIVE.discard(self)
 
     def events(self) -> list[tuple] | None:
         """The stopped window's events as ``analysis.Event`` tuples, read straight from
@@ -361,6 +482,44 @@ class ProfilerWindow:
         self._prof.export_chrome_trace(path)
 
 
+_LIVE: set[ProfilerWindow] = set()
+"""Our windows whose profiler records now."""
+
+
+def orphaned_profiler() -> bool:
+    """The flag says a profiler of ours records, yet no window of ours does: an earlier
+    window's start or stop was cut short where nothing could finish it. ``_force_off`` ends
+    it, so that sampling goes on."""
+    if isinstance(PROFILER_FLAG, _AlwaysCheck):  # pragma: no cover - old torch
+        return False
+    return PROFILER_FLAG._is_profiler_enabled is OURS and not _LIVE
+
+
+def _force_off() -> None:
+    """End whatever profiler of ours may still be on after a start or stop that did not
+    finish, and clear torch's flag: its results are dropped. Under ``_range_lock``."""
+    with _range_lock:
+        _profiler_changes()
+        try:
+            from torch.autograd.profiler import _disable_profiler
+
+            _disable_profiler()  # prints a C++ warning (not raised) when none is running
+        except Exception:  # noqa: BLE001 - none was running
+            pass
+        if not isinstance(PROFILER_FLAG, _AlwaysCheck):
+            PROFILER_FLAG._is_profiler_enabled = False
+        _free_orphans()
+
+
+def end_orphaned_profiler() -> bool:
+    """``_force_off`` when ``orphaned_profiler()``; True if it did."""
+    with _range_lock:
+        if not orphaned_profiler():
+            return False
+        _force_off()
+        return True
+
+
 def kineto_events(results: Any, with_flops: bool = True) -> list[tuple]:
     """Normalise ``_ProfilerResult.events()`` into ``analysis.Event`` tuples.
 
@@ -374,6 +533,8 @@ def kineto_events(results: Any, with_flops: bool = True) -> list[tuple]:
         DEVICE_CATEGORIES,
         FILTERED_NAMES,
         RUNTIME_CATEGORIES,
+        UNFINISHED,
+        USER_ANNOTATION,
         input_bytes,
         is_bookkeeping,
     )
@@ -417,8 +578,10 @@ def kineto_events(results: Any, with_flops: bool = True) -> list[tuple]:
             op_thread[ext] = thread
             flops = e.flops() if with_flops else 0
             nbytes = input_bytes(e.shapes(), e.dtypes()) if flops else 0
+            # an operator the stop cut short has no end thread (torch's ids start at 1)
             append(("cpu", name, e.start_ns(), e.duration_ns(), thread, ext, 0, flops, nbytes,
-                    cat == "user_annotation"))
+                    (USER_ANNOTATION if cat == "user_annotation" else 0)
+                    | (UNFINISHED if e.end_thread_id() == 0 else 0)))
         elif cls == 3:
             runtime.append((name, e.start_ns(), e.duration_ns(), e.start_thread_id(),
                             e.linked_correlation_id()))

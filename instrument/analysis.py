@@ -54,6 +54,10 @@ __all__ = [
 # Event tuple fields
 KIND, NAME, START, DUR, THREAD, EXT, LINK, FLOPS, NBYTES, ANNOTATION = range(10)
 Event = tuple  # (kind, name, start_ns, dur_ns, thread, ext_id, link_id, flops, bytes, annotation)
+# ANNOTATION's bits: a user_annotation (a range whatever its name), and an event the profiler
+# stopped before it ended (torch's ``"finished": false``: a range still open at the stop)
+USER_ANNOTATION = 1
+UNFINISHED = 2
 
 CPU_OP_CATEGORIES = frozenset({"cpu_op", "user_annotation", "python_function"})
 RUNTIME_CATEGORIES = frozenset(
@@ -155,7 +159,8 @@ def events_from_trace(trace: Mapping[str, Any]) -> list[Event]:
                 if flops:
                     nbytes = input_bytes(dims, args.get("Input type") or ())
             append(("cpu", name, start, dur, thread, int(args.get("External id", 0) or 0), 0,
-                    flops, nbytes, cat == "user_annotation"))
+                    flops, nbytes, (cat == "user_annotation")
+                    | (UNFINISHED if args.get("finished") is False else 0)))
         elif cat in RUNTIME_CATEGORIES:
             if is_bookkeeping(name):
                 append(("overhead", name, start, dur, thread, 0, 0, 0, 0, False))
@@ -182,6 +187,7 @@ class _Range:
     launches: int = 0
     flops: int = 0
     nbytes: int = 0
+    open_calls: int = 0  # still open when the profiler stopped
     # [start, end, last device end, profiler work inside]
     occurrences: list[list[int]] = field(default_factory=list)
     intervals: list[tuple[int, int]] = field(default_factory=list)
@@ -413,11 +419,13 @@ def _analyze(events: Iterable[Event], range_names: Iterable[str], top: int) -> A
                 continue
             d = depth.get(name, 0)
             depth[name] = d + 1
-            if annotation or name in names:
+            if annotation & USER_ANNOTATION or name in names:
                 agg = ranges.get(name)
                 if agg is None:
                     agg = ranges[name] = _Range()
                 agg.calls += 1
+                if annotation & UNFINISHED:
+                    agg.open_calls += 1
                 if d == 0:
                     occ = [start, end, 0, 0]
                     agg.occurrences.append(occ)
@@ -501,6 +509,7 @@ def _analyze(events: Iterable[Event], range_names: Iterable[str], top: int) -> A
             device_busy_us=busy / 1000.0,
             wall_time_us=wall / 1000.0,
             flops=agg.flops,
+            open_calls=agg.open_calls,
             verdict=judge(device_us=agg.device_ns / 1000.0, busy_us=busy / 1000.0,
                           wall_us=wall / 1000.0, cpu_us=cpu_us, flops=agg.flops,
                           input_bytes=agg.nbytes),

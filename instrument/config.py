@@ -29,6 +29,7 @@ __all__ = [
     "PROFILED_ENABLED",
     "PROFILED_EXPORTERS",
     "PROFILED_PROFILE_MEMORY",
+    "PROFILED_ALL_THREADS",
     "PROFILED_RECORD_SHAPES",
     "PROFILED_SCHEDULE",
     "PROFILED_STRICT",
@@ -71,6 +72,11 @@ PROFILED_RECORD_SHAPES = "PROFILED_RECORD_SHAPES"
 
 PROFILED_PROFILE_MEMORY = "PROFILED_PROFILE_MEMORY"
 """``PROFILED_PROFILE_MEMORY`` [0]: record tensor allocations."""
+PROFILED_ALL_THREADS = "PROFILED_ALL_THREADS"
+"""``PROFILED_ALL_THREADS`` [0]: windows record every thread of the program, not only the one
+that opened the window. Unsafe where other threads run torch operators while a window starts
+or stops: torch's all-threads profiling can then crash the process (a torch limitation,
+reproduced with plain torch.profiler); not with ``PROFILED_PROFILE_MEMORY``."""
 
 PROFILED_WITH_STACK = "PROFILED_WITH_STACK"
 """``PROFILED_WITH_STACK`` [0]: record Python stacks (costly)."""
@@ -160,6 +166,7 @@ ENV_VARS: tuple[str, ...] = (
     PROFILED_ACTIVITIES,
     PROFILED_RECORD_SHAPES,
     PROFILED_PROFILE_MEMORY,
+    PROFILED_ALL_THREADS,
     PROFILED_WITH_STACK,
     PROFILED_WITH_FLOPS,
     PROFILED_TRACE_DIR,
@@ -203,6 +210,7 @@ class Config:
     activities: tuple[str, ...] | None = None  # None: auto
     record_shapes: bool = False
     profile_memory: bool = False
+    all_threads: bool = False
     with_stack: bool = False
     with_flops: bool = False
     trace_dir: str = "./profiled_traces"
@@ -304,7 +312,8 @@ def _check_bool(name: str, value: Any) -> bool:
 
 
 def _check_field(name: str, value: Any) -> Any:
-    if name in ("enabled", "record_shapes", "profile_memory", "with_stack", "with_flops",
+    if name in ("enabled", "record_shapes", "profile_memory", "all_threads", "with_stack",
+                "with_flops",
                 "trace_gzip", "analysis_process", "strict"):
         return _check_bool(name, value)
     if name == "schedule":
@@ -525,6 +534,7 @@ _ENV_PARSERS = {
     "activities": _parse_activities,
     "record_shapes": _parse_bool,
     "profile_memory": _parse_bool,
+    "all_threads": _parse_bool,
     "with_stack": _parse_bool,
     "with_flops": _parse_bool,
     "trace_dir": _parse_dir,
@@ -550,6 +560,7 @@ _FIELD_ENV = {
     "activities": PROFILED_ACTIVITIES,
     "record_shapes": PROFILED_RECORD_SHAPES,
     "profile_memory": PROFILED_PROFILE_MEMORY,
+    "all_threads": PROFILED_ALL_THREADS,
     "with_stack": PROFILED_WITH_STACK,
     "with_flops": PROFILED_WITH_FLOPS,
     "trace_dir": PROFILED_TRACE_DIR,

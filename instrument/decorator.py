@@ -39,7 +39,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 # True while nothing needs to see decorated calls: no session counts steps. Set by session.py.
 _IDLE = False
 _FLAG = _torch.PROFILER_FLAG  # _FLAG._is_profiler_enabled: any torch profiler recording
-_FastRange = _torch.FastRange
+_range_enter = _torch.range_enter  # never a bare _RecordFunctionFast: see _torch's ranges
+_range_exit = _torch.range_exit
 _is_compiling = _torch.is_compiling
 
 # Nesting depth of decorated calls in this thread / asyncio task (0 = a root call).
@@ -99,8 +100,7 @@ def _enter(name: str) -> tuple[Any, Any, int, Any]:
     if _FLAG._is_profiler_enabled:
         if _ON_FIRST_CALL is not None:
             _ON_FIRST_CALL()
-        rf = _FastRange(name)
-        rf.__enter__()
+        rf = _range_enter(name)
     depth = _DEPTH.get()
     token = _DEPTH.set(depth + 1)
     return rf, token, depth, sess
@@ -110,12 +110,23 @@ def _exit(state: tuple[Any, Any, int, Any], is_step: bool, root_ends_step: bool 
     rf, token, depth, sess = state
     _DEPTH.reset(token)
     if rf is not None:
-        rf.__exit__(None, None, None)
+        _range_exit(rf)
     if sess is not None:
         if is_step:
             sess._step_function_returned()
         elif depth == 0 and root_ends_step:
             sess._root_call_returned()
+
+
+def _ranged(f: Callable[..., Any], name: str, args: Any, kwargs: Any) -> Any:
+    """``f(*args, **kwargs)`` inside a range of the profiler that is on."""
+    if _ON_FIRST_CALL is not None:
+        _ON_FIRST_CALL()
+    opened = _range_enter(name)
+    try:
+        return f(*args, **kwargs)
+    finally:
+        _range_exit(opened)
 
 
 def _call(f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: Any) -> Any:
@@ -124,10 +135,7 @@ def _call(f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: An
     if sess is None or sess._steps_declared:  # root calls do not end steps: no depth needed
         try:
             if _FLAG._is_profiler_enabled:
-                if _ON_FIRST_CALL is not None:
-                    _ON_FIRST_CALL()
-                with _FastRange(name):
-                    return f(*args, **kwargs)
+                return _ranged(f, name, args, kwargs)
             return f(*args, **kwargs)
         finally:
             if is_step and sess is not None:
@@ -136,10 +144,7 @@ def _call(f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: An
     token = _DEPTH.set(depth + 1)
     try:
         if _FLAG._is_profiler_enabled:
-            if _ON_FIRST_CALL is not None:
-                _ON_FIRST_CALL()
-            with _FastRange(name):
-                return f(*args, **kwargs)
+            return _ranged(f, name, args, kwargs)
         return f(*args, **kwargs)
     finally:
         _DEPTH.reset(token)
@@ -159,8 +164,7 @@ def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...,
             if not _FLAG._is_profiler_enabled or _is_compiling():
                 return f(*args, **kwargs)
             # someone else's profiler records and no session counts steps: only the range
-            with _FastRange(name):
-                return f(*args, **kwargs)
+            return _ranged(f, name, args, kwargs)
         if _is_compiling():
             if is_step:  # in compiled code the step still ends, right after the graph runs
                 result = f(*args, **kwargs)
@@ -321,8 +325,7 @@ def _wrap_callable_object(obj: Any, name: str, is_step: bool) -> Any:
         if _IDLE:
             if not _FLAG._is_profiler_enabled or _is_compiling():
                 return wrapped(*args, **kwargs)
-            with _FastRange(name):
-                return wrapped(*args, **kwargs)
+            return _ranged(wrapped, name, args, kwargs)
         if _is_compiling():
             if is_step:
                 result = wrapped(*args, **kwargs)

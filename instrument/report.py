@@ -66,6 +66,9 @@ class RangeStats:
     wall_time_us: float = 0.0  # range start -> later of range end and its last kernel's end
     flops: int = 0  # with_flops: FLOPs of the operators inside the range
     verdict: Verdict = field(default_factory=lambda: Verdict(CPU_ONLY, ""))
+    # calls that began in the window and were still running when its profiler stopped (a
+    # range held across steps): counted in ``calls``, their time cut at the stop
+    open_calls: int = 0
 
     @property
     def cpu_time_per_call_us(self) -> float:

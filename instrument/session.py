@@ -33,6 +33,7 @@ from exporters import ExporterWarning, check_exporter_names, resolve_exporters
 from exporters._warn import warn
 
 from . import _torch, analysis_process, decorator, triggers
+from ._atomic import atomic
 from .analysis import analyze, drop_warmup
 from .analysis import gc_paused as analysis_gc_paused
 from .analysis_process import shape_and_analyse
@@ -106,6 +107,8 @@ class Session:
         # (see _end_window): (window, CUDA event, (steps, partial, end_ns, start_ns), steps
         # waited, timer)
         self._draining: tuple[Any, ...] | None = None
+        # a window's stop waiting for the thread that started it: (window, sync, lost, then)
+        self._pending_stop: tuple[Any, ...] | None = None
         # the last deferred stops, (steps waited, kernels had run): for the benches
         self._drain_log: collections.deque[tuple[int, bool]] = collections.deque(maxlen=64)
         self._cpu_ops_paused: int | None = None  # the thread whose CPU ops the drain pauses
@@ -139,7 +142,7 @@ class Session:
     def close(self) -> None:
         """End the session: export an open window that recorded steps (``partial=True``),
         then wait at most ``export_timeout_s`` for everything queued to be exported."""
-        with self._lock:
+        with self._lock, atomic():
             if self.closed:
                 return
             self.closed = True
@@ -167,7 +170,7 @@ class Session:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every window that ended so far has been exported (False on timeout)."""
-        with self._lock:
+        with self._lock, atomic():
             self._finish_drain(force=True)
             self._resume_cpu_ops()
         return self._pipeline.flush(timeout)
@@ -203,7 +206,7 @@ class Session:
     # ------------------------------------------------------------ state machine
 
     def _start(self) -> None:
-        with self._lock:
+        with self._lock, atomic():
             self._resume_cpu_ops()
             if self._started:
                 return
@@ -246,6 +249,8 @@ class Session:
         return False
 
     def _advance(self) -> None:
+        if _PENDING:  # a window waits for its thread to stop it: this may be the one
+            _run_pending_stops()
         with self._lock:
             if _torch.PAUSED_CPU_OPS:  # even when closed: another thread may have closed it
                 self._resume_cpu_ops()
@@ -254,7 +259,8 @@ class Session:
             if not self._started:
                 self._start()
             if self._draining is not None:
-                self._finish_drain(force=False)
+                with atomic():
+                    self._finish_drain(force=False)
                 if self._draining is None:
                     self._check_finished()
                     if self.finished:
@@ -267,27 +273,36 @@ class Session:
             if ident != self._step_thread:
                 self._step_threads_mixed = self._step_thread is not None
                 self._step_thread = ident
-            ended = self.step_index
-            prev = self._action
             window = self._window
-            if window is not None and window.recording and not _torch.profiler_on():
-                # a profiler of the user's started and stopped meanwhile: its exit ended ours
-                self._skip_reason = (
-                    "your own torch.profiler ran while a window recorded, and its end ended "
-                    "torch-profiled's (torch profilers do not nest); that window is lost"
-                )
-                self._warn(self._skip_reason)
-                window.abandon()
-                self._window = None
-                self._window_steps = []
-                decorator.set_first_call_hook(None)
-            elif prev in _RECORDING and window is not None and window.recording:
-                self._window_steps.append(ended)
-            self.step_index += 1
-            cur = self._action_for(self.step_index)
-            self._transition(prev, cur, self.step_index)
-            self._action = cur
-            self._check_finished()
+            if (window is not None and window.recording
+                    and self._action in (Action.WARMUP, Action.RECORD)):
+                self._next_step(window)  # inside a window: no profiler starts or stops here
+            else:
+                with atomic():  # a window may start or end: never cut short by a signal
+                    self._next_step(window)
+
+    def _next_step(self, window: Any) -> None:
+        """The step boundary's work past the fast paths: the window's transition."""
+        ended = self.step_index
+        prev = self._action
+        if window is not None and window.recording and not _torch.profiler_on():
+            # a profiler of the user's started and stopped meanwhile: its exit ended ours
+            self._skip_reason = (
+                "your own torch.profiler ran while a window recorded, and its end ended "
+                "torch-profiled's (torch profilers do not nest); that window is lost"
+            )
+            self._warn(self._skip_reason)
+            window.abandon()
+            self._window = None
+            self._window_steps = []
+            decorator.set_first_call_hook(None)
+        elif prev in _RECORDING and window is not None and window.recording:
+            self._window_steps.append(ended)
+        self.step_index += 1
+        cur = self._action_for(self.step_index)
+        self._transition(prev, cur, self.step_index)
+        self._action = cur
+        self._check_finished()
 
     # ------------------------------------------------------------ when windows open
 
@@ -413,6 +428,16 @@ class Session:
     def _open_window(self) -> bool:
         self._finish_drain(force=True)  # torch profilers do not overlap
         self._resume_cpu_ops()
+        if _PENDING:
+            _run_pending_stops()
+            if _PENDING:
+                self._skip_reason = (
+                    "a window's profiler records only the thread that started it, and that "
+                    "thread has not come back to stop it, so the next window could not start")
+                return False
+        if _torch.end_orphaned_profiler():
+            self._warn("a profiler of torch-profiled's was still on with no window to end it "
+                       "(a start or stop cut short); it was switched off, its events dropped")
         if _torch.profiler_on():
             self._skip_reason = self._foreign_reason()
             return False
@@ -423,6 +448,7 @@ class Session:
                 profile_memory=self.config.profile_memory,
                 with_stack=self.config.with_stack,
                 with_flops=self.config.with_flops,
+                all_threads=self.config.all_threads,
             )
             # Not prepared here: Kineto is prepared and started together at the first
             # recorded step. A prepared CUDA profiler makes a profiler the user starts during
@@ -451,8 +477,10 @@ class Session:
         decorated call while a thread a deferred stop paused has not resumed (that stop ended
         on another thread): the calling thread records CPU ops again from this call on."""
         _torch.resume_cpu_ops()
+        if _PENDING:
+            _run_pending_stops()
         with self._lock:
-            if not _torch.PAUSED_CPU_OPS:
+            if not _torch.PAUSED_CPU_OPS and not _PENDING:
                 decorator.set_first_call_hook(None)
             if self._window is None or not self._active_started or self._window_told:
                 return
@@ -469,7 +497,47 @@ class Session:
         window, self._window = self._window, None
         self._window_steps = []
         if window is not None:
-            self._stop(window, lost="")
+            self._stop_then(window, lost="")
+
+    def _stop_then(self, window: Any, *, sync: bool = True, lost: str = "; window lost",
+                   then: Any = None) -> None:
+        """Stop ``window``'s profiler, then ``then()`` (its hand-over to the pipeline).
+
+        A window records only the thread that started its profiler (``_torch``: torch's
+        all-threads profiling crashes with operators running on other threads), and torch
+        keeps such a profiler in that thread's locals: only that thread can stop it. When
+        another thread ends the window (its step, ``close()``, ``flush()``, the drain's
+        timer), the stop waits for the owner (``_PENDING``): its next step or decorated call,
+        ``flush()``/``shutdown()`` there, or the owner's end (then the window is lost). No
+        window opens meanwhile."""
+        if window.stoppable_here():
+            if self._stop(window, sync=sync, lost=lost) and then is not None:
+                then()
+            return
+        self._pending_stop = (window, sync, lost, then)
+        if self not in _PENDING:
+            _PENDING.append(self)
+        decorator.set_first_call_hook(self._first_call_in_window)
+
+    def _run_pending_stop(self) -> None:
+        """Under the lock: do the stop ``_stop_then`` left for the window's owner thread, if
+        this is that thread; forget the window if that thread has ended."""
+        pending = self._pending_stop
+        if pending is None:
+            return
+        window, sync, lost, then = pending
+        if window.owner_gone():
+            self._pending_stop = None
+            window.forget()
+            self._warn(f"the thread that recorded a window ({window.owner.name}) ended before "
+                       "it could stop its profiler; that window is lost")
+        elif window.stoppable_here():
+            self._pending_stop = None
+            self._stop_then(window, sync=sync, lost=lost, then=then)
+        else:
+            return
+        if self in _PENDING:
+            _PENDING.remove(self)
 
     def _stop(self, window: Any, *, sync: bool = True, lost: str = "; window lost") -> bool:
         """Stop ``window``'s profiler; False where it was not stopped cleanly. A torch profiler
@@ -526,9 +594,12 @@ class Session:
                               0, timer)
             timer.start()
             return
-        if self._stop(window) and steps:
-            # the caller's whole cost of a window end: the stop above, and this hand-over
-            self._pipeline.submit(self._hand_over(window, steps, partial, end_ns))
+        if steps:
+            # the caller's whole cost of a window end: the stop, and this hand-over
+            self._stop_then(window, then=lambda: self._pipeline.submit(
+                self._hand_over(window, steps, partial, end_ns)))
+        else:
+            self._stop_then(window)
 
     def _hand_over(self, window: Any, steps: tuple[int, ...], partial: bool, end_ns: int,
                    start_ns: int | None = None, deferred: bool = False) -> "_EndedWindow":
@@ -592,9 +663,8 @@ class Session:
                 synced = True
             except Exception:  # noqa: BLE001 - a device error: take torch's own way out
                 synced = False
-        if self._stop(window, sync=not synced):
-            self._pipeline.submit(self._hand_over(window, steps, partial, end_ns, start_ns,
-                                                  deferred=True))
+        self._stop_then(window, sync=not synced, then=lambda: self._pipeline.submit(
+            self._hand_over(window, steps, partial, end_ns, start_ns, deferred=True)))
 
     def _remove_raw(self, report: WindowReport) -> None:
         if report.raw_trace_path:
@@ -722,19 +792,27 @@ class _EndedWindow:
 
 def _mark(name: str) -> None:
     """A zero-length marker event in the running profiler (see ``tracefile.shape_trace``)."""
-    with _torch.FastRange(name):
-        pass
+    _torch.range_exit(_torch.range_enter(name))
 
 
 # ---------------------------------------------------------------- process-wide state
 
 _state_lock = threading.RLock()
+_PENDING: list[Session] = []
+"""Sessions whose window's stop waits for the thread that started it (``_stop_then``)."""
 _overrides: dict[str, Any] = {}
 _ambient: Session | None = None
 _explicit: Session | None = None
 _current: Session | None = None  # _explicit or _ambient: what decorated calls report to
 _shut_down = False
 _atexit_registered = False
+
+
+def _run_pending_stops() -> None:
+    """Stop the windows that wait for this thread (or whose thread has ended)."""
+    for sess in list(_PENDING):
+        with sess._lock, atomic():
+            sess._run_pending_stop()
 
 
 def _seen() -> tuple[Any, ...]:
@@ -842,6 +920,8 @@ def _resume_idle_thread() -> None:
     decorated calls go idle again once no thread is left paused (``_refresh_idle`` kept them
     awake for it). Rare: idle calls do not get here."""
     _torch.resume_cpu_ops()
+    if _PENDING:
+        _run_pending_stops()
     if not _torch.PAUSED_CPU_OPS:
         _refresh_idle()
 
@@ -888,7 +968,7 @@ def _enter_explicit(sess: Session) -> None:
         if sess.closed:
             raise RuntimeError("this session has ended; create a new one with session(...)")
         if _ambient is not None:
-            with _ambient._lock:
+            with _ambient._lock, atomic():
                 if _ambient._window is not None:
                     if not _ambient._window_steps:
                         _ambient._skip_reason = ("an explicit session() started before the "
@@ -1007,6 +1087,8 @@ def step() -> None:
         sess.step()
     else:
         _torch.resume_cpu_ops()  # after shutdown() from another thread during a stop
+        if _PENDING:
+            _run_pending_stops()
 
 
 def flush(timeout_s: float | None = None) -> bool:
@@ -1016,6 +1098,8 @@ def flush(timeout_s: float | None = None) -> bool:
     exporter produced (a test, a notebook cell). Returns False if ``timeout_s`` passed first.
     """
     _resume_idle_thread()
+    if _PENDING:
+        _run_pending_stops()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     ok = True
     for sess in [s for s in (_explicit, _ambient) if s is not None]:
@@ -1028,6 +1112,9 @@ def shutdown() -> None:
     """End every session: open windows that recorded steps are exported (``partial=True``);
     then the analysis helper process leaves (a later window starts a new one)."""
     _close_sessions()
+    if _PENDING:  # windows this thread started (or whose thread has ended)
+        _run_pending_stops()
+    _torch.end_orphaned_profiler()  # none should be left; if one is, it must not outlive us
     _resume_idle_thread()
     analysis_process.close_shared()
 
@@ -1067,6 +1154,7 @@ def _after_fork_in_child() -> None:
     _state_lock = threading.RLock()  # the parent may have held it while forking
     _ambient = _explicit = _current = None
     _shut_down = True
+    _PENDING.clear()  # the parent's windows: never stopped from here
     decorator.set_first_call_hook(None)
     decorator.set_idle(True)
     if analysis_gc_paused():  # forked while the export worker had the collector paused
