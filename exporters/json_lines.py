@@ -5,12 +5,20 @@ line is written with a single ``write`` on a file opened with ``O_APPEND``, so l
 several processes (ranks, DataLoader workers) appending to one file never interleave, and a
 reader never sees half a line followed by another writer's data. ``path="-"`` writes to
 standard output.
+
+The file is opened without following a symbolic link (``O_NOFOLLOW``): a link planted at the
+path in a shared directory (``/tmp``) would otherwise redirect the appends into a file of the
+planter's choosing. Only a regular file is appended to: a named pipe, a device, a socket or a
+directory at the path is refused (opened with ``O_NONBLOCK`` and checked with ``fstat``, so a
+FIFO nobody reads cannot hang the export). Either costs one warning naming the path and what
+was found there; those reports are not written. Directories above the file are followed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
@@ -32,6 +40,47 @@ def report_record(report: "WindowReport") -> dict[str, Any]:
     record.update(report.to_dict())
     record.pop("raw_trace_path", None)  # a temporary file, gone once exporters have run
     return record
+
+
+_WHY_REFUSED = ("the JSON-lines exporter appends only to a regular file, and never through a "
+                 "link, which someone else could have planted to redirect the reports")
+
+
+class _Refused(Exception):
+    """Something other than a regular file is at the path; the message says what."""
+
+
+def _kind(mode: int) -> str:
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def _what_is_at(path: str) -> str | None:
+    """What non-regular thing is at ``path`` (``lstat``), or None (nothing, or a file)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            return "a symbolic link"
+        return f"a symbolic link (to {target!r})"
+    return None if stat.S_ISREG(st.st_mode) else _kind(st.st_mode)
+
+
+def _append(fd: int, data: bytes) -> None:
+    """One ``write`` of the whole line; a short one (a full disk) is cut back off, so no half
+    line is ever left for the next writer to continue."""
+    written = os.write(fd, data)
+    if written != len(data):
+        os.ftruncate(fd, os.fstat(fd).st_size - written)
+        raise OSError(28, "short write (disk full?)")
 
 
 class JsonLinesExporter(Exporter):
@@ -59,20 +108,48 @@ class JsonLinesExporter(Exporter):
             try:
                 directory = os.path.dirname(os.path.abspath(self.path))
                 os.makedirs(directory, exist_ok=True)
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+                fd = self._open()
                 try:
-                    written = os.write(fd, data)
-                    if written != len(data):  # a full disk: never leave half a line behind
-                        os.ftruncate(fd, os.fstat(fd).st_size - written)
-                        raise OSError(28, "short write (disk full?)")
+                    _append(fd, data)
                 finally:
                     os.close(fd)
+            except _Refused as refused:
+                self._warn_once(f"refused:{refused}",
+                                f"{self.path!r} is {refused}, not a regular file: the report "
+                                f"of window {report.window} was not appended there, nor are "
+                                f"later ones while it stays ({_WHY_REFUSED}). Remove it or "
+                                "point PROFILED_JSON_PATH (JsonLinesExporter's path) "
+                                "elsewhere; use '-' for standard output")
+                return ExportResult.FAILURE
             except OSError as exc:
                 self._warn_once(type(exc).__name__ + str(exc.errno),
                                 f"report of window {report.window} was not appended to "
                                 f"{self.path!r}: {exc.strerror or exc}")
                 return ExportResult.FAILURE
         return ExportResult.SUCCESS
+
+    def _open(self) -> int:
+        """The file at ``path`` for appending, created if missing; never through a symbolic
+        link, never anything but a regular file (``_Refused`` says what was there)."""
+        flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0)
+                 | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            fd = os.open(self.path, flags, 0o666)
+        except OSError as exc:
+            # ELOOP (a link), ENXIO (a FIFO or socket nobody reads), EISDIR: say what is there
+            found = _what_is_at(self.path)
+            if found is not None:
+                raise _Refused(found) from exc
+            raise
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            os.close(fd)
+            raise
+        if not stat.S_ISREG(mode):  # a FIFO someone reads, a device: not a report file
+            os.close(fd)
+            raise _Refused(_kind(mode))
+        return fd
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

@@ -31,6 +31,16 @@ down, slow or refusing costs one warning saying what was lost (repeated only aft
 delivery to it succeeded again); nothing raises into the program. ``OTEL_SDK_DISABLED=true``
 makes the exporter do nothing. OTLP needs the ``otel`` extra (``opentelemetry-exporter-otlp``);
 without it one warning says what to install.
+
+Dead collector. The OTLP exporters retry a refused connection until their timeout, so a
+collector that is not running would cost every window the whole timeout per signal, the
+export lane would fall behind, and the program's exit would wait ``PROFILED_EXPORT_TIMEOUT_S``
+for windows that can never be delivered. So before sending to an OTLP endpoint that has not
+answered yet (first delivery, or the last one there failed) this exporter opens one TCP
+connection to it (``PROBE_TIMEOUT_S``): when nothing answers, the window is lost at once,
+without retries, and the next window checks again. A collector that accepts but hangs still
+costs the OTLP timeout. No check is made where a proxy is configured (the collector may be
+reachable only through it) nor for a unix socket.
 """
 
 from __future__ import annotations
@@ -39,6 +49,8 @@ import os
 import socket
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -54,9 +66,11 @@ if TYPE_CHECKING:
     from instrument.occurrences import Node, Walk
     from instrument.report import WindowReport
 
-__all__ = ["ATTRIBUTES", "DEFAULT_TIMEOUT_S", "OTelExporter", "SpanPlan", "plan_spans"]
+__all__ = ["ATTRIBUTES", "DEFAULT_TIMEOUT_S", "PROBE_TIMEOUT_S", "OTelExporter", "SpanPlan",
+           "plan_spans"]
 
 DEFAULT_TIMEOUT_S = 4.0  # per signal: traces + metrics stay under the export deadline (10 s)
+PROBE_TIMEOUT_S = 1.0  # the TCP connect to an OTLP endpoint that has not answered yet
 TOP_KERNEL_EVENTS = 5  # span events per occurrence
 _MAX_PENDING_PARENTS = 64  # contexts kept for windows not exported yet
 _SCOPE = "torch-profiled"
@@ -201,6 +215,7 @@ class _Sink:
     label: str  # "OTLP http/protobuf to http://127.0.0.1:4318/v1/traces", "console"
     signal: str  # "traces" or "metrics"
     reader: Any = None  # metrics: the InMemoryMetricReader collected before each delivery
+    address: tuple[str, int] | None = None  # OTLP: (host, port) to check when not answering
 
 
 class _OwnPipeline:
@@ -282,7 +297,47 @@ def _otlp_sink(signal: str, warn) -> _Sink | None:
                    or _env("OTEL_EXPORTER_OTLP_TIMEOUT"))
     exporter = cls() if timeout_set else cls(timeout=DEFAULT_TIMEOUT_S)
     where = getattr(exporter, "_endpoint", None) or "the default endpoint"
-    return _Sink(exporter, f"OTLP {protocol} to {where}", signal)
+    return _Sink(exporter, f"OTLP {protocol} to {where}", signal,
+                 address=_address(getattr(exporter, "_endpoint", None)))
+
+
+def _address(endpoint: str | None) -> tuple[str, int] | None:
+    """(host, port) that an OTLP ``endpoint`` connects to, or None where a direct TCP connect
+    says nothing about it: a unix socket, a proxy in between, a value that does not parse.
+    HTTP endpoints are URLs; gRPC ones are ``host:port`` (the exporter strips the scheme)."""
+    if not endpoint:
+        return None
+    try:
+        parts = urllib.parse.urlsplit(endpoint if "://" in endpoint else "//" + endpoint)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return None
+    port = port or {"http": 80, "https": 443}.get(parts.scheme)
+    if not host or port is None or parts.scheme not in ("", "http", "https"):
+        return None
+    return None if _proxied(host) else (host, port)
+
+
+def _proxied(host: str) -> bool:
+    """A proxy is configured for ``host`` (``requests`` and gRPC honour the variables)."""
+    try:
+        proxies = urllib.request.getproxies()
+        if not proxies and not (_env("grpc_proxy") or _env("GRPC_PROXY")):
+            return False
+        return not urllib.request.proxy_bypass_environment(host)
+    except Exception:  # noqa: BLE001 - in doubt, no check: the exporter's own retries apply
+        return True
+
+
+def _unanswered(address: tuple[str, int]) -> str | None:
+    """Why nothing answers at ``address`` (one TCP connect, ``PROBE_TIMEOUT_S``), or None."""
+    try:
+        socket.create_connection(address, timeout=PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        why = exc.strerror or str(exc) or "timed out"
+        return (f"nothing answers at {address[0]}:{address[1]} ({why}), so they were not "
+                "sent and not retried; the next window checks again")
+    return None
 
 
 def _sinks(signal: str, warn) -> list[_Sink]:
@@ -376,6 +431,7 @@ class OTelExporter(Exporter):
         self._lock = threading.Lock()
         self._warned: set[str] = set()
         self._failing: set[str] = set()  # destinations whose last delivery failed
+        self._answering: set[tuple[str, int]] = set()  # OTLP addresses: last delivery succeeded
 
     # ------------------------------------------------------------ hooks
 
@@ -479,13 +535,12 @@ class OTelExporter(Exporter):
 
     def _deliver(self, sink: _Sink, report: "WindowReport", what: str, send, spans: int) -> bool:
         began = time.monotonic()
-        try:
-            result = send()
-            good = getattr(result, "name", "") == "SUCCESS"
-            why = "the backend is down, slow or refused them"
-        except Exception as exc:  # noqa: BLE001 - telemetry never breaks the program
-            good, why = False, f"the exporter raised {exc!r}"
+        good, why = self._send(sink, send)
         key = f"{sink.signal} via {sink.label}"
+        if sink.address is not None and good:
+            self._answering.add(sink.address)
+        elif sink.address is not None:
+            self._answering.discard(sink.address)  # checked again before the next delivery
         if good:
             self._failing.discard(key)
             return True
@@ -499,6 +554,21 @@ class OTelExporter(Exporter):
                  "OTelExporter.lost and not repeated until a delivery succeeds",
                  ExporterWarning)
         return False
+
+    def _send(self, sink: _Sink, send) -> tuple[bool, str]:
+        """Run ``send``; (delivered, why not). An OTLP endpoint that has not answered yet is
+        first checked with one TCP connect: when nothing answers, ``send`` (and the OTLP
+        exporter's retries until its timeout) is skipped."""
+        if sink.address is not None and sink.address not in self._answering:
+            silent = _unanswered(sink.address)
+            if silent is not None:
+                return False, silent
+        try:
+            result = send()
+        except Exception as exc:  # noqa: BLE001 - telemetry never breaks the program
+            return False, f"the exporter raised {exc!r}"
+        return (getattr(result, "name", "") == "SUCCESS",
+                "the backend is down, slow or refused them")
 
     # ------------------------------------------------------------ spans
 

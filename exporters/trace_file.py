@@ -10,11 +10,16 @@ file appears under the final name. Files get the usual permissions (``0o666`` le
 The directory stays bounded: only the newest ``keep`` files of this worker are kept
 (``keep=0`` keeps all; other workers' files are not counted), and all workers' trace files
 together stay within ``max_mb`` MiB (oldest first, whoever wrote them; ``max_mb=0``: no
-limit); temporary files older than an hour, left by a writer that was killed mid-write
-(``SIGKILL``, the OOM killer), are removed then too. Only names of this exporter's patterns
-are ever removed. A directory that cannot be written (missing permission, read-only, full,
-not a directory) costs one warning, not one per window; the warning comes again only after a
-trace was written there meanwhile.
+limit). Temporary files older than an hour, left by a writer that was killed mid-write
+(``SIGKILL``, the OOM killer), are removed after every window whatever the bounds (a live
+write touches its file every few milliseconds, so a fresh one is never taken). Only regular
+files whose whole name is one of this exporter's patterns are ever removed: names are matched
+in full (a name with a trailing newline or any other extra character is someone else's) and
+entries are looked at with ``lstat`` (a symbolic link is never followed nor removed).
+
+A directory that cannot be written (missing permission, read-only, full, a file where the
+directory should be) costs one warning saying what was found, not one per window; the warning
+comes again only after a trace was written there meanwhile.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -40,9 +46,10 @@ SUFFIX_GZIP = ".pt.trace.json.gz"
 SUFFIX_JSON = ".pt.trace.json"
 MIB = 1 << 20
 # a trace file of this exporter, any worker: {host}_{pid}_rank{rank}.{time_ns}.pt.trace.json[.gz]
-_OURS = re.compile(r".+_\d+_rank\d+\.(\d+)\.pt\.trace\.json(?:\.gz)?$")
+# (always ``fullmatch``: ``$`` would also accept the name followed by a newline)
+_OURS = re.compile(r"(?P<worker>.+_\d+_rank\d+)\.(?P<stamp>\d+)\.pt\.trace\.json(?:\.gz)?")
 # a temporary file of ``_open_temp``; one this old was left by a writer that was killed
-_TEMP = re.compile(r"\.tmp-[0-9a-f]{16}\.partial$")
+_TEMP = re.compile(r"\.tmp-[0-9a-f]{16}\.partial")
 STALE_TEMP_S = 3600
 
 
@@ -67,15 +74,53 @@ def _open_temp(directory: str) -> tuple[int, str]:
     raise FileExistsError(f"no free temporary name in {directory!r}")  # pragma: no cover
 
 
-def _remove_if_older(entry: os.DirEntry, cutoff: float) -> None:
-    """Remove a temporary file last written before ``cutoff`` (a killed writer's leftover;
-    a live write touches its file every few milliseconds)."""
+def _regular_size(entry: os.DirEntry) -> tuple[int, float] | None:
+    """(size, mtime) of ``entry`` if it is a regular file itself (``lstat``: a symbolic link
+    named like ours is not ours, and its target must never be touched), else None."""
     try:
-        if entry.is_file(follow_symlinks=False) and \
-                entry.stat(follow_symlinks=False).st_mtime < cutoff:
-            os.unlink(entry.path)
+        st = entry.stat(follow_symlinks=False)
     except OSError:
-        pass
+        return None  # removed meanwhile (another rank tidying the same directory)
+    return (st.st_size, st.st_mtime) if stat.S_ISREG(st.st_mode) else None
+
+
+def _unlink(directory: str, name: str) -> bool:
+    """Remove ``name``; True when it is gone (also when another worker removed it first)."""
+    try:
+        os.unlink(os.path.join(directory, name))
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _not_a_directory(directory: str) -> tuple[str, str] | None:
+    """The first existing part of ``directory``'s path that is not a directory, and what it
+    is, or None. ``os.makedirs`` reports that case as "File exists" or "Not a directory",
+    which does not say which path is in the way."""
+    chain = [directory]
+    while os.path.dirname(chain[-1]) != chain[-1]:
+        chain.append(os.path.dirname(chain[-1]))
+    for path in reversed(chain):
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            return (path, "a symbolic link to nothing") if os.path.islink(path) else None
+        except OSError:
+            return None
+        if not stat.S_ISDIR(mode):
+            return path, _file_kind(mode)
+    return None
+
+
+def _file_kind(mode: int) -> str:
+    for test, what in ((stat.S_ISREG, "a file"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return what
+    return "not a directory"
 
 
 class TraceFileExporter(Exporter):
@@ -131,24 +176,42 @@ class TraceFileExporter(Exporter):
                 self._copy_atomic(report.raw_trace_path, path)
             except OSError as exc:
                 self.lost += 1
-                # keyed by what failed and where, not by file name: the temporary name is new
-                # at every window, and a full disk must not warn at every window
-                self._warn_once(
-                    ("write", type(exc), exc.errno, directory),
-                    f"trace file for window {report.window} was not written to {self.dir!r}: "
-                    f"{exc.strerror or exc}{self._where(exc, directory)}; no partial file was "
-                    "left. Later windows failing the same way are not warned about again until "
-                    "a trace is written there (TraceFileExporter.lost counts them); the "
-                    "report's other outputs are unaffected",
-                )
+                self._warn_write_failed(exc, directory, report.window)
                 return ExportResult.FAILURE
-            self._prune(directory, worker)
-            if not self._bound_size(directory, path, report.window):
+            if not self._tidy(directory, worker, path, report.window):
                 self.lost += 1
                 return ExportResult.FAILURE
             self._warned.clear()  # written: the next failure is news again
             self.last_path = path
         return ExportResult.SUCCESS
+
+    def _warn_write_failed(self, exc: OSError, directory: str, window: int) -> None:
+        """One warning per kind of failure and directory, keyed by what failed and where, not
+        by file name: the temporary name is new at every window, and a full disk must not
+        warn at every window."""
+        again = ("Later windows failing the same way are not warned about again until a trace "
+                 "is written there (TraceFileExporter.lost counts them); the report's other "
+                 "outputs are unaffected")
+        blocked = _not_a_directory(directory) if isinstance(
+            exc, (FileExistsError, NotADirectoryError)) else None
+        if blocked is not None:
+            where, what = blocked
+            found = (f"is {what}, not a directory" if where == directory else
+                     f"cannot be created: {where!r} on its path is {what}, not a directory")
+            self._warn_once(
+                ("not a directory", directory),
+                f"trace directory {self.dir!r} (PROFILED_TRACE_DIR, or TraceFileExporter's "
+                f"dir) {found}: no trace files are written (window {window}'s is lost), and "
+                f"nothing there is changed. Point it at a directory, or move {where!r} away. "
+                + again,
+            )
+            return
+        self._warn_once(
+            ("write", type(exc), exc.errno, directory),
+            f"trace file for window {window} was not written to {self.dir!r}: "
+            f"{exc.strerror or exc}{self._where(exc, directory)}; no partial file was left. "
+            + again,
+        )
 
     @staticmethod
     def _where(exc: OSError, directory: str) -> str:
@@ -176,47 +239,51 @@ class TraceFileExporter(Exporter):
                 pass
             raise
 
-    def _prune(self, directory: str, worker: str) -> None:
-        """Keep the newest ``keep`` files of ``worker`` (either suffix, so that switching
-        ``gzip`` does not leave the other kind behind forever)."""
-        if not self.keep:
-            return
-        pattern = re.compile(re.escape(worker) + r"\.(\d+)\.pt\.trace\.json(?:\.gz)?$")
-        try:
-            names = os.listdir(directory)
-        except OSError:
-            return
-        mine = sorted((int(m.group(1)), name) for name in names if (m := pattern.match(name)))
-        for _, name in mine[: max(len(mine) - self.keep, 0)]:
-            try:
-                os.unlink(os.path.join(directory, name))
-            except OSError:
-                pass
-
-    def _bound_size(self, directory: str, newest: str, window: int) -> bool:
-        """Keep all workers' trace files in ``directory`` within ``max_bytes``, oldest (by the
-        time in their names) first. False when the file just written had to go too (it alone,
-        with files that could not be removed, is over the limit)."""
-        if not self.max_bytes:
-            return True
-        files: list[tuple[int, str, int]] = []
+    def _tidy(self, directory: str, worker: str, newest: str, window: int) -> bool:
+        """After a write, one pass over ``directory``: stale temporary files go (whatever the
+        bounds), then ``keep``, then ``max_mb``. False when the file just written had to go
+        too (it alone, with files that could not be removed, is over ``max_mb``)."""
         stale = time.time() - STALE_TEMP_S
+        files: list[tuple[int, str, int]] = []  # (time in the name, name, size), every worker
+        mine: list[tuple[int, str]] = []
         try:
             with os.scandir(directory) as it:
                 for entry in it:
-                    m = _OURS.match(entry.name)
+                    m = _OURS.fullmatch(entry.name)
                     if m is None:
-                        if _TEMP.match(entry.name):
-                            _remove_if_older(entry, stale)
+                        if _TEMP.fullmatch(entry.name):
+                            found = _regular_size(entry)
+                            if found is not None and found[1] < stale:
+                                _unlink(directory, entry.name)  # a killed writer's leftover
                         continue
-                    if not entry.is_file(follow_symlinks=False):
+                    found = _regular_size(entry)
+                    if found is None:
                         continue
-                    try:
-                        size = entry.stat(follow_symlinks=False).st_size
-                    except OSError:
-                        continue  # removed meanwhile (another rank bounding the same directory)
-                    files.append((int(m.group(1)), entry.name, size))
+                    files.append((int(m.group("stamp")), entry.name, found[0]))
+                    if m.group("worker") == worker:
+                        mine.append((int(m.group("stamp")), entry.name))
         except OSError:
+            return True  # cannot be listed now: the next window tidies
+        gone = self._prune(directory, mine)
+        return self._bound_size(directory, [f for f in files if f[1] not in gone], newest,
+                                window)
+
+    def _prune(self, directory: str, mine: list[tuple[int, str]]) -> set[str]:
+        """Keep the newest ``keep`` files of this worker (either suffix, so that switching
+        ``gzip`` does not leave the other kind behind forever); returns the names removed."""
+        if not self.keep:
+            return set()
+        gone = set()
+        for _, name in sorted(mine)[: max(len(mine) - self.keep, 0)]:
+            if _unlink(directory, name):
+                gone.add(name)
+        return gone
+
+    def _bound_size(self, directory: str, files: list[tuple[int, str, int]], newest: str,
+                    window: int) -> bool:
+        """Keep all workers' trace ``files`` in ``directory`` within ``max_bytes``, oldest (by
+        the time in their names) first; see ``_tidy``."""
+        if not self.max_bytes:
             return True
         total = sum(size for _, _, size in files)
         if total <= self.max_bytes:
@@ -225,22 +292,12 @@ class TraceFileExporter(Exporter):
         for _, name, size in sorted(files):
             if total <= self.max_bytes:
                 break
-            if name == newest_name:
-                continue
-            try:
-                os.unlink(os.path.join(directory, name))
-            except FileNotFoundError:
-                pass  # another worker removed it first
-            except OSError:
-                continue
-            total -= size
+            if name != newest_name and _unlink(directory, name):
+                total -= size
         if total <= self.max_bytes:
             return True
         size = os.path.getsize(newest) if os.path.exists(newest) else 0
-        try:
-            os.unlink(newest)
-        except OSError:
-            pass
+        _unlink(directory, newest_name)
         self._warn_once(
             ("over max_mb", directory),
             f"trace file for window {window} ({size / MIB:.2f} MiB) was not kept: with it the "

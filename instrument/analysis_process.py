@@ -8,13 +8,19 @@ about twice the work (a GIL convoy; BENCHMARKS.md). So the export worker only ha
 its trace (``export_chrome_trace``, which needs the profiler's results in this process) and
 hands the file's path to this helper; the helper sends back the ``Analysis``.
 
-The helper is one ``python -S`` process per profiled process, started at the first window
-that needs it and shared by every session. It imports this package's pure-Python modules only
-(never torch: ``instrument/__init__`` is replaced by an empty package there). It runs in its
+The helper is one ``python -I -S`` process per profiled process (the program's own
+interpreter), started at the first window that needs it and shared by every session. It
+imports the interpreter's standard library and this SDK's pure-Python modules, found by their
+directories, and nothing else: not the program's current directory (a ``pickle.py`` there
+once ran in the helper), ``PYTHONPATH``, ``PYTHONSTARTUP``, the user site, ``.pth`` files or
+``sitecustomize``; its environment keeps only ``ENV_KEPT`` (and ``PYTHONHOME``, where the
+program's interpreter found its standard library through it); it runs in ``/``. Never torch:
+``instrument/__init__`` is replaced by an empty package there. It runs in its
 own session (a Ctrl-C at the terminal reaches the program, not the helper) and leaves when its
 input closes, when asked to, or when its parent is gone. If it cannot start, fails or times
 out, the caller gets ``AnalysisProcessError`` and does the work in-process, as with
-``PROFILED_ANALYSIS_PROCESS=0``.
+``PROFILED_ANALYSIS_PROCESS=0``. ``close(timeout)`` never takes longer than ``timeout`` in
+all: a helper still busy then is killed.
 
 Frames both ways: an 8-byte big-endian length, then a pickle.
 """
@@ -41,6 +47,9 @@ START_TIMEOUT_S = 30.0
 
 WINDOW_TIMEOUT_S = 300.0
 """How long one window's trace work may take before the helper is given up as hung."""
+
+KILL_WAIT_S = 1.0
+"""How long a helper given up (a failed window) may take to be reaped once killed."""
 
 _HEADER = struct.Struct(">Q")
 
@@ -91,7 +100,9 @@ class AnalysisProcess:
                 if self._proc is None:
                     self._start()
                 assert self._proc is not None and self._requests is not None
-                _send_frame(self._requests, ("analyse", raw, tuple(names), dict(dist)))
+                # the helper runs in "/": a relative path would name another file there
+                _send_frame(self._requests,
+                            ("analyse", os.path.abspath(raw), tuple(names), dict(dist)))
                 reply = _read_frame(self._proc.stdout, time.monotonic() + timeout)
                 if not (isinstance(reply, tuple) and len(reply) in (2, 3)
                         and reply[0] in ("ok", "error")):
@@ -105,25 +116,14 @@ class AnalysisProcess:
             raise AnalysisProcessError(reply[1])
 
     def _start(self) -> None:
-        parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        package = os.path.dirname(os.path.abspath(__file__))
-        boot = (
-            "import sys, types\n"
-            f"sys.path.insert(0, {parent!r})\n"
-            "p = types.ModuleType('instrument')\n"
-            f"p.__path__ = [{package!r}]\n"
-            "sys.modules['instrument'] = p\n"
-            "from instrument.analysis_process import child_main\n"
-            "child_main()\n"
-        )
+        argv, env = _command()
         # requests go through a socket, not a pipe: sent with MSG_NOSIGNAL, a dead helper is
         # an error here, never a SIGPIPE (which kills a program that restored its default)
         ours, theirs = socket.socketpair()
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-S", "-c", boot],
-                stdin=theirs.fileno(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                start_new_session=True, close_fds=True,
+                argv, stdin=theirs.fileno(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                start_new_session=True, close_fds=True, cwd="/", env=env,
             )
         except BaseException:
             ours.close()
@@ -138,9 +138,11 @@ class AnalysisProcess:
 
     def _fail(self, why: str) -> None:
         self.failed = why
-        self._kill()
+        self._kill(KILL_WAIT_S)
 
-    def _kill(self) -> None:
+    def _kill(self, wait: float) -> None:
+        """End the helper now; reap it within ``wait`` seconds (0: never block; a helper not
+        reaped yet is reaped by ``subprocess`` later)."""
         proc, self._proc = self._proc, None
         requests, self._requests = self._requests, None
         if requests is not None:
@@ -153,19 +155,21 @@ class AnalysisProcess:
             pass
         try:
             proc.kill()
-            proc.wait(1.0)
+            proc.wait(max(0.0, wait))
         except (OSError, subprocess.TimeoutExpired):
             pass
 
     def close(self, timeout: float = 2.0) -> None:
-        """Ask the helper to leave; kill it past ``timeout`` (also when it is busy with a
-        window: an exit never waits for one). A forked child never touches its parent's
-        helper."""
+        """Ask the helper to leave, taking at most ``timeout`` seconds in all (waiting for a
+        window being analysed, for the helper's exit and for its end once killed): past it,
+        or while it still works on a window then, the helper is killed. ``timeout <= 0``
+        never blocks. A forked child never touches its parent's helper."""
         if os.getpid() != self._owner:
             return
-        if not self._lock.acquire(timeout=timeout):
+        deadline = time.monotonic() + max(0.0, timeout)
+        if not _acquire(self._lock, deadline):
             # analyse() holds the lock while the helper works: end it; analyse() then gets
-            # end-of-file and gives the helper up
+            # end-of-file, gives the helper up and reaps it (on its own thread, not ours)
             proc = self._proc
             if proc is not None:
                 try:
@@ -179,14 +183,83 @@ class AnalysisProcess:
                 return
             try:
                 if requests is not None:
+                    requests.settimeout(_left(deadline))  # 0: non-blocking
                     _send_frame(requests, ("exit",))
                     requests.shutdown(socket.SHUT_WR)
-                proc.wait(timeout)
+                proc.wait(_left(deadline))
             except (OSError, ValueError, subprocess.TimeoutExpired):
                 pass
-            self._kill()
+            self._kill(_left(deadline))
         finally:
             self._lock.release()
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
+
+
+def _acquire(lock: threading.Lock, deadline: float) -> bool:
+    """``lock`` by ``deadline`` (a deadline already past: only if it is free now)."""
+    left = _left(deadline)
+    return lock.acquire(timeout=left) if left > 0 else lock.acquire(blocking=False)
+
+
+# ---------------------------------------------------------------- the helper's command line
+
+ENV_KEPT = frozenset({"LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH", "DYLD_FALLBACK_LIBRARY_PATH",
+                      "LANG", "LANGUAGE", "TMPDIR", "TZ"})
+"""What the helper keeps of the program's environment (and ``LC_*``): where a relocated
+interpreter's shared library is, the locale (the encoding of the paths it is sent) and the
+temporary directory. Nothing of Python's (``PYTHONPATH``, ``PYTHONSTARTUP``,
+``PYTHONINSPECT``, ...) and nothing preloaded (``LD_PRELOAD``)."""
+
+
+def _command() -> tuple[list[str], dict[str, str]]:
+    """The helper's command line and environment: the program's own interpreter, which
+    imports its own standard library and, of everything else, this SDK's two packages only
+    (by their directories: never the directory above them, a site-packages or a checkout
+    that may hold a ``json.py`` of its own). Never the current directory, ``PYTHONPATH``,
+    the user's site directory, ``.pth`` files or ``sitecustomize`` (``-S``)."""
+    env = {k: v for k, v in os.environ.items() if k in ENV_KEPT or k.startswith("LC_")}
+    flags = ["-S", "-X", f"utf8={sys.flags.utf8_mode}"]  # utf8: paths encode as here
+    if sys.flags.dont_write_bytecode:
+        flags.append("-B")
+    if not sys.flags.ignore_environment and os.environ.get("PYTHONHOME"):
+        # this interpreter found its standard library through PYTHONHOME, which -I would
+        # ignore: the helper gets the same home, in an environment without the rest
+        prefix, exec_prefix = sys.base_prefix, sys.base_exec_prefix
+        env["PYTHONHOME"] = (prefix if prefix == exec_prefix
+                             else prefix + os.pathsep + exec_prefix)
+        flags += ["-s"] + (["-P"] if sys.version_info >= (3, 11) else [])
+    else:
+        flags.append("-I")  # isolated: no PYTHON* variables, no user site, no current dir
+    return [sys.executable, *flags, "-c", _boot()], env
+
+
+def _boot() -> str:
+    """The helper's first code: the SDK's packages by path (``instrument`` an empty package,
+    so its ``__init__`` never imports torch), then ``child_main``."""
+    import exporters
+
+    package = os.path.dirname(os.path.abspath(__file__))
+    exporters_dir = os.path.dirname(os.path.abspath(exporters.__file__))
+    return (
+        "import sys\n"
+        "if sys.path and not sys.path[0]:\n"
+        "    del sys.path[0]\n"  # '' (the current directory) where no -P kept it out
+        "import importlib.util, types\n"
+        "p = types.ModuleType('instrument')\n"
+        f"p.__path__ = [{package!r}]\n"
+        "sys.modules['instrument'] = p\n"
+        "spec = importlib.util.spec_from_file_location(\n"
+        f"    'exporters', {os.path.join(exporters_dir, '__init__.py')!r},\n"
+        f"    submodule_search_locations=[{exporters_dir!r}])\n"
+        "m = importlib.util.module_from_spec(spec)\n"
+        "sys.modules['exporters'] = m\n"
+        "spec.loader.exec_module(m)\n"
+        "from instrument.analysis_process import child_main\n"
+        "child_main()\n"
+    )
 
 
 _shared: AnalysisProcess | None = None
@@ -208,6 +281,7 @@ def shared() -> AnalysisProcess:
 
 
 def close_shared(timeout: float = 2.0) -> None:
+    """End the process's helper within ``timeout`` seconds in all (see ``close``)."""
     helper = _shared
     if helper is not None:
         helper.close(timeout)

@@ -22,16 +22,27 @@ times then do not compare like with like.
 ``diff A B`` sums each side over its traces and lists, per range, per device kernel and per
 operator (self CPU time), before, after, delta and after/before, largest change first.
 
-Bad input (a missing file, a file that is not a trace, a directory with no traces) ends with
-one line on standard error, ``torch-profiled: error: PATH: what was wrong; expected ...``, and
-exit status 2, as do usage errors. Importing this module is cheap: the analysis and the
-console formatting are imported when a command runs.
+Bad input (a missing file, a file that is not a trace, a directory with no traces, a file
+of only whitespace, a trace larger than ``--max-mb``) ends with one line on standard error,
+``torch-profiled: error: PATH: what was wrong; expected ...``, and exit status 2, as do usage
+errors and a ``--range`` that names no range in the traces (that line lists the ranges there and
+the closest name). Importing this module is cheap: the analysis and the console formatting are
+imported when a command runs.
+
+Size bound: ``--max-mb`` (default ``DEFAULT_MAX_MB``) caps a trace's JSON text, for ``.json.gz``
+its decompressed size. A plain file is refused from its size on disk before it is read; a
+compressed one is decompressed in chunks and refused as soon as the text passes the limit, so a
+small gzip that expands to gigabytes (a "gzip bomb") costs at most the limit in memory and the
+time to decompress that much, never the whole expansion. Memory while reading a trace: the text
+once as bytes, then once as ``str`` (the bytes are freed before parsing), then the parsed
+events (~5x the text: a 100 MB trace peaks ~540 MB above the interpreter's own).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import gzip
 import json
 import os
@@ -39,12 +50,13 @@ import statistics
 import sys
 import zlib
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 if TYPE_CHECKING:
     from .report import WindowReport
 
 __all__ = [
+    "DEFAULT_MAX_MB",
     "InputError",
     "build_parser",
     "diff_sides",
@@ -73,6 +85,16 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 STEP_PREFIX = "ProfilerStep#"
 _ALL = sys.maxsize  # analysis "top": every operator and kernel (diff sums before cutting)
+
+MB = 1 << 20
+# Real windows write up to ~100-200 MB of JSON; 1024 MB leaves five times that while keeping a
+# bomb's cost bounded (a trace in memory takes ~5x its text: 1 GB of JSON is ~5 GB of RAM).
+DEFAULT_MAX_MB = 1024
+_CHUNK = 4 * MB  # read/decompress step: the most read past the limit before stopping
+# deflate never grows data by more than 5 bytes per 64 KiB block (plus a header): a .gz larger
+# than this cannot hold a trace within the limit (or is padded with junk)
+_GZIP_SLACK = 64 * 1024
+RANGES_LISTED = 20  # names a "--range names no range" message lists before "... (N in all)"
 
 
 class InputError(Exception):
@@ -128,13 +150,64 @@ def _is_gzip(path: str) -> bool:
         return False
 
 
-def load_checked(path: str) -> dict[str, Any]:
-    """``tracefile.load_trace`` with every failure turned into an ``InputError``."""
-    from .tracefile import load_trace
+def _mb(n: int) -> str:
+    return f"{n / MB:,.1f} MB"
 
+
+def _too_large(path: str, what: str, limit_mb: int, suggest: int) -> InputError:
+    """The one line for a trace past ``--max-mb``: which file, the limit, how to raise it."""
+    return InputError(path, what, f"expected at most {limit_mb} MB of JSON text (--max-mb); "
+                                  f"to read it, raise the limit, e.g. --max-mb {suggest}")
+
+
+def _read_capped(f: BinaryIO, limit: int) -> bytearray | None:
+    """All of ``f`` if it holds at most ``limit`` bytes, else None, having read (and, for a
+    gzip stream, decompressed) at most one chunk past the limit: a bomb stops there."""
+    buf = bytearray()
+    while True:
+        chunk = f.read(min(_CHUNK, limit + 1 - len(buf)))
+        if not chunk:
+            return buf
+        buf += chunk
+        if len(buf) > limit:
+            return None
+
+
+def _read_text(path: str, max_bytes: int) -> str:
+    """The JSON text of a ``.json`` or ``.json.gz`` trace, refusing one past ``max_bytes``.
+
+    Holds at most the limit (plus one chunk) of bytes, and those only until they are decoded:
+    the caller parses a ``str`` with nothing else of the file alive."""
+    size = os.stat(path).st_size
+    limit_mb = max_bytes // MB
+    gz = path.endswith(".gz")
+    if gz and size > max_bytes + max_bytes // 1000 + _GZIP_SLACK:
+        raise _too_large(path, f"the compressed file alone is {_mb(size)}: its JSON is past the "
+                               f"{limit_mb} MB limit (not read)", limit_mb, 2 * limit_mb)
+    if not gz and size > max_bytes:
+        raise _too_large(path, f"{_mb(size)} of JSON, past the {limit_mb} MB limit (not read)",
+                         limit_mb, -(-size // MB))
+    with (gzip.open(path, "rb") if gz else open(path, "rb")) as f:
+        buf = _read_capped(f, max_bytes)
+    if buf is None:
+        what = (f"decompresses to more than {limit_mb} MB (the .gz is {_mb(size)}; stopped "
+                "reading at the limit)" if gz else
+                f"more than {limit_mb} MB of JSON (it grew while read; stopped at the limit)")
+        raise _too_large(path, what, limit_mb, 2 * limit_mb)
+    if not buf:
+        raise InputError(path, "empty file" if size == 0 else "decompresses to nothing",
+                         EXPECT_TRACE)
+    if buf.isspace():  # ASCII whitespace; stops at the first other byte
+        raise InputError(path, f"only whitespace ({len(buf):,} bytes), no JSON", EXPECT_TRACE)
+    return buf.decode("utf-8")
+
+
+def load_checked(path: str, max_bytes: int = DEFAULT_MAX_MB * MB) -> dict[str, Any]:
+    """Load a ``.json`` or ``.json.gz`` trace of at most ``max_bytes`` of JSON text (see
+    ``_read_text``) with every failure turned into an ``InputError``."""
     gz = path.endswith(".gz")
     try:
-        trace = load_trace(path)
+        trace = json.loads(_read_text(path, max_bytes))
     except gzip.BadGzipFile as exc:
         if _is_gzip(path):  # a gzip header, then damage (a CRC or length mismatch)
             raise InputError(path, f"corrupt gzip data ({exc})",
@@ -205,10 +278,13 @@ def report_from_trace(
     rows: int = 15,
     range_names: Iterable[str] = (),
     window: int = 0,
+    only_named: bool = True,
 ) -> "WindowReport":
     """The ``WindowReport`` the console table shows for one loaded trace.
 
-    ``range_names`` are ranges even when recorded as plain operators (``cpu_op``)."""
+    ``range_names`` are ranges even when recorded as plain operators (``cpu_op``); the report
+    keeps only those ranges unless ``only_named`` is False (all ranges: what a "no such range"
+    message lists)."""
     from .analysis import analyze_trace
     from .report import FrozenMap, WindowReport
 
@@ -265,7 +341,7 @@ def report_from_trace(
         device_name = str(props[0]["name"])
 
     ranges = analysis.ranges
-    if names:
+    if names and only_named:
         ranges = FrozenMap({n: r for n, r in ranges.items() if n in names})
     host = trace.get("host_name")
     return WindowReport(
@@ -298,13 +374,15 @@ def _collect(paths: Sequence[str]) -> list[str]:
     return files
 
 
-def _reports(paths: Sequence[str], *, rows: int, range_names: Iterable[str] = ()
+def _reports(paths: Sequence[str], *, rows: int, range_names: Iterable[str] = (),
+             max_bytes: int = DEFAULT_MAX_MB * MB, only_named: bool = True
              ) -> list["WindowReport"]:
     """One report per trace; a directory's traces ordered by rank, then time."""
     names = tuple(range_names)
     out: list[WindowReport] = []
     for path in paths:
-        group = [report_from_trace(f, load_checked(f), rows=rows, range_names=names)
+        group = [report_from_trace(f, load_checked(f, max_bytes), rows=rows, range_names=names,
+                                   only_named=only_named)
                  for f in _collect([path])]
         if os.path.isdir(path):
             group.sort(key=lambda r: (r.rank, r.start_ns, r.trace_file or ""))
@@ -462,7 +540,7 @@ def _runs(values: Sequence[int]) -> str:
 # ---------------------------------------------------------------- diff
 
 
-def _side(path: str) -> dict[str, Any]:
+def _side(path: str, max_bytes: int = DEFAULT_MAX_MB * MB) -> dict[str, Any]:
     """One side of a diff: its traces summed per name."""
     ranges: dict[str, list[float]] = {}  # name -> [calls, cpu_us, device_us]
     kernels: dict[str, list[Any]] = {}  # name -> [calls, device_us, kind]
@@ -470,7 +548,7 @@ def _side(path: str) -> dict[str, Any]:
     totals = {"self_cpu_time_total_us": 0.0, "self_device_time_total_us": 0.0}
     files = _collect([path])
     for f in files:
-        rep = report_from_trace(f, load_checked(f), rows=_ALL)
+        rep = report_from_trace(f, load_checked(f, max_bytes), rows=_ALL)
         for name, r in rep.ranges.items():
             acc = ranges.setdefault(name, [0, 0.0, 0.0])
             acc[0] += r.calls
@@ -585,23 +663,51 @@ def format_diff(d: dict[str, Any]) -> str:
 # ---------------------------------------------------------------- commands
 
 
+def _only(report: WindowReport, names: Sequence[str]) -> WindowReport:
+    """``report`` with only the ranges ``names`` (``--range``)."""
+    from .report import FrozenMap
+
+    kept = FrozenMap({n: r for n, r in report.ranges.items() if n in names})
+    return dataclasses.replace(report, ranges=kept)
+
+
+def _missing_range_message(missing: Sequence[str], present: Iterable[str], traces: int) -> str:
+    """The one line for ``--range`` names in no trace: the ranges that are there (sorted, the
+    first ``RANGES_LISTED``) and, per missing name, the closest one present."""
+    there = sorted(set(present))
+    read = f"{traces} trace{'s' if traces != 1 else ''} read"
+    head = f"--range {', '.join(repr(m) for m in missing)}: no such range in the {read}"
+    if not there:
+        return (f"{head}: they hold no ranges (no record_function or @profiled range ran); "
+                "expected an operator's name then (nothing printed)")
+    lowered = {n.lower(): n for n in reversed(there)}  # "MB" finds "mb"
+    hints = []
+    for name in missing:
+        close = difflib.get_close_matches(name.lower(), lowered, n=1, cutoff=0.6)
+        if close:
+            found = lowered[close[0]]
+            hints.append(repr(found) + (f" for {name!r}" if len(missing) > 1 else ""))
+    hint = f" (did you mean {', '.join(hints)}?)" if hints else ""
+    listed = ", ".join(repr(n) for n in there[:RANGES_LISTED])
+    if len(there) > RANGES_LISTED:
+        listed += f", ... ({len(there)} in all)"
+    return (f"{head}{hint}; ranges there: {listed}; expected one of them or an operator's "
+            "name (nothing printed)")
+
+
 def _summarize(args: argparse.Namespace) -> str:
     from exporters.console import format_report
 
     wanted = list(dict.fromkeys(args.range or ()))
-    reports = _reports(args.paths, rows=args.rows, range_names=wanted)
+    # every range kept at first: a name missing everywhere is told apart from the ranges there
+    reports = _reports(args.paths, rows=args.rows, range_names=wanted,
+                       max_bytes=args.max_mb * MB, only_named=False)
     if wanted:
         found = {name for r in reports for name in r.ranges}
         missing = [n for n in wanted if n not in found]
         if missing:
-            n = len(reports)
-            seen = sorted(found)
-            listed = ", ".join(seen[:10]) + (f", ... ({len(seen)} in all)" if len(seen) > 10 else "")
-            raise _UsageError(
-                f"--range {', '.join(repr(m) for m in missing)}: in no trace "
-                f"({n} trace{'s' if n != 1 else ''} read; "
-                f"{'ranges there: ' + listed if seen else 'they hold no ranges'})"
-            )
+            raise _UsageError(_missing_range_message(missing, found, len(reports)))
+        reports = [_only(r, wanted) for r in reports]
     summary = rank_summary(reports)
     if args.json:
         docs = [r.to_dict() for r in reports]
@@ -616,7 +722,8 @@ def _summarize(args: argparse.Namespace) -> str:
 
 
 def _diff(args: argparse.Namespace) -> str:
-    d = diff_sides(_side(args.before), _side(args.after), args.rows)
+    limit = args.max_mb * MB
+    d = diff_sides(_side(args.before, limit), _side(args.after, limit), args.rows)
     if args.json:
         return json.dumps(d, indent=2) + "\n"
     return format_diff(d)
@@ -630,6 +737,15 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
     return value
+
+
+def _max_mb_option(parser: argparse.ArgumentParser) -> None:
+    """``--max-mb``: on every command that reads traces (the bound on a gzip bomb's cost)."""
+    parser.add_argument(
+        "--max-mb", type=_positive_int, default=DEFAULT_MAX_MB, metavar="MB",
+        help=f"refuse a trace with more than MB megabytes (2^20 bytes) of JSON, for .json.gz "
+             f"once decompressed, checked while reading (default {DEFAULT_MAX_MB}: real windows "
+             f"write up to ~200 MB, and a trace takes ~5x its size in memory to analyse)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -660,6 +776,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "an operator")
     s.add_argument("--rows", type=_positive_int, default=15, metavar="N",
                    help="rows per table section (default 15)")
+    _max_mb_option(s)
     s.set_defaults(func=_summarize)
 
     d = sub.add_parser(
@@ -673,6 +790,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true", help="print the comparison as JSON")
     d.add_argument("--rows", type=_positive_int, default=15, metavar="N",
                    help="rows per section (default 15)")
+    _max_mb_option(d)
     d.set_defaults(func=_diff)
     return parser
 

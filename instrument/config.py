@@ -2,8 +2,11 @@
 
 Environment values are parsed tolerantly: a bad value warns once (naming the variable, the
 value and the default used) and the default applies; ``PROFILED_STRICT=1`` turns that into a
-``ValueError``. Values given in code (``configure()``, ``session()``) are checked strictly and
-raise ``TypeError``/``ValueError`` at once.
+``ValueError``. Absurd values are bad values too: every number that feeds a wait or a size has a
+documented maximum (``MAX_*`` below; inf and nan are refused), so no value can crash a decorated
+call or the exit, and a message quotes at most ``QUOTE_CHARS`` characters of a value (a 1 MB
+environment value makes a one-line warning). Values given in code (``configure()``,
+``session()``) are checked strictly and raise ``TypeError``/``ValueError`` at once.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from exporters._warn import warn
 
 from .ranks import RankSet
 from .sampling import Sampling, Schedule
+from .triggers import TRIGGER_SIGNALS
 
 __all__ = [
     "Config",
@@ -48,7 +52,24 @@ __all__ = [
     "PROFILED_RANKS",
     "PROFILED_TRACE_MAX_MB",
     "launcher_ranks_from_env",
+    # bounds
+    "MAX_EXPORT_TIMEOUT_S",
+    "MAX_MIN_INTERVAL_S",
+    "MAX_TRACE_MAX_MB",
+    "QUOTE_CHARS",
 ]
+
+MAX_EXPORT_TIMEOUT_S = 3600.0
+"""The longest ``PROFILED_EXPORT_TIMEOUT_S``: one hour (a longer wait at exit is a hang)."""
+
+MAX_MIN_INTERVAL_S = 7 * 86400.0
+"""The longest ``PROFILED_MIN_INTERVAL_S``: one week."""
+
+MAX_TRACE_MAX_MB = 1048576.0
+"""The largest ``PROFILED_TRACE_MAX_MB``: 1 TiB (0 means no limit at all)."""
+
+QUOTE_CHARS = 60
+"""Messages quote at most this many characters of a value, then ``...(N chars)``."""
 
 PROFILED_ENABLED = "PROFILED_ENABLED"
 """``PROFILED_ENABLED`` [1]: ``0`` makes ``@profiled`` return the function itself (read when the
@@ -129,32 +150,37 @@ PROFILED_MAX_WINDOWS = "PROFILED_MAX_WINDOWS"
 
 PROFILED_MIN_INTERVAL_S = "PROFILED_MIN_INTERVAL_S"
 """``PROFILED_MIN_INTERVAL_S`` [0]: at least this many seconds from the end of a window to the
-start of the next sampled one (per process clock: ranks may then diverge)."""
+start of the next sampled one (per process clock: ranks may then diverge); at most 604800
+(one week)."""
 
 PROFILED_SEED = "PROFILED_SEED"
 """``PROFILED_SEED`` [0]: seed of the sampling draw; give every rank of a job the same one."""
 
 PROFILED_TRIGGER = "PROFILED_TRIGGER"
 """``PROFILED_TRIGGER`` [unset]: open a window on demand at the next step: a signal name
-(``SIGUSR2``; the handler is installed from the main thread and chains any handler already
-there) or a file path (creating the file opens a window; the file is removed when taken)."""
+(``SIGUSR2`` or ``SIGUSR1``, no other: the handler is installed from the main thread and chains
+any handler already there) or a file path (a regular file owned by the program's user, created
+at that path, opens a window and is removed when taken; anything else there is left alone)."""
 
 PROFILED_EXPORT_TIMEOUT_S = "PROFILED_EXPORT_TIMEOUT_S"
 """``PROFILED_EXPORT_TIMEOUT_S`` [10]: at exit (and when a session ends), how long to wait for
-queued reports to be exported; past it the program goes on and says what was not exported."""
+queued reports to be exported; past it the program goes on and says what was not exported.
+More than 0, at most 3600 (one hour)."""
 
 # ---- distributed and disk (issue 5, parts 3 and 6)
 
 PROFILED_RANKS = "PROFILED_RANKS"
 """``PROFILED_RANKS`` [all]: which ranks of a distributed job profile: ``all``, ``0,3``, ``0-7``
-or a mix (``0,4-7``). The rank comes from ``torch.distributed`` when it is initialised at the
-first decorated call, else from ``RANK`` (``LOCAL_RANK``; 0 without either). A rank not listed
-starts no profiler: its decorated calls cost what idle calls cost, and it says so in one line."""
+or a mix (``0,4-7``); ranks up to 2147483647, at most 1024 terms (held as runs, never one entry
+per rank). The rank comes from ``torch.distributed`` when it is initialised at the first
+decorated call, else from ``RANK`` (``LOCAL_RANK``; 0 without either). A rank not listed starts
+no profiler: its decorated calls cost what idle calls cost, and it says so in one line."""
 
 PROFILED_TRACE_MAX_MB = "PROFILED_TRACE_MAX_MB"
 """``PROFILED_TRACE_MAX_MB`` [1024]: at most this many megabytes (MiB; fractions allowed) of
 torch-profiled trace files in the trace directory, every worker's together; after each write
-the oldest go first. Other files there are never touched. 0 = no limit."""
+the oldest go first. Other files there are never touched. 0 = no limit; at most 1048576
+(1 TiB)."""
 
 PROFILED_STRICT = "PROFILED_STRICT"
 """``PROFILED_STRICT`` [0]: raise ``ValueError`` on a bad ``PROFILED_*`` value instead of warning."""
@@ -287,13 +313,29 @@ class Config:
                 check_exporter_names(values["exporters"])
             except ValueError as exc:
                 raise ValueError(
-                    f"{PROFILED_EXPORTERS}={env.get(PROFILED_EXPORTERS)!r} is invalid ({exc}); "
+                    f"{PROFILED_EXPORTERS}={_quote(env.get(PROFILED_EXPORTERS, ''))} is invalid "
+                    f"({_reason(exc)}); "
                     f"PROFILED_STRICT=1 makes this an error"
                 ) from None
         return cls(**values)
 
 
 # ---------------------------------------------------------------- field checks (code)
+
+
+def _num(value: float) -> str:
+    """A bound as people write it: ``3600``, ``1048576``, ``0.5``."""
+    return str(int(value)) if float(value).is_integer() else repr(value)
+
+
+def _to_float(value: float, name: str) -> float:
+    """``float(value)``; an int too large for a float is a ValueError like any value out of
+    range (``float(10**400)`` raises OverflowError)."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{name} is out of range, got an integer of {value.bit_length()} "
+                         "bits") from None
 
 
 def _reject_unknown(fields: Mapping[str, Any]) -> None:
@@ -348,13 +390,19 @@ def _check_field(name: str, value: Any) -> Any:
     if name in ("sample_rate", "min_interval_s", "export_timeout_s"):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-        value = float(value)
+        value = _to_float(value, name)
         if name == "sample_rate" and not 0.0 <= value <= 1.0:
             raise ValueError(f"sample_rate must be between 0 and 1, got {value}")
-        if name == "min_interval_s" and not value >= 0.0:
-            raise ValueError(f"min_interval_s must be >= 0, got {value}")
-        if name == "export_timeout_s" and not value > 0.0:
-            raise ValueError(f"export_timeout_s must be > 0, got {value}")
+        if name == "min_interval_s" and not 0.0 <= value <= MAX_MIN_INTERVAL_S:
+            raise ValueError(
+                f"min_interval_s must be >= 0 and <= {_num(MAX_MIN_INTERVAL_S)} (one week), "
+                f"got {value}"
+            )
+        if name == "export_timeout_s" and not 0.0 < value <= MAX_EXPORT_TIMEOUT_S:
+            raise ValueError(
+                f"export_timeout_s must be > 0 and <= {_num(MAX_EXPORT_TIMEOUT_S)} (one hour), "
+                f"got {value}"
+            )
         return value
     if name == "trigger":
         if value is None:
@@ -397,11 +445,13 @@ def _check_field(name: str, value: Any) -> Any:
             raise TypeError(
                 f"trace_max_mb must be a number of MiB, got {type(value).__name__} {value!r}"
             )
-        if not value >= 0 or value == float("inf"):
+        value = _to_float(value, name)
+        if not 0.0 <= value <= MAX_TRACE_MAX_MB:
             raise ValueError(
-                f"trace_max_mb must be a finite number >= 0 (0: no limit), got {value}"
+                f"trace_max_mb must be >= 0 and <= {_num(MAX_TRACE_MAX_MB)} MiB (1 TiB; "
+                f"0: no limit), got {value}"
             )
-        return float(value)
+        return value
     if name == "exporters":
         if isinstance(value, str) or not hasattr(value, "__iter__"):
             value = (value,)
@@ -479,34 +529,49 @@ def _parse_dir(text: str) -> str:
 
 
 def _check_trigger(text: str) -> str:
-    """A signal name (``SIGUSR2`` or ``USR2``) is normalised to ``SIGUSR2`` and must exist on
-    this platform; anything with a path separator or a dot is a file path."""
+    """A signal name (``SIGUSR2`` or ``USR2``) is normalised to ``SIGUSR2`` and must be one of
+    ``TRIGGER_SIGNALS``: every other signal belongs to the program, the terminal, the launcher
+    or the kernel (SIGTERM, SIGINT, SIGSEGV, SIGCHLD...), and a trigger that took one over
+    would change what the program does when it arrives. Anything with a path separator or a
+    dot is a file path."""
     import signal
 
+    if "\0" in text:
+        raise ValueError("trigger must not contain a NUL character")
     if os.sep in text or "/" in text or "." in text:
         return text
     name = text.upper()
     if not name.startswith("SIG"):
         name = "SIG" + name
-    if name in ("SIGKILL", "SIGSTOP") or not isinstance(getattr(signal, name, None), signal.Signals):
+    allowed = ", ".join(TRIGGER_SIGNALS)
+    if name in TRIGGER_SIGNALS and isinstance(getattr(signal, name, None), signal.Signals):
+        return name
+    if isinstance(getattr(signal, name, None), signal.Signals):
         raise ValueError(
-            f"trigger {text!r} is neither a signal this platform can handle (e.g. SIGUSR2) nor "
-            "a file path (a path contains '/' or '.')"
+            f"trigger signal {name} is not one a trigger may take over (it belongs to the "
+            f"program, its launcher or the system); expected one of {allowed}, or a file path"
         )
-    return name
+    raise ValueError(
+        f"trigger {_quote(text)} is neither a signal a trigger may use ({allowed}) nor a file "
+        "path (a path contains '/' or '.')"
+    )
 
 
-def _float_parser(low: float, high: float | None, *, low_open: bool = False):
+def _float_parser(low: float, high: float, *, low_open: bool = False, what: str = ""):
+    """A parser of finite numbers in ``low..high`` (``> low`` when ``low_open``); ``what``
+    names the bound in the message (``"one hour"``)."""
+    bound = (f"> {_num(low)}" if low_open else f">= {_num(low)}") + f" and <= {_num(high)}"
+    expected = f"expected a number {bound}" + (f" ({what})" if what else "")
+
     def parse(text: str) -> float:
         try:
             value = float(text.strip())
         except ValueError:
             value = float("nan")
-        ok = value == value and (value > low if low_open else value >= low) and (
-            high is None or value <= high)
+        # nan fails every comparison, inf fails <= high
+        ok = (value > low if low_open else value >= low) and value <= high
         if not ok:
-            bound = f"> {low}" if low_open else f">= {low}"
-            raise ValueError(f"expected a number {bound}" + (f" and <= {high}" if high else ""))
+            raise ValueError(expected)
         return value
     return parse
 
@@ -518,12 +583,14 @@ def _parse_trigger(text: str) -> str | None:
 
 
 def _parse_max_mb(text: str) -> float:
+    expected = (f"expected a number of MiB >= 0 and <= {_num(MAX_TRACE_MAX_MB)} (1 TiB; "
+                "0: no limit)")
     try:
         value = float(text.strip())
     except ValueError:
-        raise ValueError("expected a number of MiB >= 0 (0: no limit)") from None
-    if not value >= 0 or value == float("inf"):
-        raise ValueError("expected a number of MiB >= 0 (0: no limit)")
+        raise ValueError(expected) from None
+    if not 0.0 <= value <= MAX_TRACE_MAX_MB:  # nan and inf too
+        raise ValueError(expected)
     return value
 
 
@@ -545,10 +612,11 @@ _ENV_PARSERS = {
     "every": _int_parser(1, optional=True),
     "sample_rate": _float_parser(0.0, 1.0),
     "max_windows": _int_parser(1, optional=True),
-    "min_interval_s": _float_parser(0.0, None),
+    "min_interval_s": _float_parser(0.0, MAX_MIN_INTERVAL_S, what="seconds, at most one week"),
     "seed": _int_parser(None),
     "trigger": _parse_trigger,
-    "export_timeout_s": _float_parser(0.0, None, low_open=True),
+    "export_timeout_s": _float_parser(0.0, MAX_EXPORT_TIMEOUT_S, low_open=True,
+                                      what="seconds, at most one hour"),
     "ranks": RankSet.parse,
     "trace_max_mb": _parse_max_mb,
     "strict": _parse_bool,
@@ -595,20 +663,36 @@ def _describe_default(value: Any, var: str = "") -> str:
     return str(value)
 
 
+def _quote(raw: str) -> str:
+    """``repr(raw)``, cut to its first ``QUOTE_CHARS`` characters when longer: a message names
+    the value without repeating a huge one."""
+    if len(raw) <= QUOTE_CHARS:
+        return repr(raw)
+    return f"{raw[:QUOTE_CHARS]!r}...({len(raw)} chars)"
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a value was refused, bounded like the value itself (a parser may quote a part)."""
+    text = str(exc)
+    limit = 4 * QUOTE_CHARS
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} chars)"
+
+
 def _env_value(env: Mapping[str, str], var: str, parse, default: Any, strict: bool) -> Any:
     raw = env.get(var)
     if raw is None:
         return default
     try:
         return parse(raw)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         if strict:
             raise ValueError(
-                f"{var}={raw!r} is invalid ({exc}); PROFILED_STRICT=1 makes this an error "
-                f"(without it the default {var}={_describe_default(default, var)} would be used)"
+                f"{var}={_quote(raw)} is invalid ({_reason(exc)}); PROFILED_STRICT=1 makes this "
+                f"an error (without it the default {var}={_describe_default(default, var)} "
+                "would be used)"
             ) from None
         message = (
-            f"{var}={raw!r} is invalid ({exc}); using the default "
+            f"{var}={_quote(raw)} is invalid ({_reason(exc)}); using the default "
             f"{var}={_describe_default(default, var)}"
         )
         _warn_once(var, raw, message)

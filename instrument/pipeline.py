@@ -10,10 +10,21 @@ reports; the others still get every one.
   ``ANALYSIS_QUEUE_SIZE`` stopped windows (each holds a whole profile); when one is full the
   oldest item is dropped, counted (``dropped``) and one warning per queue says so.
 - Trace writers first: exporters with ``writes_trace_file`` get the report before the others,
-  so those can name the file; the worker waits for them at most ``TRACE_WAIT_S``.
+  so those can name the file; the worker waits for them at most ``TRACE_WAIT_S``, and once
+  ``close(timeout)`` has begun no later than ``TRACE_SHARE_AT_CLOSE`` of its timeout: the rest
+  is the others' time, and past it they export without the trace's path.
 - Deadline: ``close(timeout)`` (session end, interpreter exit) waits for everything queued at
-  most ``timeout`` seconds (``PROFILED_EXPORT_TIMEOUT_S``); past it the program goes on and one
-  warning says what was not exported. Worker threads are daemons: they never hold up exit.
+  most ``timeout`` seconds (``PROFILED_EXPORT_TIMEOUT_S``) and returns by then whatever the
+  exporters do; past it the program goes on and one warning says what was not exported. The
+  analysis stage gets at most ``ANALYSIS_SHARE_AT_CLOSE`` of it, so a hung analysis still
+  leaves the lanes time for their last reports and ``shutdown()``.
+- Threads: every thread the pipeline starts ends at ``close`` (joined within the deadline). One
+  stuck in a hung exporter past the deadline is a daemon (it never holds up exit), its reports
+  are counted as not exported, and it ends as soon as the exporter returns.
+- Faults: a lane survives anything its exporter raises, ``BaseException`` included
+  (``SystemExit``, ``KeyboardInterrupt``): lanes are torch-profiled's threads, so there it is
+  the exporter's error, reported as a warning. ``export_report``, which runs on the caller's
+  thread, lets those through: there they are the program's.
 - The raw trace file of a report is removed when the last lane is done with it (or dropped it).
 
 ``export_report`` is the same fan-out done synchronously, for callers that have a report in
@@ -24,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -34,22 +46,39 @@ from exporters._warn import warn
 
 from .report import WindowReport
 
-__all__ = ["ANALYSIS_QUEUE_SIZE", "QUEUE_SIZE", "TRACE_WAIT_S", "ExportPipeline", "export_report"]
+__all__ = ["ANALYSIS_QUEUE_SIZE", "ANALYSIS_SHARE_AT_CLOSE", "QUEUE_SIZE", "TRACE_SHARE_AT_CLOSE",
+           "TRACE_WAIT_S", "ExportPipeline", "export_report"]
 
 QUEUE_SIZE = 8  # reports waiting per exporter (small: plain data, the trace file is on disk)
 ANALYSIS_QUEUE_SIZE = 8  # stopped windows waiting for analysis (each holds a whole profile)
 TRACE_WAIT_S = 10.0
+# shares of close's timeout: the trace writers may hold the others up for the first half, the
+# analysis stage (trace writers' wait included) may use three quarters, the rest is the lanes'
+TRACE_SHARE_AT_CLOSE = 0.5
+ANALYSIS_SHARE_AT_CLOSE = 0.75
 
 
 def _name(exporter: Any) -> str:
     return type(exporter).__name__
 
 
-def _export_one(exporter: Any, report: WindowReport) -> ExportResult | None:
+def _raised(exc: BaseException) -> str:
+    """How a warning names what an exporter raised; a ``BaseException`` that is no
+    ``Exception`` says it went no further (it would otherwise look like the program's)."""
+    if isinstance(exc, Exception):
+        return repr(exc)
+    return (f"{exc!r} (caught on torch-profiled's export thread: it stops that call only, "
+            "not the program)")
+
+
+def _export_one(exporter: Any, report: WindowReport,
+                catch: type[BaseException] = Exception) -> ExportResult | None:
+    """``catch`` is ``BaseException`` on a lane (an SDK thread nothing may end) and
+    ``Exception`` on the caller's thread (``KeyboardInterrupt`` there is the program's)."""
     try:
         return exporter.export(report)
-    except Exception as exc:  # noqa: BLE001 - telemetry never breaks the program
-        warn(f"exporter {_name(exporter)} raised {exc!r} on window {report.window}; "
+    except catch as exc:  # telemetry never breaks the program
+        warn(f"exporter {_name(exporter)} raised {_raised(exc)} on window {report.window}; "
              "its output for this window is lost, the other exporters still ran",
              ExporterWarning)
         return None
@@ -69,16 +98,19 @@ def export_report(report: WindowReport, exporters: Sequence[Any]) -> WindowRepor
 
 
 class _Job:
-    """One queued unit of work for a lane; ``done`` is set when it ran or was dropped."""
+    """One queued unit of work for a lane; ``done`` is set when it ran or was dropped, then
+    ``wake`` (if any) is notified, so one wait can watch a job and a deadline that moves."""
 
-    __slots__ = ("kind", "payload", "done", "result", "on_done")
+    __slots__ = ("done", "kind", "on_done", "payload", "result", "wake")
 
-    def __init__(self, kind: str, payload: Any, on_done: Callable[[], None] | None = None):
-        self.kind = kind  # "report" | "notice" | "shutdown" | "window"
+    def __init__(self, kind: str, payload: Any, on_done: Callable[[], None] | None = None,
+                 wake: threading.Condition | None = None):
+        self.kind = kind  # "report" | "notice" | "shutdown" | "window" | "noop"
         self.payload = payload
         self.done = threading.Event()
         self.result: Any = None
         self.on_done = on_done
+        self.wake = wake
 
     def finish(self, result: Any = None) -> None:
         self.result = result
@@ -88,10 +120,14 @@ class _Job:
             except Exception:  # noqa: BLE001
                 pass
         self.done.set()
+        if self.wake is not None:
+            with self.wake:
+                self.wake.notify_all()
 
 
 class _Worker:
-    """A daemon thread draining a bounded deque; full means the oldest job is dropped."""
+    """A daemon thread draining a bounded deque; full means the oldest job is dropped. It ends
+    after a ``shutdown`` job, or once stopped (``stop_accepting``) and idle."""
 
     def __init__(self, name: str, handle: Callable[[_Job], Any], what: str,
                  maxsize: int = QUEUE_SIZE) -> None:
@@ -124,7 +160,7 @@ class _Worker:
                     self._thread = threading.Thread(target=self._run, name=self.name,
                                                     daemon=True)
                     self._thread.start()
-                self._cond.notify()
+                self._cond.notify_all()
         if stopped:
             job.finish(None)
         elif dropped is not None:
@@ -141,18 +177,26 @@ class _Worker:
                      "windows (this warning is given once; see the session's dropped counts)",
                      ExporterWarning)
 
+    def _next(self) -> _Job | None:
+        """The next job, or None when stopped and nothing is left (the thread ends)."""
+        with self._cond:
+            while not self._queue:
+                if self._stopped:
+                    return None
+                self._cond.wait()
+            job = self._queue.popleft()
+            self._busy = job
+            return job
+
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue:
-                    self._cond.wait()
-                job = self._queue.popleft()
-                self._busy = job
+        while (job := self._next()) is not None:
             result = None
             try:
                 result = self._handle(job)
-            except Exception:  # noqa: BLE001 - the handler reports its own failures
-                pass
+            except BaseException as exc:  # noqa: BLE001 - an SDK thread: nothing may end it
+                warn(f"torch-profiled: the {self.name} thread caught {_raised(exc)} during a "
+                     f"{job.kind} job; that job's output is lost, the thread goes on",
+                     ExporterWarning)
             finally:
                 with self._cond:
                     self._busy = None
@@ -174,13 +218,34 @@ class _Worker:
             busy = self._busy is not None and self._busy.kind in ("report", "window")
             return sum(j.kind in ("report", "window") for j in self._queue) + busy
 
+    def wait_idle(self, deadline: float | None) -> bool:
+        """Wait until nothing is queued or running (never on its own thread: that would wait
+        for itself); False if ``deadline`` (``time.monotonic()``) came first."""
+        if self.is_current():
+            return False
+        with self._cond:
+            while self._queue or self._busy is not None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
     def stop_accepting(self) -> list[_Job]:
-        """No more jobs; return (and forget) the ones still queued."""
+        """No more jobs; return (and forget) the ones still queued. The thread ends once its
+        running job (if any) returns."""
         with self._cond:
             self._stopped = True
             left = list(self._queue)
             self._queue.clear()
+            self._cond.notify_all()
             return left
+
+    def join(self, deadline: float) -> None:
+        """Wait for the thread to end, at most until ``deadline``."""
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class _Lane(_Worker):
@@ -191,12 +256,13 @@ class _Lane(_Worker):
                          f"window report for {_name(exporter)}")
         self.exporter = exporter
         self.writes_trace_file = bool(getattr(exporter, "writes_trace_file", False))
-        self.stalled = False  # a trace writer that missed TRACE_WAIT_S
+        self.stalled = False  # a trace writer that missed its wait
 
     def _do(self, job: _Job) -> Any:
+        """Run one job; whatever the exporter raises ends here (see the module)."""
         exporter = self.exporter
         if job.kind == "report":
-            result = _export_one(exporter, job.payload)
+            result = _export_one(exporter, job.payload, BaseException)
             if result is ExportResult.SUCCESS and self.writes_trace_file:
                 return getattr(exporter, "last_path", None)
             return None
@@ -205,14 +271,15 @@ class _Lane(_Worker):
             if hook is not None:
                 try:
                     hook(job.payload)
-                except Exception:  # noqa: BLE001
+                except BaseException:  # noqa: BLE001 - a notice is only informational
                     pass
             return None
         if job.kind == "shutdown":
             try:
                 exporter.shutdown()
-            except Exception as exc:  # noqa: BLE001
-                warn(f"exporter {_name(exporter)} raised {exc!r} in shutdown()", ExporterWarning)
+            except BaseException as exc:  # noqa: BLE001
+                warn(f"exporter {_name(exporter)} raised {_raised(exc)} in shutdown()",
+                     ExporterWarning)
         return None
 
 
@@ -238,6 +305,10 @@ class ExportPipeline:
         self.exported = 0  # reports handed to the lanes
         self._closing = False
         self._closed = False
+        # trace writers' jobs notify it; close moves _trace_cutoff (time.monotonic()) and
+        # notifies it too, so a wait for a trace writer ends as soon as either happens
+        self._wake = threading.Condition()
+        self._trace_cutoff = math.inf
 
     @property
     def closed(self) -> bool:
@@ -264,7 +335,7 @@ class ExportPipeline:
         job.payload = None  # free the profiler's results as soon as they are analysed
         if report is None:
             return
-        if self._closed:  # closed past its deadline while this was built: nobody waits
+        if self._closed or not self._lanes:  # closed past its deadline: nobody waits
             self._cleanup(report)
             return
         remaining = [len(self._lanes)]
@@ -278,19 +349,16 @@ class ExportPipeline:
             if last:
                 self._cleanup(final[0])
 
-        if not self._lanes:
-            self._cleanup(report)
-            return
         writers = [lane for lane in self._lanes if lane.writes_trace_file]
         others = [lane for lane in self._lanes if not lane.writes_trace_file]
-        jobs = [_Job("report", report, lane_done) for _ in writers]
+        jobs = [_Job("report", report, lane_done, self._wake) for _ in writers]
         for lane, wjob in zip(writers, jobs):
             lane.put(wjob)
-        deadline = time.monotonic() + TRACE_WAIT_S
+        until = time.monotonic() + TRACE_WAIT_S
         for lane, wjob in zip(writers, jobs):
             if lane.stalled and lane.pending() > 1:
                 continue  # still stuck on an earlier report: do not hold the others up again
-            if not wjob.done.wait(max(0.0, deadline - time.monotonic())):
+            if not self._wait_for_writer(wjob, until):
                 lane.stalled = True
                 continue
             lane.stalled = False
@@ -300,14 +368,29 @@ class ExportPipeline:
             lane.put(_Job("report", final[0], lane_done))
         self.exported += 1
 
+    def _wait_for_writer(self, job: _Job, until: float) -> bool:
+        """Wait for a trace writer's job until ``until`` or the close cutoff, whichever comes
+        first (close may move the cutoff while this waits); False if it did not finish."""
+        with self._wake:
+            while not job.done.is_set():
+                left = min(until, self._trace_cutoff) - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wake.wait(left)
+            return True
+
+    def _cut_trace_wait(self, cutoff: float) -> None:
+        """From now on no wait for a trace writer lasts past ``cutoff``."""
+        with self._wake:
+            self._trace_cutoff = min(self._trace_cutoff, cutoff)
+            self._wake.notify_all()
+
     def flush(self, timeout: float | None) -> bool:
         """Wait until everything submitted so far has been exported; False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         # the analysis worker first: once it is idle, every report is in the lanes
-        while self._analysis.pending() and not self._analysis.is_current():
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            time.sleep(0.005)
+        if not self._analysis.is_current() and not self._analysis.wait_idle(deadline):
+            return False
         waits = []
         for lane in self._lanes:
             if lane.is_current():  # called from this exporter's own export(): not itself
@@ -322,17 +405,18 @@ class ExportPipeline:
         return True
 
     def close(self, timeout: float, no_report_notice: str | None = None) -> dict[str, int]:
-        """Export what is queued, then shut the exporters down, within ``timeout`` seconds;
-        ``no_report_notice`` goes to the exporters if no report was made. Returns what was not
-        exported per queue (empty when everything was)."""
+        """Export what is queued, then shut the exporters down; returns within ``timeout``
+        seconds whatever they do. ``no_report_notice`` goes to the exporters if no report was
+        made. Returns what was not exported per queue (empty when everything was)."""
         if self._closing:
             return {}
         self._closing = True
-        deadline = time.monotonic() + timeout
-        while (self._analysis.pending() and not self._analysis.is_current()
-               and time.monotonic() < deadline):
-            time.sleep(0.005)  # every report reaches the lanes before their shutdown
-        if no_report_notice and self.exported == 0 and not self._analysis.pending():
+        start = time.monotonic()
+        deadline = start + timeout
+        self._cut_trace_wait(start + TRACE_SHARE_AT_CLOSE * timeout)
+        # every report reaches the lanes before their shutdown, unless the analysis hangs
+        idle = self._analysis.wait_idle(start + ANALYSIS_SHARE_AT_CLOSE * timeout)
+        if no_report_notice and self.exported == 0 and idle:
             self.notice(no_report_notice)
         shutdowns = []
         for lane in self._lanes:  # queued behind each lane's reports: healthy lanes end soon
@@ -343,16 +427,19 @@ class ExportPipeline:
             if not lane.is_current():
                 job.done.wait(max(0.0, deadline - time.monotonic()))
         self._closed = True  # past the deadline: what is still in flight is given up
+        lost = self._give_up()
+        for worker in (self._analysis, *self._lanes):  # healthy ones are ending: wait for it
+            worker.join(deadline)
+        return lost
+
+    def _give_up(self) -> dict[str, int]:
+        """Stop every worker; what they still hold or hold up is counted, per queue."""
         lost: dict[str, int] = {}
-        count = self._analysis.pending_reports()
-        for job in self._analysis.stop_accepting():
-            job.finish(None)
-        if count:
-            lost["analysis"] = count
-        for lane, _job in shutdowns:
-            count = lane.pending_reports()
-            for job in lane.stop_accepting():
+        for name, worker in (("analysis", self._analysis),
+                             *((_name(lane.exporter), lane) for lane in self._lanes)):
+            count = worker.pending_reports()
+            for job in worker.stop_accepting():
                 job.finish(None)
             if count:
-                lost[_name(lane.exporter)] = count
+                lost[name] = lost.get(name, 0) + count
         return lost

@@ -3,55 +3,144 @@
 A job of 64 ranks that all write traces of the same steps mostly repeats itself and fills
 disks; ``PROFILED_RANKS=0,8-15`` profiles the ranks worth looking at. A rank that is not
 selected starts no profiler at all, so its decorated calls cost what idle calls cost.
+
+A selection is held as sorted, disjoint runs ``(first, last)``, never as one entry per rank:
+``0-2147483647`` costs what ``0-7`` costs to parse, test, print and compare (a set of every
+rank took seconds and gigabytes for ``0-20000000``). Both the ranks and the number of runs are
+bounded (``MAX_RANK``, ``MAX_TERMS``) so that no value, however written, makes a long message
+or a slow parse.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["RankSet"]
+__all__ = ["MAX_RANK", "MAX_TERMS", "RankSet"]
+
+MAX_RANK = 2**31 - 1
+"""The largest rank accepted (torch.distributed ranks are 32-bit signed integers)."""
+
+MAX_TERMS = 1024
+"""At most this many comma-separated terms in ``PROFILED_RANKS``, and runs in a ``RankSet``:
+enough for any real selection, small enough that the value prints in a readable line."""
+
+_EXPECTED = f"expected 'all' or ranks like 0,3 or 0-7 (integers >= 0 and <= {MAX_RANK})"
+
+Span = tuple[int, int]
 
 
-@dataclass(frozen=True)
+def _clip(text: str, limit: int = 40) -> str:
+    """``repr(text)``, cut short when long: a bad part of a huge value must not make a huge
+    message."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}...({len(text)} chars)"
+
+
+def _check_rank(rank: Any) -> int:
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= MAX_RANK:
+        if isinstance(rank, int) and not isinstance(rank, bool) and rank.bit_length() > 64:
+            shown = f"an integer of {rank.bit_length()} bits"  # str() of it may itself fail
+        else:
+            text = repr(rank)
+            shown = text if len(text) <= 40 else f"{text[:40]}...({len(text)} chars)"
+        raise ValueError(f"ranks must be integers >= 0 and <= {MAX_RANK}, got {shown}")
+    return rank
+
+
+def _merge(spans: list[Span]) -> tuple[Span, ...]:
+    """Sorted, disjoint, non-adjacent runs covering exactly what ``spans`` cover."""
+    spans.sort()
+    merged: list[Span] = []
+    for lo, hi in spans:
+        if merged and lo <= merged[-1][1] + 1:
+            if hi > merged[-1][1]:
+                merged[-1] = (merged[-1][0], hi)
+        else:
+            merged.append((lo, hi))
+    return tuple(merged)
+
+
+def _too_many(count: int) -> ValueError:
+    return ValueError(f"at most {MAX_TERMS} ranks or runs of ranks (a-b), got {count}")
+
+
+def _spans_of(ranks: Iterable[int]) -> tuple[Span, ...]:
+    """Runs of an iterable of ranks; a ``range`` of step 1 is one run, never expanded."""
+    if isinstance(ranks, range) and ranks.step == 1:
+        if not ranks:
+            return ()
+        return ((_check_rank(ranks.start), _check_rank(ranks[-1])),)
+    if isinstance(ranks, range) and len(ranks) > MAX_TERMS:
+        raise _too_many(len(ranks))  # a stepped range: one run per rank
+    spans = [(r, r) for r in map(_check_rank, ranks)]
+    merged = _merge(spans)
+    if len(merged) > MAX_TERMS:
+        raise _too_many(len(merged))
+    return merged
+
+
 class RankSet:
-    """A set of ranks, or every rank (``ranks=None``, the default).
+    """A set of ranks, or every rank (``RankSet()``, the default). Immutable and hashable.
 
     Spelled like ``PROFILED_RANKS``: ``all``, ``0,3``, ``0-7``, or a mix (``0,4-7,12``).
+    ``RankSet(iterable_of_ranks)`` builds one in code (``range(a, b)`` stays one run).
     """
 
-    ranks: frozenset[int] | None = None
+    __slots__ = ("_spans", "_starts")
 
-    def __post_init__(self) -> None:
-        if self.ranks is None:
-            return
-        if not isinstance(self.ranks, frozenset):
-            object.__setattr__(self, "ranks", frozenset(self.ranks))
-        for rank in self.ranks:
-            if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-                raise ValueError(f"ranks must be integers >= 0, got {rank!r}")
-        if not self.ranks:
+    def __init__(self, ranks: Iterable[int] | None = None) -> None:
+        spans = None if ranks is None else _spans_of(ranks)
+        if spans is not None and not spans:
             raise ValueError("ranks must name at least one rank (use 'all' for every rank)")
+        object.__setattr__(self, "_spans", spans)
+        object.__setattr__(self, "_starts", None if spans is None else [s[0] for s in spans])
+
+    @classmethod
+    def _from_spans(cls, spans: tuple[Span, ...] | None) -> "RankSet":
+        """From runs already checked and merged (``parse``, unpickling)."""
+        made = cls.__new__(cls)
+        object.__setattr__(made, "_spans", spans)
+        object.__setattr__(made, "_starts", None if spans is None else [s[0] for s in spans])
+        return made
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("RankSet is immutable")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RankSet.parse, (self.to_env(),))
+
+    # ------------------------------------------------------------ reading
+
+    @property
+    def spans(self) -> tuple[Span, ...] | None:
+        """None for every rank, else the sorted disjoint runs ``(first, last)``, inclusive."""
+        return self._spans
+
+    @property
+    def ranks(self) -> tuple[range, ...] | None:
+        """None for every rank, else one ``range`` per run (symbolic: nothing is expanded)."""
+        if self._spans is None:
+            return None
+        return tuple(range(lo, hi + 1) for lo, hi in self._spans)
 
     def selects(self, rank: int) -> bool:
-        """True when ``rank`` profiles."""
-        return self.ranks is None or rank in self.ranks
+        """True when ``rank`` profiles (a binary search over the runs)."""
+        if self._spans is None:
+            return True
+        i = bisect.bisect_right(self._starts, rank) - 1
+        return i >= 0 and rank <= self._spans[i][1]
+
+    def __contains__(self, rank: object) -> bool:
+        return isinstance(rank, int) and self.selects(rank)
 
     def to_env(self) -> str:
         """The ``PROFILED_RANKS`` spelling, runs of consecutive ranks as ``a-b``."""
-        if self.ranks is None:
+        if self._spans is None:
             return "all"
-        parts: list[str] = []
-        ordered = sorted(self.ranks)
-        start = prev = ordered[0]
-        for rank in ordered[1:] + [None]:  # type: ignore[list-item]
-            if rank is not None and rank == prev + 1:
-                prev = rank
-                continue
-            parts.append(str(start) if start == prev else f"{start}-{prev}")
-            if rank is not None:
-                start = prev = rank
-        return ",".join(parts)
+        return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in self._spans)
 
     def __str__(self) -> str:
         return self.to_env()
@@ -59,31 +148,29 @@ class RankSet:
     def __repr__(self) -> str:
         return f"RankSet.parse({self.to_env()!r})"
 
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RankSet):
+            return NotImplemented
+        return self._spans == other._spans
+
+    def __hash__(self) -> int:
+        return hash(self._spans)
+
+    # ------------------------------------------------------------ building
+
     @classmethod
     def parse(cls, text: str) -> "RankSet":
-        """Parse ``all``, ``0,3``, ``0-7`` or a mix; raises ``ValueError`` naming the bad part."""
+        """Parse ``all``, ``0,3``, ``0-7`` or a mix; raises ``ValueError`` naming the bad part.
+        Ranks above ``MAX_RANK`` and more than ``MAX_TERMS`` terms are bad values too."""
         stripped = text.strip().lower()
         if stripped in ("", "all"):
             return cls()
-        ranks: set[int] = set()
-        for part in stripped.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            lo_text, sep, hi_text = part.partition("-")
-            try:
-                lo = int(lo_text.strip())
-                hi = int(hi_text.strip()) if sep else lo
-            except ValueError:
-                raise ValueError(
-                    f"expected 'all' or ranks like 0,3 or 0-7 (integers >= 0); got {part!r}"
-                ) from None
-            if hi < lo:
-                raise ValueError(f"range {part!r} ends before it starts")
-            ranks.update(range(lo, hi + 1))
-        if not ranks:
+        if stripped.count(",") >= MAX_TERMS:  # counted before anything is split or parsed
+            raise _too_many(stripped.count(",") + 1)
+        spans = [_parse_term(part.strip()) for part in stripped.split(",") if part.strip()]
+        if not spans:
             raise ValueError("expected 'all' or ranks like 0,3 or 0-7; got no rank")
-        return cls(frozenset(ranks))
+        return cls._from_spans(_merge(spans))
 
     @classmethod
     def of(cls, value: "RankSet | str | int | Iterable[int] | None") -> "RankSet":
@@ -96,10 +183,38 @@ class RankSet:
         if isinstance(value, str):
             return cls.parse(value)
         if isinstance(value, int) and not isinstance(value, bool):
-            return cls(frozenset({value}))
+            return cls((value,))
         if isinstance(value, (bool, float, bytes)) or not hasattr(value, "__iter__"):
             raise TypeError(
                 f"ranks must be 'all', None, a rank, an iterable of ranks or a string like "
                 f"'0,3' or '0-7', got {type(value).__name__} {value!r}"
             )
-        return cls(frozenset(value))
+        return cls(value)
+
+
+def _digits(text: str) -> bool:
+    text = text.strip()
+    return text.isascii() and text.isdigit()
+
+
+def _parse_term(part: str) -> Span:
+    """``a`` or ``a-b``, both within ``0..MAX_RANK``."""
+    lo_text, sep, hi_text = part.partition("-")
+    try:
+        # digits only: int() would also take '+3', '1_000' and, for a long run of digits,
+        # spend time before its own length limit refuses it
+        if not (_digits(lo_text) and (not sep or _digits(hi_text))):
+            raise ValueError
+        if len(lo_text.strip()) > 10 or len(hi_text.strip()) > 10:
+            raise OverflowError
+        lo = int(lo_text)
+        hi = int(hi_text) if sep else lo
+        if hi > MAX_RANK or lo > MAX_RANK:
+            raise OverflowError
+    except OverflowError:
+        raise ValueError(f"rank above {MAX_RANK} in {_clip(part)}") from None
+    except ValueError:
+        raise ValueError(f"{_EXPECTED}; got {_clip(part)}") from None
+    if hi < lo:
+        raise ValueError(f"range {_clip(part)} ends before it starts")
+    return (lo, hi)

@@ -1,5 +1,6 @@
 """The ``torch-profiled`` command: summarize and diff traces from plain torch.profiler, from
-tensorboard_trace_handler, from the SDK; per-rank directories; every bad input."""
+tensorboard_trace_handler, from the SDK; per-rank directories; every bad input, traces past
+``--max-mb`` (gzip bombs included) and ``--range`` names that are not there."""
 
 from __future__ import annotations
 
@@ -404,6 +405,9 @@ def _bad_inputs(tmp_path, trace) -> dict[str, tuple[str, str]]:
         "event_not_object.json": (b'{"traceEvents": [1]}', "not an object"),
         "json_number.json": (b"42", "not an object"),
         "binary.json": (b"\xff\xfe\x00garbage", "not JSON"),
+        "empty.json": (b"", "empty file"),
+        "spaces.json": (b" \n\t\r\n   ", "only whitespace"),
+        "spaces.json.gz": (gzip.compress(b" \n" * 50_000), "only whitespace (100,000 bytes)"),
     }
     cases = {}
     for name, (data, phrase) in files.items():
@@ -491,3 +495,182 @@ def test_console_script_and_cheap_import():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert eval(out.stdout) == ["instrument.cli"]  # nothing else: analysis loads on use
+
+
+# ---------------------------------------------------------------- input bounds (--max-mb)
+
+BOMB_MB = 200  # what the bomb expands to; the runs below use --max-mb LIMIT_MB
+LIMIT_MB = 5
+
+
+def _gzip_stream(path, pieces) -> str:
+    """Compress ``pieces`` (bytes, streamed) into ``path``: GBs of output never sit in memory."""
+    with gzip.GzipFile(path, "wb", compresslevel=9) as gz:
+        for piece in pieces:
+            gz.write(piece)
+    return str(path)
+
+
+def _space_bomb(path, mb: int) -> str:
+    return _gzip_stream(path, (b" " * (1 << 20) for _ in range(mb)))
+
+
+def _event_bomb(path, mb: float) -> str:
+    """A valid trace (the JSON of ``mb`` MB of real-looking events): parses fine without a limit."""
+    event = json.dumps({"ph": "X", "cat": "user_annotation", "name": "mb", "pid": 1, "tid": 1,
+                        "ts": 1.0, "dur": 1.0, "args": {}}).encode() + b","
+    n = int(mb * (1 << 20)) // len(event) + 1
+
+    def pieces():
+        yield b'{"traceEvents": ['
+        for _ in range(n // 1000):
+            yield event * 1000
+        yield event * (n % 1000)
+        yield event[:-1] + b"]}"
+
+    return _gzip_stream(path, pieces())
+
+
+def _sparse(path, size: int) -> str:
+    """A file of ``size`` bytes that takes no disk space (the size is all that is read)."""
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return str(path)
+
+
+def _peak_rss_mb(run_python, small: str, *argv: str) -> tuple[float, float, list]:
+    """Peak RSS of ``torch-profiled summarize SMALL`` (the baseline: the interpreter, torch,
+    the analysis) and then of ``torch-profiled ARGV``, each in its own real process; the second
+    is ``max(baseline, run)`` (RUSAGE_CHILDREN), which is all an upper bound needs."""
+    code = f"""
+import json, resource, subprocess, sys
+def run(args):
+    p = subprocess.run([sys.executable, "-m", "instrument", *args], capture_output=True,
+                       text=True)
+    return [p.returncode, p.stderr, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss]
+base = run(["summarize", {small!r}])
+print(json.dumps([base, run({list(argv)!r})]))
+"""
+    out = run_python(code, timeout=300)
+    assert out.returncode == 0, out.stderr
+    base, bomb = json.loads(out.stdout)
+    assert base[0] == 0, base[1]
+    return base[2] / 1024, bomb[2] / 1024, bomb[:2]
+
+
+def test_gzip_bomb_stops_at_the_limit_with_bounded_memory(run_python, tmp_path, traces):
+    """A 0.2 MB .json.gz that expands to 200 MB, read with --max-mb 5: refused while reading,
+    with the memory of about the limit (before the fix it decompressed and held all of it)."""
+    bomb = _space_bomb(tmp_path / "bomb.json.gz", BOMB_MB)
+    assert os.path.getsize(bomb) < (1 << 20)
+    small = str(tmp_path / "small.json.gz")  # the baseline run's trace: a real one, gzipped
+    with gzip.open(small, "wt") as f:
+        json.dump(traces["trace"], f)
+    base, peak, (rc, err) = _peak_rss_mb(run_python, small, "summarize", "--max-mb",
+                                         str(LIMIT_MB), bomb)
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"torch-profiled: error: {bomb}: decompresses to more than 5 MB")
+    assert "--max-mb 10" in err  # how to raise it
+    # a bound, not a timing: reading stops one 4 MB chunk past the 5 MB limit; holding the
+    # bomb's text (200 MB, twice as bytes and str) would be hundreds of MB over the baseline
+    assert peak - base < 10 * LIMIT_MB + 16, (base, peak)
+
+
+def test_limit_applies_to_a_valid_trace_on_every_command_and_can_be_raised(tmp_path, capsys):
+    bomb = _event_bomb(tmp_path / "big.json.gz", 3)  # a real trace of 3 MB of JSON
+    for argv in (["summarize", "--max-mb", "1", bomb], ["summarize", "--json", "--max-mb", "2",
+                                                        bomb],
+                 ["diff", "--max-mb", "1", bomb, bomb]):
+        rc, out, err = _main(capsys, *argv)
+        assert rc == 2 and out == "", (argv, err)
+        assert err.count("\n") == 1 and f"{bomb}: decompresses to more than " in err, err
+        assert "--max-mb" in err
+    rc, out, err = _main(capsys, "summarize", "--json", "--max-mb", "4", bomb)
+    assert rc == 0, err
+    assert json.loads(out)["ranges"]["mb"]["calls"] > 10_000
+    with gzip.open(bomb) as f:
+        plain = _write(tmp_path / "big.json", json.load(f))
+    rc, out, err = _main(capsys, "diff", "--max-mb", "2", plain, plain)
+    size_mb = os.path.getsize(plain) / (1 << 20)
+    assert rc == 2 and f"{plain}: {size_mb:,.1f} MB of JSON, past the 2 MB limit" in err, err
+    suggested = re.search(r"--max-mb (\d+)$", err.strip()).group(1)
+    assert int(suggested) == -(-os.path.getsize(plain) // (1 << 20))  # its size, rounded up
+    rc, out, err = _main(capsys, "diff", "--max-mb", suggested, plain, plain)
+    assert rc == 0, err
+
+
+def test_default_limit_refuses_from_the_size_on_disk_without_reading(run_python, tmp_path,
+                                                                      traces):
+    """Past the default 1024 MB: a plain file by its size, a .gz too large to hold a trace
+    within the limit by its compressed size; neither is read (sparse files: nothing on disk)."""
+    plain = _sparse(tmp_path / "bomb.json", 1025 * (1 << 20))
+    packed = _sparse(tmp_path / "bomb.json.gz", 1100 * (1 << 20))
+    base, peak, (rc, err) = _peak_rss_mb(run_python, traces["plain"], "summarize", plain)
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"{plain}: 1,025.0 MB of JSON, past the 1024 MB limit (not read)" in err
+    assert err.rstrip().endswith("--max-mb 1025")
+    assert peak - base < 64, (base, peak)  # a bound: reading it would take over 1 GB
+    out = _run("diff", traces["plain"], packed)
+    assert out.returncode == 2 and out.stdout == ""
+    assert f"{packed}: the compressed file alone is 1,100.0 MB" in out.stderr
+    assert "1024 MB limit" in out.stderr and "--max-mb 2048" in out.stderr
+
+
+def test_max_mb_is_documented_and_checked(capsys):
+    for command in ("summarize", "diff"):
+        rc, out, _ = _main(capsys, command, "--help")
+        assert rc == 0
+        assert "--max-mb MB" in out and "default 1024" in " ".join(out.split())
+    for bad in ("0", "-1", "1.5", "lots"):
+        rc, out, err = _main(capsys, "summarize", "--max-mb", bad, "x.json")
+        assert rc == 2 and out == "" and "--max-mb" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- --range NAME that is not there
+
+
+def _named_ranges_trace(trace: dict, names: list[str]) -> dict:
+    """The real trace with one more occurrence of its "mb" range under each of ``names``."""
+    out = copy.deepcopy(trace)
+    (mb,) = [e for e in out["traceEvents"] if e.get("name") == "mb"][:1]
+    out["traceEvents"] += [dict(mb, name=n) for n in names]
+    return out
+
+
+def test_missing_range_lists_the_ranges_there_and_the_closest(traces, capsys):
+    rc, out, err = _main(capsys, "summarize", "--range", "mbb", traces["plain"])
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert "hold no ranges" not in err  # the bug: it said so with "mb" right there
+    assert "--range 'mbb': no such range in the 1 trace read (did you mean 'mb'?)" in err
+    assert "ranges there: 'mb';" in err
+
+
+def test_missing_range_message_with_many_ranges(traces, capsys, tmp_path):
+    names = ["forward", "backward", "optimizer_step", "data_loading"] + \
+        [f"stage_{i:02d}" for i in range(20)]
+    path = _write(tmp_path / "many.json", _named_ranges_trace(traces["trace"], names))
+    rc, out, err = _main(capsys, "summarize", "--range", "fowrard", path, traces["plain"])
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert "in the 2 traces read (did you mean 'forward'?)" in err
+    listed = re.search(r"ranges there: (.*?); expected", err).group(1)
+    everything = sorted(names + ["mb"])
+    assert listed == ", ".join(repr(n) for n in everything[:20]) + ", ... (25 in all)"
+    rc, _, err = _main(capsys, "summarize", "--range", "FORWARD", "--range", "backward",
+                       "--range", "optimiser_step", path)
+    assert rc == 2
+    assert "--range 'FORWARD', 'optimiser_step': no such range" in err
+    assert "(did you mean 'forward' for 'FORWARD', 'optimizer_step' for 'optimiser_step'?)" in err
+    rc, _, err = _main(capsys, "summarize", "--range", "zzz", path)
+    assert rc == 2 and "did you mean" not in err and "ranges there: 'backward', " in err
+    rc, out, _ = _main(capsys, "summarize", "--json", "--range", "forward", path)
+    assert rc == 0 and set(json.loads(out)["ranges"]) == {"forward"}
+
+
+def test_missing_range_when_the_traces_hold_none(traces, tmp_path):
+    trace = copy.deepcopy(traces["trace"])
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") != "user_annotation"]
+    path = _write(tmp_path / "no_ranges.json", trace)
+    out = _run("summarize", "--range", "mb", path)
+    assert out.returncode == 2 and out.stdout == "" and out.stderr.count("\n") == 1
+    assert "--range 'mb': no such range in the 1 trace read: they hold no ranges" in out.stderr
+    assert "Traceback" not in out.stderr

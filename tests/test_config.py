@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import pickle
+import tracemalloc
 import warnings
 
 import pytest
@@ -12,6 +14,7 @@ import instrument
 import instrument.testing
 from instrument import Config, ConfigWarning, Schedule
 from instrument import config as config_mod
+from instrument.ranks import MAX_TERMS, RankSet
 from instrument.sampling import Action
 
 DEFAULT_SCHEDULE_ENV = "wait=0,warmup=1,active=3,repeat=1,skip_first=0"
@@ -43,6 +46,31 @@ BAD_VALUES = [
     ("PROFILED_TRACE_DIR", "   ", "trace_dir", "./profiled_traces"),
     ("PROFILED_SCHEDULE", "active=0", "schedule", DEFAULT_SCHEDULE_ENV),
     ("PROFILED_ACTIVITIES", "bogus", "activities", "auto"),
+    # absurd values (issue 15, item 5): past a documented bound, inf, nan
+    ("PROFILED_TRACE_MAX_MB", "1e303", "trace_max_mb", "1024"),
+    ("PROFILED_TRACE_MAX_MB", "1048577", "trace_max_mb", "1024"),
+    ("PROFILED_TRACE_MAX_MB", "inf", "trace_max_mb", "1024"),
+    ("PROFILED_TRACE_MAX_MB", "nan", "trace_max_mb", "1024"),
+    ("PROFILED_EXPORT_TIMEOUT_S", "1e300", "export_timeout_s", "10"),
+    ("PROFILED_EXPORT_TIMEOUT_S", "3601", "export_timeout_s", "10"),
+    ("PROFILED_EXPORT_TIMEOUT_S", "inf", "export_timeout_s", "10"),
+    ("PROFILED_EXPORT_TIMEOUT_S", "nan", "export_timeout_s", "10"),
+    ("PROFILED_MIN_INTERVAL_S", "1e300", "min_interval_s", "0"),
+    ("PROFILED_MIN_INTERVAL_S", "604801", "min_interval_s", "0"),
+    ("PROFILED_MIN_INTERVAL_S", "inf", "min_interval_s", "0"),
+    ("PROFILED_RANKS", "0-4000000000", "ranks", "all"),
+    ("PROFILED_RANKS", "2147483648", "ranks", "all"),
+    ("PROFILED_RANKS", "1-99999999999999999999999", "ranks", "all"),
+    # signals a trigger must never take over (item 14)
+    ("PROFILED_TRIGGER", "SIGTERM", "trigger", "unset"),
+    ("PROFILED_TRIGGER", "SIGINT", "trigger", "unset"),
+    ("PROFILED_TRIGGER", "SIGKILL", "trigger", "unset"),
+    ("PROFILED_TRIGGER", "segv", "trigger", "unset"),
+    ("PROFILED_TRIGGER", "SIGCHLD", "trigger", "unset"),
+    ("PROFILED_TRIGGER", "HUP", "trigger", "unset"),
+    ("PROFILED_TRIGGER", "SIGQUIT", "trigger", "unset"),
+    ("PROFILED_TRIGGER", "SIGPIPE", "trigger", "unset"),
+    ("PROFILED_TRIGGER", "SIGALRM", "trigger", "unset"),
 ]
 
 
@@ -433,3 +461,139 @@ def test_next_active_agrees_with_action_everywhere():
             expected = next((s for s in range(step, 80) if sched.action(s) is not Action.NONE),
                             None)
             assert sched.next_active(step) == expected, (sched, step)
+
+
+# ---------------------------------------------------------------- absurd values (issue 15, 5)
+
+
+@pytest.mark.parametrize(("var", "bad", "bound"), [
+    ("PROFILED_TRACE_MAX_MB", "1e303", "<= 1048576 (1 TiB"),
+    ("PROFILED_EXPORT_TIMEOUT_S", "1e300", "<= 3600 (seconds, at most one hour)"),
+    ("PROFILED_MIN_INTERVAL_S", "1e300", "<= 604800 (seconds, at most one week)"),
+    ("PROFILED_RANKS", "0-4000000000", "rank above 2147483647"),
+    ("PROFILED_TRIGGER", "SIGTERM", "expected one of SIGUSR2, SIGUSR1"),
+])
+def test_absurd_values_say_what_was_expected(var, bad, bound):
+    _, caught = from_env({var: bad})
+    assert len(caught) == 1
+    assert bound in str(caught[0].message)
+
+
+def test_values_in_code_past_their_bounds_raise_at_once():
+    for fields in ({"export_timeout_s": 1e300}, {"export_timeout_s": float("inf")},
+                   {"export_timeout_s": 3601}, {"min_interval_s": float("nan")},
+                   {"min_interval_s": 604801}, {"trace_max_mb": 1e303},
+                   {"trace_max_mb": float("nan")}, {"trace_max_mb": 10**400},
+                   {"ranks": range(4_000_000_000)}, {"ranks": [2**31]},
+                   {"ranks": range(0, 2 * MAX_TERMS + 2, 2)}, {"trigger": "SIGTERM"},
+                   {"trigger": "SIGSEGV"}):
+        with pytest.raises(ValueError, match=next(iter(fields))):
+            Config(**fields)
+    # the bounds themselves are fine
+    config = Config(export_timeout_s=3600, min_interval_s=604800, trace_max_mb=1048576,
+                    ranks=range(2**31), trigger="USR1")
+    assert config.ranks.to_env() == "0-2147483647" and config.trigger == "SIGUSR1"
+
+
+def test_rank_ranges_are_held_as_runs_never_one_entry_per_rank():
+    """0-20000000 used to build a set of every rank (4.4 s, 2.5 GB at the first call)."""
+    Config.from_env({})  # imports and first-use caches out of the measurement
+    tracemalloc.start()
+    try:
+        config, caught = from_env({"PROFILED_RANKS": "0-2147483647"})
+        ranks = config.ranks
+        checks = [ranks.selects(0), ranks.selects(123_456_789), ranks.selects(2**31 - 1),
+                  not ranks.selects(2**31), 2**31 - 1 in ranks]
+        spelled = str(ranks)
+        same = ranks == RankSet(range(2**31)) == pickle.loads(pickle.dumps(ranks))
+        mixed = RankSet.parse("5-2000000000, 0, 3,2000000001-2147483647")
+        refused, caught_refused = from_env({"PROFILED_RANKS": "0-4000000000"})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000, peak  # one int per rank would be gigabytes
+    assert caught == [] and all(checks) and same
+    assert spelled == "0-2147483647" and ranks.spans == ((0, 2**31 - 1),)
+    assert str(mixed) == "0,3,5-2147483647" and not mixed.selects(4) and mixed.selects(3)
+    assert refused.ranks == RankSet() and len(caught_refused) == 1
+
+
+def test_too_many_rank_terms_is_a_bad_value():
+    enough = ",".join(str(r) for r in range(0, 2 * MAX_TERMS, 2))  # MAX_TERMS terms
+    config, caught = from_env({"PROFILED_RANKS": enough})
+    assert caught == [] and len(config.ranks.spans) == MAX_TERMS
+    assert RankSet.parse(str(config.ranks)) == config.ranks
+    too_many = enough + f",{2 * MAX_TERMS}"
+    config, caught = from_env({"PROFILED_RANKS": too_many})
+    assert config.ranks == RankSet() and len(caught) == 1
+    message = str(caught[0].message)
+    assert f"at most {MAX_TERMS}" in message and "using the default PROFILED_RANKS=all" in message
+    with pytest.raises(ValueError, match=f"at most {MAX_TERMS}"):
+        Config.from_env({"PROFILED_RANKS": too_many, "PROFILED_STRICT": "1"})
+
+
+HUGE = 1_000_000
+
+
+@pytest.mark.parametrize(("var", "bad"), [
+    ("PROFILED_RANKS", "x" * HUGE),
+    ("PROFILED_RANKS", "0-" + "9" * (HUGE - 2)),
+    ("PROFILED_TRACE_MAX_MB", "9" * HUGE),
+    ("PROFILED_EXPORT_TIMEOUT_S", "1" * HUGE),
+    ("PROFILED_TRACE_KEEP", "7" * HUGE),
+    ("PROFILED_ENABLED", "y" * HUGE),
+    ("PROFILED_TRIGGER", "Q" * HUGE),
+])
+def test_a_huge_value_makes_a_short_message(var, bad):
+    config, caught = from_env({var: bad})
+    assert config == Config() and len(caught) == 1
+    message = str(caught[0].message)
+    assert len(message) < 600, len(message)
+    assert f"{var}={bad[:60]!r}...({HUGE} chars) is invalid" in message
+    assert "using the default" in message
+    with pytest.raises(ValueError) as info:
+        Config.from_env({var: bad, "PROFILED_STRICT": "1"})
+    assert len(str(info.value)) < 600 and f"...({HUGE} chars)" in str(info.value)
+
+
+CRASH_PROGRAM = r"""
+import os, resource, torch, instrument
+from instrument import profiled
+
+@profiled("step", step=True)
+def step(x):
+    return x @ x
+
+x = torch.randn(4, 4)
+step(x)
+print("first call returned", flush=True)
+for _ in range(5):
+    step(x)
+instrument.shutdown()
+print("shutdown complete", sorted(os.listdir("traces")), flush=True)
+print("peak MiB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, flush=True)
+"""
+
+
+@pytest.mark.parametrize(("var", "bad", "warns"), [
+    ("PROFILED_TRACE_MAX_MB", "1e303", True),  # was: OverflowError from the first decorated call
+    ("PROFILED_EXPORT_TIMEOUT_S", "1e300", True),  # was: shutdown failed (OverflowError)
+    ("PROFILED_RANKS", "0-4000000000", True),  # was: out of memory at the first call
+    ("PROFILED_RANKS", "0-20000000", False),  # valid: was 4.4 s and 2.5 GB at the first call
+])
+def test_an_absurd_value_costs_one_warning_in_a_real_program(run_python, var, bad, warns):
+    result = run_python(CRASH_PROGRAM, env={var: bad, "PROFILED_EXPORTERS": "trace",
+                                            "PROFILED_TRACE_DIR": "traces"})
+    assert result.returncode == 0, result.stderr
+    assert "first call returned" in result.stdout
+    assert "shutdown complete" in result.stdout and ".pt.trace.json" in result.stdout
+    warned = [line for line in result.stderr.splitlines() if "ConfigWarning" in line]
+    assert len(warned) == (1 if warns else 0), result.stderr
+    if warns:
+        assert f"{var}={bad!r} is invalid" in warned[0]
+    for sign in ("Traceback", "OverflowError", "shutdown failed"):
+        assert sign not in result.stderr, result.stderr
+    # a bound on memory, not time: torch alone takes a few hundred MiB; one int per rank of
+    # 0-20000000 took 2.5 GB
+    peak = int(result.stdout.split("peak MiB")[1])
+    assert peak < 1500, peak

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -201,6 +203,85 @@ def test_bad_max_mb_in_code_raises():
             TraceFileExporter("x", max_mb=bad)
 
 
+def _worker() -> str:
+    """The worker part of this process's trace file names."""
+    from instrument import _torch
+
+    return f"{_torch.host_name()}_{os.getpid()}_rank0"
+
+
+def test_names_like_ours_with_a_trailing_newline_or_a_link_are_never_removed(tmp_path):
+    """Only a regular file whose whole name is ours is ours: ``$`` also matched a name with a
+    trailing newline, and a symbolic link is neither followed nor removed."""
+    out = tmp_path / "traces"
+    out.mkdir()
+    outside = tmp_path / "precious.json.gz"
+    outside.write_bytes(b"not a trace of ours")
+    two_hours_ago = time.time() - 7200
+    newline = [
+        f"{_worker()}.1.pt.trace.json.gz\n",  # this worker's oldest, but for the newline
+        "otherhost_7_rank1.2.pt.trace.json\n",  # oldest of all and big (under max_mb)
+        ".tmp-0011223344556677.partial\n",  # an old temporary file, but for the newline
+    ]
+    for name in newline:
+        (out / name).write_bytes(os.urandom(300 * 1024))
+        os.utime(out / name, (two_hours_ago, two_hours_ago))
+    links = [f"{_worker()}.3.pt.trace.json.gz", "otherhost_7_rank1.4.pt.trace.json",
+             ".tmp-8899aabbccddeeff.partial"]
+    for name in links:
+        os.symlink(outside, out / name)
+        os.utime(out / name, (two_hours_ago, two_hours_ago), follow_symlinks=False)
+    reports, warned = run_windows(3, TraceFileExporter(out, keep=1, max_mb=0.25))
+    assert warned == []
+    newest = os.path.basename(reports[-1].trace_file)
+    assert sorted(os.listdir(out)) == sorted(newline + links + [newest])
+    assert outside.read_bytes() == b"not a trace of ours"
+    assert all((out / name).is_symlink() for name in links)
+
+
+KILLED_WRITER = textwrap.dedent("""
+    import os, signal, sys
+    from exporters.trace_file import _open_temp
+
+    fd, tmp = _open_temp(sys.argv[1])
+    os.write(fd, b'{"traceEvents": [')  # half a trace, then the OOM killer
+    print(tmp, flush=True)
+    if sys.argv[2] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    sys.stdin.read()  # a live writer, mid-file until told to go
+""")
+
+
+def _writer(out, how: str) -> tuple[subprocess.Popen, str]:
+    """A real process that opened one of our temporary files in ``out``."""
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__)))}
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(out), how], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    return proc, proc.stdout.readline().strip()
+
+
+def test_with_no_size_bound_a_killed_writers_old_partial_still_goes(tmp_path):
+    """PROFILED_TRACE_MAX_MB=0 (no bound) and keep=0 still remove what a writer killed
+    mid-file left an hour ago, and never the temporary file of a writer still at work."""
+    out = tmp_path / "traces"
+    out.mkdir()
+    killed, stale = _writer(out, "kill")
+    assert killed.wait(timeout=60) == -signal.SIGKILL
+    two_hours_ago = time.time() - 7200
+    os.utime(stale, (two_hours_ago, two_hours_ago))
+    live, fresh = _writer(out, "live")
+    try:
+        reports, warned = run_windows(2, TraceFileExporter(out, keep=0, max_mb=0))
+        assert warned == []
+        assert not os.path.exists(stale)
+        assert os.path.exists(fresh) and live.poll() is None  # still writing: kept
+        assert sorted(os.listdir(out)) == sorted(
+            [os.path.basename(fresh)] + [os.path.basename(r.trace_file) for r in reports])
+    finally:
+        live.communicate("", timeout=60)
+
+
 # ---------------------------------------------------------------- directories that fail
 
 
@@ -212,7 +293,8 @@ def test_trace_dir_under_a_regular_file_warns_once_and_the_rest_goes_on(tmp_path
     reports, warned = run_windows(3, exporter, memory)
     assert len(memory.reports) == 3
     assert len(warned) == 1, warned
-    assert "was not written" in warned[0] and "no partial file" in warned[0]
+    assert f"{str(blocker)!r} on its path is a file, not a directory" in warned[0]
+    assert "no trace files are written" in warned[0]
     assert exporter.lost == 3
     assert tree(tmp_path) == ["file"] and blocker.read_text() == "not a directory"
 
@@ -347,3 +429,28 @@ def test_full_disk_warns_once_and_leaves_no_partial_file(run_python, tmp_path):
     assert result.stderr.count("was not written") == 1, result.stderr
     assert "File too large" in result.stderr
     assert tree(out) == []  # no partial file, no trace
+
+
+@pytest.mark.parametrize("under", [False, True])
+def test_trace_dir_that_names_a_file_says_so(run_python, tmp_path, under):
+    """PROFILED_TRACE_DIR naming a file (or a path under one): one warning with the path, that
+    it is a file, and what happens; not the bare "File exists" / "Not a directory"."""
+    blocker = tmp_path / "traces.txt"
+    blocker.write_text("my notes")
+    trace_dir = blocker / "sub" if under else blocker
+    result = run_python(WINDOWS_CHILD, env={
+        **WINDOW_ENV,
+        "PROFILED_TRACE_DIR": str(trace_dir),
+        "PROFILED_JSON_PATH": str(tmp_path / "reports.jsonl"),
+    })
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("ExporterWarning") == 1, result.stderr
+    found = (f"{str(blocker)!r} on its path is a file, not a directory" if under
+             else f"trace directory {str(blocker)!r} (PROFILED_TRACE_DIR, or TraceFileExporter's "
+                  "dir) is a file, not a directory")
+    assert found in result.stderr
+    assert "no trace files are written" in result.stderr
+    assert "File exists" not in result.stderr and "Not a directory" not in result.stderr
+    assert blocker.read_text() == "my notes"
+    lines = (tmp_path / "reports.jsonl").read_text().splitlines()
+    assert [json.loads(line)["window"] for line in lines] == [0, 1, 2]  # the rest goes on

@@ -122,6 +122,46 @@ def test_04_llm_without_transformers_says_how_to_install_it(tmp_path):
     assert not (tmp_path / "profiled_traces").exists()
 
 
+def test_05_inference_otel_without_a_collector_says_so_and_finishes_at_once(tmp_path,
+                                                                          monkeypatch):
+    """Nothing listens at the OTLP endpoint: one line says so, the spans stay in memory (each
+    profiled window still under its request) and the program ends right after its last
+    request, instead of retrying the dead address for ~20 s at exit."""
+    import time
+
+    from tests.otlp_receiver import closed_endpoint
+
+    for var in list(os.environ):
+        if var.startswith("OTEL_"):
+            monkeypatch.delenv(var)
+    endpoint = closed_endpoint()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROFILED_")}
+    env.update(PYTHONPATH=REPO, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, os.path.join(EXAMPLES, "05_inference_otel.py")],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    lines, last_request = [], None
+    for line in proc.stdout:
+        lines.append(line.rstrip("\n"))
+        if line.startswith("request 11:"):
+            last_request = time.monotonic()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=300) == 0, stderr
+    exit_s = time.monotonic() - last_request
+    assert lines[0] == (f"no OTLP collector answers at {endpoint} (Connection refused): spans "
+                        "and metrics are kept in memory; start one or set "
+                        "OTEL_EXPORTER_OTLP_ENDPOINT (see this file's header)")
+    assert "kept in memory: 42 spans, 3 profiled windows" in lines
+    for request in (3, 7, 11):  # one request in four is profiled
+        assert (f"  profiled.window under request {request}: generate with 8 decode_step "
+                "spans") in lines
+    assert "retrying" not in stderr and "ExporterWarning" not in stderr, stderr
+    # a bound, the point of the item: after the last request only the last window's
+    # analysis and the interpreter's exit are left (~2.5 s on a 2-core box); retrying
+    # the dead endpoint (the OTLP exporters' own retries) made it ~20 s
+    assert exit_s < 12, (exit_s, stderr)
+
+
 TB_LOAD = """
 import json, sys
 from torch_tb_profiler import io

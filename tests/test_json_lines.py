@@ -101,3 +101,95 @@ def test_stdout_dash(capsys):
     assert JsonLinesExporter("-").export(rep) is ExportResult.SUCCESS
     out = capsys.readouterr().out
     assert out.endswith("\n") and json.loads(out)["partial"] is True
+
+
+# ---------------------------------------------------------------- what is at the path
+
+
+def _report(window: int = 0):
+    from instrument.report import WindowReport
+
+    return WindowReport(window=window, steps=(1,), partial=False, start_ns=0, end_ns=1, rank=0,
+                        world_size=1, host="h", pid=os.getpid(), device="cpu",
+                        activities=("cpu",))
+
+
+def _export_twice(exp) -> tuple[list, list[str]]:
+    """Two windows' exports; the results and the ExporterWarnings they cost."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = [exp.export(_report(0)), exp.export(_report(1))]
+    return results, [str(w.message) for w in caught if issubclass(w.category, ExporterWarning)]
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_a_symlink_at_the_path_is_not_followed(tmp_path, dangling):
+    """A link planted in a shared directory must not redirect the appends: the file it points
+    at stays as it was (or is not created), one warning names the path and the link."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    victim = tmp_path / "victim.txt"
+    if not dangling:
+        victim.write_text("precious\n")
+    link = shared / "reports.jsonl"
+    link.symlink_to(victim)
+    results, warned = _export_twice(JsonLinesExporter(link))
+    assert results == [ExportResult.FAILURE, ExportResult.FAILURE]
+    if dangling:
+        assert not victim.exists()  # O_CREAT through the link would have made it
+    else:
+        assert victim.read_text() == "precious\n"
+    assert link.is_symlink() and os.readlink(link) == str(victim)
+    assert len(warned) == 1, warned  # once, not per window
+    assert f"{str(link)!r} is a symbolic link (to {str(victim)!r})" in warned[0]
+    assert "was not appended there" in warned[0] and "PROFILED_JSON_PATH" in warned[0]
+
+
+def test_a_fifo_at_the_path_does_not_hang_the_export(tmp_path):
+    """A named pipe nobody reads would block open() for ever; one somebody reads is still not
+    a report file. Neither gets a line; one warning says what is there."""
+    import threading
+
+    fifo = tmp_path / "reports.jsonl"
+    os.mkfifo(fifo)
+    exp = JsonLinesExporter(fifo)
+    done: list = []
+    worker = threading.Thread(target=lambda: done.append(_export_twice(exp)), daemon=True)
+    worker.start()
+    worker.join(60)  # a bound for a hang, not a timing: the export returns at once
+    if worker.is_alive():  # release the stuck open() before failing
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+    assert done, "the export hung on the FIFO"
+    (results, warned), = done
+    assert results == [ExportResult.FAILURE, ExportResult.FAILURE]
+    assert len(warned) == 1 and f"{str(fifo)!r} is a named pipe (FIFO)" in warned[0], warned
+
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # now somebody reads it
+    try:
+        assert exp.export(_report(2)) is ExportResult.FAILURE
+        assert os.read(reader, 1 << 16) == b""  # no writer left, nothing was written
+    finally:
+        os.close(reader)
+
+
+def test_a_directory_at_the_path_is_refused_with_what_it_is(tmp_path):
+    target = tmp_path / "reports.jsonl"
+    target.mkdir()
+    results, warned = _export_twice(JsonLinesExporter(target))
+    assert results == [ExportResult.FAILURE, ExportResult.FAILURE]
+    assert len(warned) == 1 and f"{str(target)!r} is a directory" in warned[0], warned
+    assert os.listdir(target) == []
+
+
+def test_a_regular_file_is_appended_to_after_what_was_in_the_way_is_gone(tmp_path):
+    path = tmp_path / "reports.jsonl"
+    path.symlink_to(tmp_path / "elsewhere")
+    exp = JsonLinesExporter(path)
+    _export_twice(exp)
+    path.unlink()
+    assert exp.export(_report(5)) is ExportResult.SUCCESS
+    assert exp.export(_report(6)) is ExportResult.SUCCESS
+    assert [json.loads(line)["window"] for line in path.read_text().splitlines()] == [5, 6]
+    assert not (tmp_path / "elsewhere").exists()

@@ -3,8 +3,10 @@ windows and real failing endpoints."""
 
 from __future__ import annotations
 
+import logging
 import os
 import random
+import threading
 import time
 import warnings
 
@@ -58,8 +60,8 @@ def _request_context(trace_id: int, span_id: int):
 
 @pytest.fixture
 def otlp_env(monkeypatch):
-    for var in list(os.environ):
-        if var.startswith("OTEL_"):
+    for var in list(os.environ):  # proxies too: the receivers are on 127.0.0.1, reached directly
+        if var.startswith("OTEL_") or var.lower().endswith("_proxy"):
             monkeypatch.delenv(var)
 
     def setup(endpoint: str, protocol: str = "http/protobuf", **extra: str) -> None:
@@ -326,6 +328,120 @@ def test_hanging_endpoint_is_given_up_on_at_the_timeout(otlp_env, protocol):
         assert exporter.lost["spans"] == 4
     finally:
         server.release()
+
+
+class _Posts(threading.Thread):
+    """A bare OTLP/HTTP endpoint on one given port of 127.0.0.1: answers 200 to every POST and
+    records its path (a collector that starts where one was expected)."""
+
+    def __init__(self, port: int) -> None:
+        from http.server import BaseHTTPRequestHandler, HTTPServer
+
+        paths = self.paths = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's name
+                self.rfile.read(int(self.headers["Content-Length"]))
+                paths.append(self.path)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = HTTPServer(("127.0.0.1", port), Handler)
+        super().__init__(target=self.httpd.serve_forever, daemon=True)
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _two_reports():
+    mem = InMemoryExporter()
+    with session(exporters=[mem], schedule=Schedule(wait=0, warmup=1, active=1, repeat=2)):
+        for _ in range(4):  # root calls end steps: two windows of one call each
+            tiny(torch.ones(2))
+    return mem.reports
+
+
+@pytest.mark.parametrize("protocol", list(PROTOCOLS))
+def test_a_collector_that_is_not_running_costs_no_retries(otlp_env, protocol, caplog):
+    """Nothing listens: each window is lost at once (one refused connect), not after the OTLP
+    exporter's retries for its whole timeout per signal, which made the export lane fall
+    behind and the program's exit wait for windows that could never be delivered."""
+    otlp_env(closed_endpoint(), protocol, OTEL_EXPORTER_OTLP_TIMEOUT="5")
+    caplog.set_level(logging.INFO)
+    exporter = OTelExporter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with session(exporters=[exporter], schedule=Schedule(wait=0, warmup=1, active=1,
+                                                             repeat=3)):
+            for _ in range(6):
+                tiny(torch.ones(2))
+    assert exporter.lost == {"windows": 3, "spans": 6, "metric_exports": 3}
+    retries = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
+    assert retries == []
+    lost = [str(w.message) for w in caught if issubclass(w.category, ExporterWarning)]
+    assert len(lost) == 2, lost  # spans and metrics, once each
+    assert all("nothing answers at 127.0.0.1:" in m and "Connection refused" in m
+               for m in lost), lost
+
+
+def test_a_collector_that_starts_later_gets_the_next_window(otlp_env):
+    """The check is made again before each delivery while the endpoint has not answered: the
+    window after the collector came up is delivered."""
+    endpoint = closed_endpoint()
+    otlp_env(endpoint, OTEL_EXPORTER_OTLP_TIMEOUT="5")
+    first, second = _two_reports()
+    exporter = OTelExporter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert exporter.export(first) is ExportResult.FAILURE
+        collector = _Posts(int(endpoint.rsplit(":", 1)[1]))
+        collector.start()
+        try:
+            assert exporter.export(second) is ExportResult.SUCCESS
+        finally:
+            collector.stop()
+    assert collector.paths == ["/v1/traces", "/v1/metrics"]
+    assert exporter.lost == {"windows": 1, "spans": 1, "metric_exports": 1}
+    assert any("nothing answers" in str(w.message) for w in caught)
+
+
+def test_at_exit_a_dead_collector_holds_up_nothing(run_python, otlp_env):
+    """The program's exit waits for the otel lane at most PROFILED_EXPORT_TIMEOUT_S; with
+    nothing listening every window is given up at once, so none is left waiting for it (the
+    OTLP exporters would retry each for OTEL_EXPORTER_OTLP_TIMEOUT=30 s per signal)."""
+    code = """
+import time
+import torch
+from exporters.otel import OTelExporter
+from instrument import Schedule, configure, profiled, shutdown
+
+@profiled("f")
+def f(x):
+    return x + 1
+
+otel = OTelExporter()
+configure(exporters=[otel], schedule=Schedule(wait=0, warmup=1, active=1, repeat=4))
+for _ in range(8):
+    f(torch.ones(2))
+began = time.monotonic()
+shutdown()
+print("shutdown", round(time.monotonic() - began, 1), "lost", otel.lost["windows"])
+"""
+    otlp_env(closed_endpoint(), OTEL_EXPORTER_OTLP_TIMEOUT="30")  # the child inherits these
+    out = run_python(code, env={"PROFILED_EXPORT_TIMEOUT_S": "20"})
+    assert out.returncode == 0, out.stderr
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("shutdown")]
+    _, seconds, _, lost = line.split()
+    assert lost == "4" and "were dropped" not in out.stderr, out.stderr
+    # a bound, the point of the item: far under the 20 s exit deadline (the windows'
+    # analysis is all that is left to wait for), which the retries used to fill
+    assert float(seconds) < 15, out.stdout
+    assert "retrying" not in out.stderr
 
 
 def test_sdk_disabled_sends_nothing_and_builds_nothing(otlp_env):
