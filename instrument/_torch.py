@@ -365,10 +365,15 @@ class ProfilerWindow:
             self._prof.prepare_trace()
         self.prepared = True
 
-    def start(self) -> None:
-        if not self.prepared:
-            self.prepare()
+    def start(self) -> bool:
+        """Start recording; False (nothing done) where a profiler is on already: torch
+        profilers do not overlap, and two sessions' windows (one closing on another thread)
+        can both find none on just before. Checked and started under one lock."""
         with _range_lock:
+            if _LIVE or profiler_on():
+                return False
+            if not self.prepared:
+                self.prepare()
             _profiler_changes()
             try:
                 self._prof.start_trace()
@@ -381,6 +386,7 @@ class ProfilerWindow:
             _LIVE.add(self)
             if not isinstance(PROFILER_FLAG, _AlwaysCheck):
                 PROFILER_FLAG._is_profiler_enabled = OURS
+            return True
 
     def stoppable_here(self) -> bool:
         """The calling thread may stop this window: any thread for an all-threads profiler,
@@ -394,14 +400,27 @@ class ProfilerWindow:
         return self.recording and not self.all_threads and not self.owner.is_alive()
 
     def forget(self) -> None:
-        """Drop a window whose owner thread ended (``owner_gone``): no torch call (its state
-        is gone), and torch's flag is cleared so that windows open again."""
+        """Drop a window whose owner thread ended (``owner_gone``): its profiler state went
+        with that thread, but torch is left half-on (a process that then exits without
+        another profiler start and stop crashes in torch's static teardown: seen on 2.13 with
+        plain torch.profiler, 3 runs of 3), so one empty start and stop here clears it."""
         with _range_lock:
             _profiler_changes()
             self.abandon()
             if not _LIVE and not isinstance(PROFILER_FLAG, _AlwaysCheck) and (
                     PROFILER_FLAG._is_profiler_enabled is OURS):
                 PROFILER_FLAG._is_profiler_enabled = False
+            if not _LIVE and not profiler_on():
+                try:
+                    clear = torch.profiler.profile(
+                        activities=[torch.profiler.ProfilerActivity.CPU])
+                    clear.start()
+                    clear.stop()
+                except Exception:  # noqa: BLE001 - nothing better to do: windows go on
+                    pass
+                finally:
+                    if not isinstance(PROFILER_FLAG, _AlwaysCheck):
+                        PROFILER_FLAG._is_profiler_enabled = False
             _free_orphans()
 
     def overtaken(self) -> bool:

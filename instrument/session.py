@@ -22,8 +22,6 @@ import atexit
 import collections
 import gc
 import os
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -32,7 +30,7 @@ from typing import Any
 from exporters import ExporterWarning, check_exporter_names, resolve_exporters
 from exporters._warn import warn
 
-from . import _torch, analysis_process, decorator, triggers
+from . import _torch, analysis_process, decorator, rawtraces, triggers
 from ._atomic import atomic
 from .analysis import analyze, drop_warmup
 from .analysis import gc_paused as analysis_gc_paused
@@ -123,7 +121,6 @@ class Session:
         self._started = False
         self._idle_until = 0  # steps before this one are idle (no window, action NONE)
         self._skip_reason: str | None = None
-        self._tmpdir: str | None = None
         # window cycles: each is the schedule's warm-up + active steps from _cycle_start
         self.sampling = config.sampling
         self._cycle_start: int | None = None
@@ -139,9 +136,12 @@ class Session:
         self._steps_declared = True
         self._advance()
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """End the session: export an open window that recorded steps (``partial=True``),
-        then wait at most ``export_timeout_s`` for everything queued to be exported."""
+        then wait for everything queued to be exported; all within ``timeout`` seconds
+        (``export_timeout_s`` by default) from now."""
+        timeout = self.config.export_timeout_s if timeout is None else max(0.0, timeout)
+        deadline = time.monotonic() + timeout
         with self._lock, atomic():
             if self.closed:
                 return
@@ -156,17 +156,15 @@ class Session:
             self._resume_cpu_ops()
         _refresh_idle()
         # outside the lock: decorated calls in other threads must not wait for exporters
-        timeout = self.config.export_timeout_s
-        lost = self._pipeline.close(timeout, self._why_no_report())
+        lost = self._pipeline.close(max(0.0, deadline - time.monotonic()),
+                                    self._why_no_report())
         if lost:
             what = ", ".join(f"{name}: {n}" for name, n in lost.items())
             warn(f"torch-profiled: window reports not exported within "
-                 f"PROFILED_EXPORT_TIMEOUT_S={timeout:g}s were dropped ({what}); the program "
-                 "goes on", ExporterWarning)
-        with self._lock:
-            tmpdir, self._tmpdir = self._tmpdir, None
-        if tmpdir is not None and not lost:  # else a lane may still read from it
-            shutil.rmtree(tmpdir, ignore_errors=True)
+                 f"PROFILED_EXPORT_TIMEOUT_S={self.config.export_timeout_s:g}s were dropped "
+                 f"({what}); the program goes on", ExporterWarning)
+        if not lost:  # else a lane may still read a raw trace (the next process cleans up)
+            rawtraces.release()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every window that ended so far has been exported (False on timeout)."""
@@ -410,10 +408,17 @@ class Session:
                     self._window_steps = []
                     return
                 try:
-                    window.start()
+                    started = window.start()
                 except Exception as exc:  # noqa: BLE001
                     self._warn(f"the profiler could not start ({exc!r}); window skipped")
                     self._discard_window()
+                    return
+                if not started:  # another session's window (ending on its thread) is on
+                    self._skip_reason = ("another torch-profiled window's profiler was still on "
+                                         "when this one was due")
+                    window.abandon()
+                    self._window = None
+                    self._window_steps = []
                     return
             if cur is Action.WARMUP:
                 return
@@ -567,6 +572,16 @@ class Session:
         self._window_steps = []
         if window is None:
             return
+        try:
+            self._wind_down(window, steps, partial)
+        except BaseException:
+            # nothing else holds the window now: never leave its profiler on
+            if self._draining is None or self._draining[0] is not window:
+                self._stop_then(window)
+            raise
+
+    def _wind_down(self, window: Any, steps: tuple[int, ...], partial: bool) -> None:
+        """The ended window's stop: now, or deferred until its kernels have run."""
         if window.recording and not window.overtaken():
             _mark(WINDOW_END)
         end_ns = time.time_ns()
@@ -667,11 +682,7 @@ class Session:
             self._hand_over(window, steps, partial, end_ns, start_ns, deferred=True)))
 
     def _remove_raw(self, report: WindowReport) -> None:
-        if report.raw_trace_path:
-            try:
-                os.unlink(report.raw_trace_path)
-            except OSError:
-                pass
+        rawtraces.remove(report.raw_trace_path)
 
     def _build_report(self, ended: "_EndedWindow") -> WindowReport | None:
         """On the export worker: the window's report and its shaped trace file."""
@@ -687,29 +698,30 @@ class Session:
         with self._lock:
             if self._pipeline.closed:  # the session ended past its deadline: nobody waits
                 return None
-            if self._tmpdir is None:
-                self._tmpdir = tempfile.mkdtemp(prefix="torch-profiled-")
-            tmpdir = self._tmpdir
-        raw = os.path.join(tmpdir, f"window{ended.index}.pt.trace.json")
-        if ended.stopped_at is not None:  # a deferred stop: let the device's queue refill
-            delay = ended.stopped_at + EXPORT_DELAY_S - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-        # straight from Kineto's events where this torch allows it, on the export thread
-        events = None if self.config.analysis_process else window.events()
-        window.export_chrome_trace(raw)  # needs the profiler's results: in this process
-        del window
-        if events is not None:
-            analysis = analyze(drop_warmup(events), names)
-            del events
-            shape_file(raw, names, dist)  # the trace file exporters get (tracefile.shape_trace)
-        else:
-            # reading, shaping and analysing the trace: in the helper process, off this
-            # program's GIL, unless it is off or cannot
-            analysis = (self._analyse_in_helper(raw, names, dist)
-                        if self.config.analysis_process else None)
-            if analysis is None:
-                analysis = shape_and_analyse(raw, names, dist)
+        raw = rawtraces.new_path(ended.index)
+        try:
+            if ended.stopped_at is not None:  # a deferred stop: let the device's queue refill
+                delay = ended.stopped_at + EXPORT_DELAY_S - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            # straight from Kineto's events where this torch allows it, on the export thread
+            events = None if self.config.analysis_process else window.events()
+            window.export_chrome_trace(raw)  # needs the profiler's results: in this process
+            del window
+            if events is not None:
+                analysis = analyze(drop_warmup(events), names)
+                del events
+                shape_file(raw, names, dist)  # the trace exporters get (tracefile.shape_trace)
+            else:
+                # reading, shaping and analysing the trace: in the helper process, off this
+                # program's GIL, unless it is off or cannot
+                analysis = (self._analyse_in_helper(raw, names, dist)
+                            if self.config.analysis_process else None)
+                if analysis is None:
+                    analysis = shape_and_analyse(raw, names, dist)
+        except BaseException:
+            rawtraces.remove(raw)  # no report will carry it: nobody else would remove it
+            raise
         return WindowReport(
             window=ended.index,
             steps=ended.steps,
@@ -1110,33 +1122,42 @@ def flush(timeout_s: float | None = None) -> bool:
 
 def shutdown() -> None:
     """End every session: open windows that recorded steps are exported (``partial=True``);
-    then the analysis helper process leaves (a later window starts a new one)."""
-    _close_sessions()
+    then the analysis helper process leaves (a later window starts a new one). All within one
+    ``export_timeout_s`` (the longest of the sessions'), whatever the exporters do."""
+    deadline = _close_sessions()
     if _PENDING:  # windows this thread started (or whose thread has ended)
         _run_pending_stops()
     _torch.end_orphaned_profiler()  # none should be left; if one is, it must not outlive us
     _resume_idle_thread()
-    analysis_process.close_shared()
+    analysis_process.close_shared(max(0.0, deadline - time.monotonic()))
 
 
-def _close_sessions() -> None:
+def _close_sessions() -> float:
+    """Close every session within one deadline (returned, ``time.monotonic()``)."""
     global _ambient, _explicit, _current, _shut_down
     with _state_lock:
         sessions = [s for s in (_explicit, _ambient) if s is not None]
         _shut_down = True
         _ambient = _explicit = _current = None
         _refresh_idle()
+    timeout = max((s.config.export_timeout_s for s in sessions),
+                  default=Config().export_timeout_s)
+    deadline = time.monotonic() + timeout
     for sess in sessions:
         try:
-            sess.close()
+            sess.close(deadline - time.monotonic())
         except Exception as exc:  # noqa: BLE001
             warn(f"torch-profiled shutdown failed: {exc!r}", ExporterWarning)
+    return deadline
 
 
 def _reset_for_tests() -> None:
     """Close everything and forget ``configure()``: a fresh process, as far as we can tell."""
     global _shut_down
     _close_sessions()  # the analysis helper stays: starting one per test costs ~0.1 s
+    if _PENDING:  # stops waiting for this thread, or for one that has ended
+        _run_pending_stops()
+    _torch.end_orphaned_profiler()
     _torch.resume_cpu_ops()
     _reset_warnings()
     _exporter_warnings_seen.clear()

@@ -6,6 +6,10 @@ or at MAX_DRAIN_STEPS / DRAIN_MAX_S after waiting for it. The device part is the
 the CPU these tests hand the session a stand-in event and drive real torch.profiler windows;
 tests/test_cuda.py runs the same with a real one. The profiler tests run in a subprocess: the
 failure they guard against is a segmentation fault in the program's own trace export.
+
+Windows here record every thread (``PROFILED_ALL_THREADS=1``): the stops from other threads
+these tests drive (the timer, another thread's step, close) exist only there. Windows that
+record only their own thread wait for it to stop them: tests/test_never_crash.py.
 """
 
 from __future__ import annotations
@@ -49,6 +53,11 @@ class StandInEvent:
 
     def synchronize(self) -> None:
         self.synchronized += 1
+
+
+@pytest.fixture(autouse=True)
+def _all_threads(monkeypatch):
+    monkeypatch.setenv("PROFILED_ALL_THREADS", "1")
 
 
 @pytest.fixture

@@ -408,6 +408,8 @@ def test_ranges_appear_in_the_users_own_profiler():
 
 
 def test_threads_record_their_own_nesting():
+    """With every thread recorded (``all_threads``; safe here: the window starts before the
+    threads run and stops after they end), each thread's module ranges nest on their own."""
     model = Net()
     instrument_module(model)
     errors = []
@@ -420,7 +422,7 @@ def test_threads_record_their_own_nesting():
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    with recording() as cap:
+    with recording(all_threads=True) as cap:
         threads = [threading.Thread(target=work) for _ in range(3)]
         for t in threads:
             t.start()

@@ -9,8 +9,11 @@ landing in a window's stop left the profiler on for good.
 from __future__ import annotations
 
 import json
+import queue
+import threading
 
 import pytest
+import torch
 
 from instrument import Schedule, profiled
 from instrument import _torch
@@ -207,3 +210,93 @@ def test_a_range_that_outlives_its_window_is_counted_and_never_ended_in_the_next
     assert not _torch._orphans  # freed once no profiler was on
     opened = [r.ranges["held"] for r in cap.reports if "held" in r.ranges]
     assert [(s.calls, s.open_calls) for s in opened] == [(1, 1)]
+
+
+class _Worker(threading.Thread):
+    """One thread that runs what it is given, when asked (a window's owner must stay the
+    same thread)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.asks: queue.Queue = queue.Queue()
+        self.done: queue.Queue = queue.Queue()
+        self.start()
+
+    def run(self) -> None:
+        while (fn := self.asks.get()) is not None:
+            try:
+                self.done.put((fn(), None))
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the asking thread
+                self.done.put((None, exc))
+
+    def call(self, fn):
+        self.asks.put(fn)
+        result, exc = self.done.get(timeout=60)
+        if exc is not None:
+            raise exc
+        return result
+
+    def stop(self) -> None:
+        self.asks.put(None)
+        self.join()
+
+
+@profiled("owned", step=True)
+def _owned_step() -> torch.Tensor:
+    return torch.ones(4) + 1
+
+
+def test_a_window_is_stopped_only_by_the_thread_that_started_it():
+    """Torch keeps a window's profiler in the locals of the thread that started it: another
+    thread that ends the window leaves the stop to that thread's next decorated call."""
+    a = _Worker()
+    try:
+        with capture(schedule=Schedule(wait=1, warmup=0, active=2, repeat=1),
+                     activities=["cpu"]) as cap:
+            sess = cap.session
+            a.call(_owned_step)  # A ends step 0: the window starts on A
+            assert sess._window is not None and sess._window.owner is a
+            _owned_step()
+            _owned_step()  # this thread ends the window: it cannot stop A's profiler
+            assert sess._pending_stop is not None and _torch.profiler_on()
+            _owned_step()  # nor at its own later steps
+            assert sess._pending_stop is not None
+            a.call(lambda: profiled("later")(lambda: None)())  # A's next decorated call
+            assert sess._pending_stop is None and not _torch.profiler_on()
+        (report,) = cap.reports
+        assert report.steps == (1, 2)
+        assert "owned" not in report.ranges  # the calls of a thread the window does not record
+    finally:
+        a.stop()
+
+
+OWNER_ENDS = """
+import threading, torch, instrument
+from instrument import profiled, Schedule
+
+@profiled("w", step=True)
+def w():
+    return torch.ones(4) + 1
+
+t = threading.Thread(target=w)  # ends step 0: the first window starts on that thread...
+t.start()
+t.join()  # ...which ends with the window still on
+for i in range(12):
+    w()
+instrument.flush(30)
+print("done")
+"""
+
+
+def test_a_window_whose_thread_ended_is_dropped_and_windows_go_on(run_python, tmp_path):
+    """Its profiler state went with the thread: the window is lost with one warning, torch is
+    cleared (else the process crashes at exit), and the next window records."""
+    out = tmp_path / "reports.jsonl"
+    result = run_python(OWNER_ENDS, env={
+        "PROFILED_SCHEDULE": "wait=1,warmup=0,active=2,repeat=2", "PROFILED_EXPORTERS": "json",
+        "PROFILED_JSON_PATH": str(out), "PROFILED_ACTIVITIES": "cpu"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "done" in result.stdout
+    assert "ended before it could stop its profiler; that window is lost" in result.stderr
+    (report,) = _reports(out)
+    assert report["steps"] == [4, 5] and report["ranges"]["w"]["calls"] == 2
