@@ -196,17 +196,24 @@ def resume_cpu_ops() -> None:
             _PAUSE_TOKEN.token = None
 
 
-def run_after_graph(fn: Any) -> bool:
+def run_after_graph(fn: Any) -> None:
     """Let ``fn()`` be called inside ``torch.compile``d code without a graph break: Dynamo
-    moves the call to after the graph runs (``reorderable_logging_functions``, torch >= 2.5).
-    Returns False where torch has no such option (the call then breaks the graph)."""
-    try:
-        import torch._dynamo.config as dynamo_config
+    moves the call to after the graph runs (``reorderable_logging_functions``, torch >= 2.5;
+    elsewhere the call breaks the graph).
 
-        dynamo_config.reorderable_logging_functions.add(fn)
-        return True
-    except Exception:  # noqa: BLE001 - old torch or no Dynamo
-        return False
+    Registered when ``torch._dynamo`` is imported, not before: importing it costs ~1 s (it is
+    most of what ``import instrument`` cost), and nothing is compiled until it is loaded."""
+    import wrapt
+
+    def register(_dynamo: Any) -> None:
+        try:
+            import torch._dynamo.config as dynamo_config
+
+            dynamo_config.reorderable_logging_functions.add(fn)
+        except Exception:  # noqa: BLE001 - old torch or a broken Dynamo: graph breaks
+            pass
+
+    wrapt.register_post_import_hook(register, "torch._dynamo")
 
 
 _ACTIVITY = {

@@ -1,0 +1,49 @@
+"""``import instrument`` stays cheap: it loads no part of torch that ``import torch`` did not,
+so Dynamo (about a second) comes only when the program compiles or a window starts (torch's
+own profiler loads it then); the SDK's hook into Dynamo is registered when Dynamo loads."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.mark.parametrize("enabled", ["1", "0"])
+def test_import_loads_nothing_heavy_of_torch(run_python, enabled):
+    result = run_python(
+        "import sys, torch\n"
+        "before = {m for m in sys.modules if m.startswith('torch')}\n"
+        "import instrument\n"
+        "from instrument import profiled\n"
+        "@profiled('f')\n"
+        "def f():\n"
+        "    return 1\n"
+        "added = sorted({m for m in sys.modules if m.startswith('torch')} - before)\n"
+        "print('added', added)\n",
+        env={"PROFILED_ENABLED": enabled, "PROFILED_EXPORTERS": "memory"})
+    assert result.returncode == 0, result.stderr
+    added = result.stdout.split("added", 1)[1]
+    assert "torch._dynamo" not in added and "torch._inductor" not in added, added
+
+
+def test_a_step_function_compiled_after_the_import_still_ends_its_steps(run_python):
+    """The Dynamo hook is registered when the program's torch.compile loads Dynamo: a
+    ``step=True`` function compiled with ``fullgraph=True`` (which fails on a graph break)
+    ends one step per call."""
+    result = run_python(
+        "import sys, torch, instrument\n"
+        "from instrument import profiled, Schedule\n"
+        "from instrument.testing import capture\n"
+        "assert 'torch._dynamo' not in sys.modules\n"
+        "@profiled('s', step=True)\n"
+        "def s(x):\n"
+        "    return (x @ x).relu()\n"
+        "compiled = torch.compile(s, fullgraph=True, backend='eager')\n"
+        "with capture(schedule=Schedule(wait=1, warmup=1, active=2)) as cap:\n"
+        "    seen = []\n"
+        "    for _ in range(5):\n"
+        "        compiled(torch.randn(4, 4))\n"
+        "        seen.append(cap.session.step_index)\n"
+        "print('seen', seen[:4], [r.steps for r in cap.reports])\n",
+        env={"PROFILED_EXPORTERS": "memory"}, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "seen [1, 2, 3, 4] [(2, 3)]" in result.stdout, result.stdout
