@@ -68,6 +68,20 @@ def _hooks() -> Any:
     return _session_hooks
 
 
+STEPS_DECLARED = False
+"""A ``step=True`` function, block or module exists in this process (set when it is applied):
+from then on only those (and ``step()``) end steps, never a root call. Else the first ``data``
+block of a loop, a root call, would end step 0 before the step function first returned."""
+
+
+def declare_steps() -> None:
+    """A ``step=True`` decoration was applied: root calls end no step in any session."""
+    global STEPS_DECLARED
+    if not STEPS_DECLARED:
+        STEPS_DECLARED = True
+        _hooks()._steps_declared_by_decoration()
+
+
 # The started session that decorated calls report to, while it counts steps; else None
 # (then ``_call`` asks the session module, which builds the ambient session on first use).
 _SESSION: Any = None
@@ -349,6 +363,8 @@ def _wrap_module_class(cls: type, name: str | None, is_step: bool) -> type:
 
 
 def _wrap(target: Any, name: str | None, is_step: bool) -> Any:
+    if is_step:
+        declare_steps()
     if isinstance(target, (classmethod, staticmethod)):
         inner = _wrap(target.__func__, name, is_step)
         return type(target)(inner)
@@ -387,6 +403,8 @@ class _Profiled:
         self.enabled = enabled_from_env()
         if name is not None:
             RANGE_NAMES.add(name)
+        if step and self.enabled:
+            declare_steps()
 
     def __repr__(self) -> str:
         return f"profiled({self.name!r}, step={self.step})"

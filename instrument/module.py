@@ -241,6 +241,8 @@ def instrument_module(
 
     added: list[tuple[Any, _Hooks]] = []
     skipped: list[str] = []
+    if step:
+        decorator.declare_steps()
     with _LOCK:
         for module, name, root in selected:
             if module in _INSTRUMENTED:

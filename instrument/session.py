@@ -117,7 +117,10 @@ class Session:
         self._active_started = False  # the open window has begun its recorded steps
         self._window_told = False  # the exporters' window_started hooks were called
         self._window_index = 0
-        self._steps_declared = False
+        # root calls end steps only in the ambient session of a program with no step=True
+        # function (``decorator.STEPS_DECLARED``) that has not called step(); an explicit
+        # session steps by s.step() (and step=True functions)
+        self._steps_declared = not ambient or decorator.STEPS_DECLARED
         self._started = False
         self._idle_until = 0  # steps before this one are idle (no window, action NONE)
         self._skip_reason: str | None = None
@@ -827,6 +830,13 @@ def _run_pending_stops() -> None:
             sess._run_pending_stop()
 
 
+def _steps_declared_by_decoration() -> None:
+    """A ``step=True`` decoration was applied (``decorator.declare_steps``)."""
+    for sess in (_ambient, _explicit):
+        if sess is not None:
+            sess._steps_declared = True
+
+
 def _seen() -> tuple[Any, ...]:
     cur = _current
     if cur is None:
@@ -1159,6 +1169,9 @@ def _reset_for_tests() -> None:
         _run_pending_stops()
     _torch.end_orphaned_profiler()
     _torch.resume_cpu_ops()
+    # the step=True functions of the test modules imported so far would make every test's
+    # root calls end no step: a test that wants them declared decorates its own
+    decorator.STEPS_DECLARED = False
     _reset_warnings()
     _exporter_warnings_seen.clear()
     with _state_lock:

@@ -48,5 +48,7 @@ def capture(**session_fields: Any) -> Iterator[Capture]:
 
 
 def reset() -> None:
-    """End every session and forget ``configure()``: as if the process had just started."""
+    """End every session and forget ``configure()``: as if the process had just started, except
+    that ``step=True`` decorations applied so far no longer count as declaring steps (those of
+    every test module imported would otherwise stop root calls from ending steps in all)."""
     _session._reset_for_tests()
