@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -101,6 +102,19 @@ _orphans: list[Any] = []
 """Ranges whose profiler ended before they did: freed once no profiler is on."""
 
 
+class _Opened(list):
+    """``[range, epoch, flag]``: what ``range_enter`` returns. If it is dropped with the range
+    still open (an exception between the range's start and its ``range_exit``, kept alive in
+    a traceback), the range goes to the orphans instead of being freed wherever the last
+    reference goes, perhaps under another profiler."""
+
+    __slots__ = ()
+
+    def __del__(self) -> None:
+        if self and self[0] is not None:
+            _orphans.append(self[0])  # one list append: atomic, no lock needed
+
+
 def range_enter(name: str) -> list[Any]:
     """Begin a range in the profiler that is on; pass the result to ``range_exit``."""
     epoch = _epoch  # read first: a start or stop from here on makes the range an orphan
@@ -116,7 +130,7 @@ def range_enter(name: str) -> list[Any]:
         except RuntimeError:  # it had not begun
             pass
         raise
-    return [rf, epoch, flag]
+    return _Opened((rf, epoch, flag))
 
 
 def range_exit(opened: list[Any]) -> None:
@@ -136,6 +150,54 @@ def range_exit(opened: list[Any]) -> None:
         else:
             _orphans.append(rf)
         opened[0] = None
+
+
+# ---------------------------------------------------------------- the program's own profilers
+#
+# Every torch.profiler start and stop (torch.profiler.profile, torch.autograd.profiler.profile,
+# emit_nvtx, ...) ends in ``torch.autograd.profiler._run_on_profiler_start/_stop``; ours too.
+# Wrapped, they tell the program's own starts and stops from ours: each moves the epoch (a
+# range must not end across them either: two of the program's profilers in a row look alike
+# to the flag) and is counted. One that starts while a window of ours records overtakes it
+# (``ProfilerWindow.overtaken``), on any thread: an all-threads window's state is replaced,
+# and stopping a thread-local window after another thread's profiler started and stopped
+# crashes in torch (2.13, plain torch.profiler: a segfault in the first one's stop).
+
+_foreign_total = 0  # the program's profiler starts and stops so far
+_changing_thread: int | None = None  # the thread inside one of our starts or stops
+
+
+def _foreign_change() -> None:
+    global _epoch, _foreign_total
+    with _range_lock:
+        if _changing_thread == threading.get_ident():
+            return  # our own start or stop
+        _epoch += 1
+        _foreign_total += 1
+
+
+def _watch_program_profilers() -> None:
+    try:
+        import torch.autograd.profiler as autograd_profiler
+
+        start = autograd_profiler._run_on_profiler_start
+        stop = autograd_profiler._run_on_profiler_stop
+    except (ImportError, AttributeError):  # pragma: no cover - not in the torch we support
+        return
+
+    def on_start() -> None:
+        start()
+        _foreign_change()
+
+    def on_stop() -> None:
+        stop()
+        _foreign_change()
+
+    autograd_profiler._run_on_profiler_start = on_start
+    autograd_profiler._run_on_profiler_stop = on_stop
+
+
+_watch_program_profilers()
 
 
 def _profiler_changes() -> None:
@@ -358,6 +420,8 @@ class ProfilerWindow:
         # the thread that started the profiler: only it can stop one that records only it
         # (torch keeps such a profiler's state and callbacks in that thread's locals)
         self.owner: threading.Thread = threading.current_thread()
+        self._owner_life = _thread_life()
+        self._foreign_mark = 0
         self.with_flops = with_flops
         self.prepared = False
         self.recording = False
@@ -376,20 +440,27 @@ class ProfilerWindow:
         """Start recording; False (nothing done) where a profiler is on already: torch
         profilers do not overlap, and two sessions' windows (one closing on another thread)
         can both find none on just before. Checked and started under one lock."""
+        global _changing_thread
         with _range_lock:
             if _LIVE or profiler_on():
                 return False
             if not self.prepared:
                 self.prepare()
             _profiler_changes()
+            _changing_thread = threading.get_ident()
             try:
                 self._prof.start_trace()
             except BaseException:
+                self.prepared = False  # never started: nothing for stop() to end
                 if profiler_on():  # torch's start got as far as its flag: undo it
                     _force_off()
                 raise
+            finally:
+                _changing_thread = None
             self.recording = True
             self.owner = threading.current_thread()
+            self._owner_life = _thread_life()
+            self._foreign_mark = _foreign_total
             _LIVE.add(self)
             if not isinstance(PROFILER_FLAG, _AlwaysCheck):
                 PROFILER_FLAG._is_profiler_enabled = OURS
@@ -404,13 +475,15 @@ class ProfilerWindow:
     def owner_gone(self) -> bool:
         """The thread that started this thread-local window has ended: its profiler state
         went with the thread's locals, nothing is left to stop."""
-        return self.recording and not self.all_threads and not self.owner.is_alive()
+        return self.recording and not self.all_threads and not (
+            self.owner.is_alive() and self._owner_life.alive)
 
     def forget(self) -> None:
         """Drop a window whose owner thread ended (``owner_gone``): its profiler state went
         with that thread, but torch is left half-on (a process that then exits without
         another profiler start and stop crashes in torch's static teardown: seen on 2.13 with
         plain torch.profiler, 3 runs of 3), so one empty start and stop here clears it."""
+        global _changing_thread
         with _range_lock:
             _profiler_changes()
             self.abandon()
@@ -418,6 +491,7 @@ class ProfilerWindow:
                     PROFILER_FLAG._is_profiler_enabled is OURS):
                 PROFILER_FLAG._is_profiler_enabled = False
             if not _LIVE and not profiler_on():
+                _changing_thread = threading.get_ident()
                 try:
                     clear = torch.profiler.profile(
                         activities=[torch.profiler.ProfilerActivity.CPU])
@@ -426,6 +500,7 @@ class ProfilerWindow:
                 except Exception:  # noqa: BLE001 - nothing better to do: windows go on
                     pass
                 finally:
+                    _changing_thread = None
                     if not isinstance(PROFILER_FLAG, _AlwaysCheck):
                         PROFILER_FLAG._is_profiler_enabled = False
             _free_orphans()
@@ -435,18 +510,20 @@ class ProfilerWindow:
         start replaced this window's profiling state with its own, so stopping this window
         would end the program's profiler (and its trace export would then crash), and if it
         has stopped already it ended this one too: either way the window must be abandoned,
-        not stopped. Told by the flag: our start left ``OURS`` there, a torch start since
-        wrote ``True``, a torch stop ``False``."""
-        if isinstance(PROFILER_FLAG, _AlwaysCheck):  # pragma: no cover - old torch
-            return False
-        return self.recording and PROFILER_FLAG._is_profiler_enabled is not OURS
+        not stopped. Also on another thread, for a window that records only its own: torch
+        crashes in a thread-local profiler's stop once another thread's has started and
+        stopped. Told by ``_foreign_change``'s count of the program's starts and stops."""
+        return self.recording and _foreign_total != self._foreign_mark
 
     def end_marker_event(self) -> Any:
         """A CUDA event recorded now on the current stream, for a deferred stop: once it has
         completed, the window's kernels on this stream have run and Kineto has their
         records, so ``stop(sync=False)`` loses none of them. None where the window records no
-        CUDA work, or torch cannot stop without synchronising (then stop at once)."""
-        if not (self.recording and "cuda" in self.activities
+        CUDA work, records only its own thread (only that thread could end the deferred stop:
+        no timer could, and a thread that stops stepping would leave the profiler on, CUPTI
+        recording every kernel of the process), or torch cannot stop without synchronising
+        (then stop at once)."""
+        if not (self.recording and "cuda" in self.activities and self.all_threads
                 and hasattr(getattr(self._prof, "profiler", None), "use_device")):
             return None
         try:
@@ -461,8 +538,10 @@ class ProfilerWindow:
         call twice. Where torch's stop fails part-way (a device error; an interrupt cannot
         reach it: the session stops windows in ``atomic`` blocks), the profiler is switched
         off all the same (``_force_off``) and the error raised: never a profiler left on."""
+        global _changing_thread
         with _range_lock:
             _profiler_changes()
+            _changing_thread = threading.get_ident()
             try:
                 if self.recording:
                     if not sync:
@@ -471,14 +550,11 @@ class ProfilerWindow:
                         # have run
                         self._prof.profiler.use_device = None
                     self._prof.stop_trace()
-                elif self.prepared:
-                    # prepared but never started: start and stop so torch releases its state
-                    self._prof.start_trace()
-                    self._prof.stop_trace()
             except BaseException:
                 _force_off()
                 raise
             finally:
+                _changing_thread = None
                 self.recording = False
                 self.prepared = False
                 _LIVE.discard(self)
@@ -508,6 +584,45 @@ class ProfilerWindow:
         self._prof.export_chrome_trace(path)
 
 
+class _ThreadLife:
+    """Kept in a thread's local storage from its first window: goes (``alive`` False) when the
+    thread ends, also for threads ``threading`` did not start, whose ``Thread`` object (a
+    ``_DummyThread``) says it is alive for ever."""
+
+    __slots__ = ("alive", "__weakref__")
+
+    def __init__(self) -> None:
+        self.alive = True
+
+    def __del__(self) -> None:
+        self.alive = False
+
+
+_LIFE = threading.local()
+
+
+def _thread_life() -> "_LifeRef":
+    """The calling thread's ``_ThreadLife``, weakly (a window must not keep it alive)."""
+    life = getattr(_LIFE, "life", None)
+    if life is None:
+        life = _LIFE.life = _ThreadLife()
+    return _LifeRef(life)
+
+
+class _LifeRef:
+    """A window's view of its owner's ``_ThreadLife``: alive while that thread is."""
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, life: _ThreadLife) -> None:
+        self._ref = weakref.ref(life)
+
+    @property
+    def alive(self) -> bool:
+        life = self._ref()
+        return life is not None and life.alive
+
+
 _LIVE: set[ProfilerWindow] = set()
 """Our windows whose profiler records now."""
 
@@ -535,6 +650,23 @@ def _force_off() -> None:
         if not isinstance(PROFILER_FLAG, _AlwaysCheck):
             PROFILER_FLAG._is_profiler_enabled = False
         _free_orphans()
+
+
+def after_fork_in_child() -> None:
+    """A forked child: the parent's profiler is not its own (its state is a copy), another of
+    the parent's threads may have held ``_range_lock``, and the parent's orphan ranges must
+    never be freed here (their profiler's callbacks would run on copied state)."""
+    global _range_lock, _orphans, _changing_thread
+    _range_lock = threading.RLock()
+    _inherited_orphans.extend(_orphans)  # kept for good
+    _orphans = []
+    _LIVE.clear()
+    _changing_thread = None
+    if not isinstance(PROFILER_FLAG, _AlwaysCheck) and PROFILER_FLAG._is_profiler_enabled is OURS:
+        PROFILER_FLAG._is_profiler_enabled = False
+
+
+_inherited_orphans: list[Any] = []
 
 
 def end_orphaned_profiler() -> bool:

@@ -145,18 +145,20 @@ class Session:
         (``export_timeout_s`` by default) from now."""
         timeout = self.config.export_timeout_s if timeout is None else max(0.0, timeout)
         deadline = time.monotonic() + timeout
-        with self._lock, atomic():
+        with self._lock:
             if self.closed:
                 return
             self.closed = True
             self.finished = True
-            if self._trigger is not None:
+            if self._trigger is not None:  # outside atomic(): see _start
                 self._trigger.disarm()
                 self._trigger = None
-            if self._window is not None:
-                self._end_window(partial=True)
-            self._finish_drain(force=True)
-            self._resume_cpu_ops()
+            with atomic():
+                if self._window is not None:
+                    self._end_window(partial=True)
+                self._finish_drain(force=True)
+                self._run_pending_stop()  # this thread started the window: stop it now
+                self._resume_cpu_ops()
         _refresh_idle()
         # outside the lock: decorated calls in other threads must not wait for exporters
         lost = self._pipeline.close(max(0.0, deadline - time.monotonic()),
@@ -173,6 +175,7 @@ class Session:
         """Wait until every window that ended so far has been exported (False on timeout)."""
         with self._lock, atomic():
             self._finish_drain(force=True)
+            self._run_pending_stop()
             self._resume_cpu_ops()
         return self._pipeline.flush(timeout)
 
@@ -207,20 +210,23 @@ class Session:
     # ------------------------------------------------------------ state machine
 
     def _start(self) -> None:
-        with self._lock, atomic():
+        with self._lock:
             self._resume_cpu_ops()
             if self._started:
                 return
             if not self.finished and not self._rank_selected():
                 self.finished = True  # decorated calls go idle (below)
             self._started = True
+            # the trigger outside atomic(): that swaps signal handlers, and puts back at its
+            # end the one it found, over a trigger's installed meanwhile
             if not self.finished:  # else disabled (PROFILED_ENABLED=0) or rank not selected
                 if self.config.trigger:
                     self._trigger = triggers.arm(self.config.trigger, self._triggered)
-                first = self._action_for(0)
-                self._transition(Action.NONE, first, 0)
-                self._action = first
-                self._check_finished()
+                with atomic():
+                    first = self._action_for(0)
+                    self._transition(Action.NONE, first, 0)
+                    self._action = first
+                    self._check_finished()
             elif self._skip_reason and self.config.trigger and not any(
                     c in self.config.trigger for c in (os.sep, "/", ".")):
                 # a rank that does not profile still takes the trigger's signal (not a file:
@@ -286,8 +292,10 @@ class Session:
         """The step boundary's work past the fast paths: the window's transition."""
         ended = self.step_index
         prev = self._action
-        if window is not None and window.recording and not _torch.profiler_on():
-            # a profiler of the user's started and stopped meanwhile: its exit ended ours
+        if (window is not None and window.recording and window.overtaken()
+                and not _torch.profiler_on()):
+            # a profiler of the user's started and stopped meanwhile (on this window's
+            # thread, or any for an all-threads window): its exit ended ours
             self._skip_reason = (
                 "your own torch.profiler ran while a window recorded, and its end ended "
                 "torch-profiled's (torch profilers do not nest); that window is lost"
@@ -826,6 +834,9 @@ _atexit_registered = False
 def _run_pending_stops() -> None:
     """Stop the windows that wait for this thread (or whose thread has ended)."""
     for sess in list(_PENDING):
+        pending = sess._pending_stop
+        if pending is None or not (pending[0].stoppable_here() or pending[0].owner_gone()):
+            continue  # not this thread's to stop (checked before any lock: calls stay cheap)
         with sess._lock, atomic():
             sess._run_pending_stop()
 
@@ -1189,6 +1200,7 @@ def _after_fork_in_child() -> None:
     _ambient = _explicit = _current = None
     _shut_down = True
     _PENDING.clear()  # the parent's windows: never stopped from here
+    _torch.after_fork_in_child()
     decorator.set_first_call_hook(None)
     decorator.set_idle(True)
     if analysis_gc_paused():  # forked while the export worker had the collector paused

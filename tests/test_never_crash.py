@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import time
 
 import pytest
 import torch
@@ -300,3 +301,182 @@ def test_a_window_whose_thread_ended_is_dropped_and_windows_go_on(run_python, tm
     assert "ended before it could stop its profiler; that window is lost" in result.stderr
     (report,) = _reports(out)
     assert report["steps"] == [4, 5] and report["ranges"]["w"]["calls"] == 2
+
+
+RESTARTED = """
+import torch
+from torch.profiler import profile, ProfilerActivity
+from instrument import profiled
+x = torch.zeros(8)
+p = profile(activities=[ProfilerActivity.CPU])
+p.start()
+for i in range(300):
+    with profiled("chunk"):  # begun under the program's profiler p...
+        x = x + 1
+        p.stop()
+        p = profile(activities=[ProfilerActivity.CPU])
+        p.start()  # ...and ended under its next one: never in C++
+p.stop()
+print("done")
+"""
+
+
+def test_a_range_held_across_the_programs_own_profiler_restart(run_python):
+    """The program's two profilers in a row look alike to torch's flag: their starts and
+    stops move the epoch too (this crashed 2 runs of 2 before)."""
+    result = run_python(RESTARTED, env={"PROFILED_EXPORTERS": "memory"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "done" in result.stdout
+
+
+OTHER_THREAD_PROFILER = """
+import threading, torch, instrument
+from torch.profiler import profile, ProfilerActivity
+from instrument import profiled, _torch
+
+@profiled("work")
+def work(x):
+    return x + 1
+
+x = torch.zeros(4)
+for i in range(3):
+    x = work(x)
+assert _torch._LIVE, "a window records"
+
+def theirs():
+    with profile(activities=[ProfilerActivity.CPU]):
+        torch.ones(3) * 2
+
+t = threading.Thread(target=theirs)
+t.start()
+t.join()
+for i in range(40):
+    x = work(x)
+instrument.shutdown()
+assert not _torch.profiler_on() and not torch.autograd._profiler_enabled()
+print("done")
+"""
+
+
+def test_the_programs_profiler_on_another_thread_while_a_window_records(run_python, tmp_path):
+    """Stopping a thread-local window after another thread's profiler started and stopped
+    crashes in torch: the window is dropped, not stopped, and windows go on."""
+    out = tmp_path / "reports.jsonl"
+    result = run_python(OTHER_THREAD_PROFILER, env={
+        "PROFILED_EVERY": "4", "PROFILED_EXPORTERS": "json", "PROFILED_JSON_PATH": str(out),
+        "PROFILED_ACTIVITIES": "cpu"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "done" in result.stdout
+    assert len(_reports(out)) >= 3  # windows after the program's profiler
+
+
+FORKS = """
+import os, sys, threading, time, torch, instrument
+from instrument import profiled
+
+@profiled("train_step", step=True)
+def train_step(x):
+    for _ in range(300):
+        x = x + 1
+    return x
+
+@profiled("load")
+def load():
+    return torch.ones(2)
+
+stop = False
+def trainer():
+    x = torch.zeros(4)
+    while not stop:
+        x = train_step(x)
+
+t = threading.Thread(target=trainer)
+t.start()
+time.sleep(0.3)
+hung = 0
+for i in range(25):
+    pid = os.fork()
+    if pid == 0:
+        for _ in range(10):
+            load()
+        os._exit(0)
+    for _ in range(250):
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            break
+        time.sleep(0.02)
+    else:
+        hung += 1
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+stop = True
+t.join()
+print("hung", hung)
+"""
+
+
+def test_children_forked_while_another_thread_runs_windows_never_hang(run_python):
+    """The parent's lock may be held by its training thread at the fork: the child makes its
+    own (14 children of 40 hung before)."""
+    result = run_python(FORKS, env={"PROFILED_EVERY": "3", "PROFILED_EXPORTERS": "memory",
+                                    "PROFILED_ACTIVITIES": "cpu"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "hung 0" in result.stdout, result.stdout
+
+
+def test_a_dropped_range_holder_never_frees_a_live_range():
+    """An exception between a range's start and its end, kept in a traceback, drops the
+    holder: the range goes to the orphans (freed with no profiler on), not freed under
+    whichever profiler is on when the traceback goes."""
+    with capture(schedule=Schedule(wait=0, warmup=0, active=1, repeat=1),
+                 activities=["cpu"]) as cap:
+        assert _torch._LIVE
+        opened = _torch.range_enter("held")
+        del opened  # never exited
+        assert len(_torch._orphans) == 1
+        cap.step()
+    assert not _torch._orphans
+
+
+def _run_on_a_thread_not_started_by_threading(fn) -> None:
+    import _thread
+
+    done = threading.Event()
+
+    def run():
+        try:
+            fn()
+        finally:
+            done.set()
+
+    _thread.start_new_thread(run, ())
+    assert done.wait(60)
+    time.sleep(0.2)  # the thread's own teardown, after run() returned
+
+
+def test_a_window_of_a_thread_threading_did_not_start_is_dropped_once_it_ends():
+    """A ``_DummyThread`` says it is alive for ever: its end is told by its local storage."""
+    with capture(schedule=Schedule(wait=1, warmup=0, active=2, repeat=2),
+                 activities=["cpu"]) as cap:
+        _run_on_a_thread_not_started_by_threading(_owned_step)  # starts window 0 there
+        assert cap.session._window is not None and cap.session._window.recording
+        with pytest.warns(UserWarning, match="ended before it could stop its profiler"):
+            for _ in range(6):
+                _owned_step()
+    assert [r.steps for r in cap.reports] == [(4, 5)]
+
+
+def test_close_on_the_windows_own_thread_stops_a_window_another_thread_ended():
+    a = _Worker()
+    try:
+        with capture(schedule=Schedule(wait=0, warmup=0, active=2, repeat=1),
+                     activities=["cpu"]) as cap:
+            sess = cap.session
+            assert sess._window is not None and sess._window.owner is threading.main_thread()
+            a.call(_owned_step)
+            a.call(_owned_step)  # A ends the window: only this thread can stop it
+            assert sess._pending_stop is not None
+        assert sess._pending_stop is None and not _torch.profiler_on()
+        (report,) = cap.reports
+        assert report.steps == (0, 1)
+    finally:
+        a.stop()
