@@ -185,6 +185,15 @@ the oldest go first. Other files there are never touched. 0 = no limit; at most 
 PROFILED_STRICT = "PROFILED_STRICT"
 """``PROFILED_STRICT`` [0]: raise ``ValueError`` on a bad ``PROFILED_*`` value instead of warning."""
 
+PROFILED_CHILDREN = "PROFILED_CHILDREN"
+"""``PROFILED_CHILDREN`` [0]: ``1``: processes a profiled process starts (DataLoader workers,
+``multiprocessing`` spawn, ``subprocess``) profile themselves too. By default they stay silent:
+there ``@profiled`` returns the function itself, as with ``PROFILED_ENABLED=0``."""
+
+PROFILED_PARENT_PID = "PROFILED_PARENT_PID"
+"""``PROFILED_PARENT_PID``: set by torch-profiled, not by you: the process id of a process
+whose profiling started, inherited by the processes it starts (``PROFILED_CHILDREN``)."""
+
 ENV_VARS: tuple[str, ...] = (
     PROFILED_ENABLED,
     PROFILED_EXPORTERS,
@@ -212,6 +221,8 @@ ENV_VARS: tuple[str, ...] = (
     PROFILED_RANKS,
     PROFILED_TRACE_MAX_MB,
     PROFILED_STRICT,
+    PROFILED_CHILDREN,
+    PROFILED_PARENT_PID,
 )
 
 OTEL_DETAILS: tuple[str, ...] = ("ranges", "ops", "kernels")  # each level adds to the last
@@ -300,6 +311,8 @@ class Config:
                                                  "error instead of using"))
             _warn_once(PROFILED_EVERY, str(values["every"]), message)
             values["every"] = window
+        if values["enabled"] and child_of_profiled(env):
+            values["enabled"] = False  # a child of a profiled process: silent (see the variable)
         if strict:
             # a bad RANK/WORLD_SIZE raises here, when the session is built, and never later at
             # a window's end inside a decorated call (distributed_info() reads them tolerantly)
@@ -707,9 +720,30 @@ def _warn_once(var: str, raw: str, message: str) -> None:
         warn(message, ConfigWarning)
 
 
-def enabled_from_env(environ: Mapping[str, str] | None = None) -> bool:
-    """``PROFILED_ENABLED`` alone, read cheaply when a decorator is applied."""
+def child_of_profiled(environ: Mapping[str, str] | None = None) -> bool:
+    """This process was started by a profiled one (``PROFILED_PARENT_PID`` names another
+    process) and ``PROFILED_CHILDREN`` does not ask it to profile itself."""
     env = os.environ if environ is None else environ
+    parent = env.get(PROFILED_PARENT_PID)
+    if not parent or parent == str(os.getpid()):
+        return False
+    return not _env_value(env, PROFILED_CHILDREN, _parse_bool, False, strict=False)
+
+
+def mark_profiled_process() -> None:
+    """Tell the processes this one starts from now on that it profiles
+    (``PROFILED_PARENT_PID``); once per process, when its profiling starts."""
+    pid = str(os.getpid())
+    if os.environ.get(PROFILED_PARENT_PID) != pid:
+        os.environ[PROFILED_PARENT_PID] = pid
+
+
+def enabled_from_env(environ: Mapping[str, str] | None = None) -> bool:
+    """``PROFILED_ENABLED`` alone (and ``child_of_profiled``), read cheaply when a decorator is
+    applied."""
+    env = os.environ if environ is None else environ
+    if child_of_profiled(env):
+        return False
     raw = env.get(PROFILED_ENABLED)
     if raw is None:
         return True

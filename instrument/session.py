@@ -35,7 +35,7 @@ from ._atomic import atomic
 from .analysis import analyze, drop_warmup
 from .analysis import gc_paused as analysis_gc_paused
 from .analysis_process import shape_and_analyse
-from .config import Config, _reject_unknown, _reset_warnings
+from .config import Config, _reject_unknown, _reset_warnings, mark_profiled_process
 from .pipeline import ExportPipeline
 from .report import WindowReport
 from .sampling import Action, Schedule
@@ -220,6 +220,7 @@ class Session:
             # the trigger outside atomic(): that swaps signal handlers, and puts back at its
             # end the one it found, over a trigger's installed meanwhile
             if not self.finished:  # else disabled (PROFILED_ENABLED=0) or rank not selected
+                mark_profiled_process()  # the processes it starts stay silent (by default)
                 if self.config.trigger:
                     self._trigger = triggers.arm(self.config.trigger, self._triggered)
                 with atomic():
