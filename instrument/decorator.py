@@ -143,10 +143,30 @@ def _ranged(f: Callable[..., Any], name: str, args: Any, kwargs: Any) -> Any:
         _range_exit(opened)
 
 
+# The step=True function running in this thread / asyncio task, if any: a ``step()`` inside
+# it ends a second step per call (``Session.step`` says so, once).
+IN_STEP_FUNCTION: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "profiled_in_step_function", default=None)
+
+
+def _step_call(f: Callable[..., Any], name: str, sess: Any, args: Any, kwargs: Any) -> Any:
+    """A ``step=True`` function's call: its return ends a step."""
+    token = IN_STEP_FUNCTION.set(name)
+    try:
+        if _FLAG._is_profiler_enabled:
+            return _ranged(f, name, args, kwargs)
+        return f(*args, **kwargs)
+    finally:
+        IN_STEP_FUNCTION.reset(token)
+        sess._step_function_returned()
+
+
 def _call(f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: Any) -> Any:
     """A sync call while a session counts steps (the lean twin of ``_enter``/``_exit``)."""
     sess = _SESSION or _hooks().session_for_calls()
     if sess is None or sess._steps_declared:  # root calls do not end steps: no depth needed
+        if is_step and sess is not None:
+            return _step_call(f, name, sess, args, kwargs)
         try:
             if _FLAG._is_profiler_enabled:
                 return _ranged(f, name, args, kwargs)

@@ -131,11 +131,18 @@ class Session:
         self._last_window_end: float | None = None  # time.monotonic()
         self._trigger: triggers.Trigger | None = None
         self._trigger_pending = False
+        self._warned_double_step = False
 
     # ------------------------------------------------------------ public
 
     def step(self) -> None:
         """End the current step. From the first call on, root calls no longer end steps."""
+        inside = decorator.IN_STEP_FUNCTION.get()
+        if inside is not None and not self._warned_double_step:
+            self._warned_double_step = True
+            self._warn(f"step() was called inside the step=True function {inside!r}: each of "
+                       "its calls ends two steps (this one and its return); use one or the "
+                       "other")
         self._steps_declared = True
         self._advance()
 
@@ -984,6 +991,15 @@ def _make_ambient() -> Session | None:
         else:
             exporters = _resolve_warning_once(config)
             sess = Session(config, exporters, ambient=True)
+            if not exporters:
+                # nothing would see a window: open none (PROFILED_EXPORTERS=none, or every
+                # name unknown, each of which has warned already)
+                sess.finished = True
+                message = ("no exporter named in PROFILED_EXPORTERS could be used, so no "
+                           "profiler windows are opened (decorated calls cost what idle ones do)")
+                if config.exporters and message not in _exporter_warnings_seen:
+                    _exporter_warnings_seen.add(message)
+                    warn(message, ExporterWarning)
         _ambient = sess
         _current = sess
         _register_atexit()
