@@ -13,7 +13,9 @@ once in a rotated order, median and minimum over 15 repeats, in ns per module ca
 - ``instrument_module``, idle: no session counts steps, no profiler records;
 - ``instrument_module``, counting, steps declared: a session counts steps (``step()`` called),
   no window records; the hooks return after their flag checks;
-- ``instrument_module``, counting, root calls end steps: the hooks keep the nesting depth;
+- ``instrument_module``, counting, root calls end steps: the ambient session of a program that
+  declares no steps (no ``step=True``, no ``step()``; an explicit session steps by ``step()``
+  only) counts every forward as a step; the hooks keep the nesting depth;
 - ``instrument_module`` in the SDK's own recording window: every module call is a range.
 """
 
@@ -36,7 +38,10 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import instrument  # noqa: E402
+from exporters import InMemoryExporter  # noqa: E402
 from instrument import Schedule, decorator, instrument_module, session  # noqa: E402
+
+_sessions = sys.modules["instrument.session"]  # (``instrument.session`` is the function)
 
 MODULES = 100
 
@@ -75,11 +80,23 @@ def main(argv: list[str] | None = None) -> int:
 
     def counting(declared: bool):
         def run() -> float:
-            with session(schedule=Schedule(skip_first=10**9), exporters=[]) as s:
-                if declared:
+            if declared:
+                with session(schedule=Schedule(skip_first=10**9), exporters=[]) as s:
                     s.step()
+                    took = per_call_ns(hooked, x, args.forwards)
+                    assert s.step_index == 1
+                return took
+            # root calls end steps only in the ambient session of a program with no step=True
+            # function that has not called step(); one with no exporter would not count them
+            instrument.configure(schedule=Schedule(skip_first=10**9),
+                                 exporters=[InMemoryExporter()])
+            try:
+                s = _sessions.session_for_calls()  # built and started before the timing
+                assert s is not None and s.ambient
                 took = per_call_ns(hooked, x, args.forwards)
-                assert s.step_index == (1 if declared else args.forwards)
+                assert s.step_index == args.forwards
+            finally:
+                instrument.shutdown()  # decorated calls idle again
             return took
         return run
 

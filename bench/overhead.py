@@ -15,8 +15,10 @@ States measured:
 - *idle*: ``@profiled`` armed, its session's schedule has finished (``decorator._IDLE`` is
   True) and no torch profiler records. This is the state of a program after its windows.
 - *counting*: a session is counting steps (``Schedule(wait=10**9)``) but no window records.
-  Until a program calls ``step()`` (or has a ``step=True`` function) every root call ends a
-  step and goes through the session's state machine; after it, calls only report to it.
+  In the ambient session of a program that has no ``step=True`` function and has not called
+  ``step()``, every root call ends a step and goes through the session's state machine; in an
+  explicit session (which steps by ``step()`` only), or once steps are declared, calls only
+  report to it.
 - *SDK window*: the SDK's own profiler records (a session whose window never ends).
 - *profiler on*: a ``torch.profiler.profile(activities=[CPU])`` the bench starts itself,
   restarted for every sample (``--on-calls`` calls each) so its buffers stay small.
@@ -27,6 +29,7 @@ The exit code is 0 whether or not the targets are met: this is a benchmark, not 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
 import gc
@@ -37,7 +40,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -259,6 +262,7 @@ def _run(quick: bool, repeats: int | None, on_calls: int | None,
     import torch  # noqa: F401 - import cost outside the measurements
 
     import instrument
+    from exporters import InMemoryExporter
     from instrument import Schedule, decorator, profiled
 
     repeats = repeats or (3 if quick else 15)
@@ -320,10 +324,31 @@ def _run(quick: bool, repeats: int | None, on_calls: int | None,
     window_schedule = Schedule(wait=0, warmup=0, active=10**9, repeat=1)
     profiler_on = sys.modules["instrument._torch"].profiler_on
 
-    def measure_counting(v: Variant, declare: bool) -> float:
-        with instrument.session(schedule=counted_schedule, exporters=[], activities=("cpu",)) as s:
-            if declare:  # from the first step() on, root calls no longer end steps
+    session_mod = sys.modules["instrument.session"]  # the attribute is the function
+
+    @contextlib.contextmanager
+    def counting_session(declare: bool) -> Iterator[Any]:
+        """declare: an explicit session, which steps by step() only (called once here, as a
+        program would); else the ambient session of a program that declares no steps, the
+        only one where root calls end steps. Decorated calls are idle again afterwards."""
+        if declare:
+            with instrument.session(schedule=counted_schedule, exporters=[],
+                                    activities=("cpu",)) as s:
                 s.step()
+                yield s
+            return
+        # (with no exporter the ambient session would not count: it opens no window)
+        instrument.configure(schedule=counted_schedule, exporters=[InMemoryExporter()],
+                             activities=("cpu",))
+        try:
+            s = session_mod.session_for_calls()  # built and started before the timing
+            assert s is not None and s.ambient, "no ambient session counts the root calls"
+            yield s
+        finally:
+            instrument.shutdown()
+
+    def measure_counting(v: Variant, declare: bool) -> float:
+        with counting_session(declare) as s:
             assert decorator._IDLE is False, "the counting session left the decorator idle"
             assert not profiler_on(), "a profiler records while only counting"
             before = s.step_index
@@ -360,10 +385,9 @@ def _run(quick: bool, repeats: int | None, on_calls: int | None,
         measure_on(v)
     for v in off:
         v.loops = _calibrate(v.func, target_s)
-    with instrument.session(schedule=counted_schedule, exporters=[], activities=("cpu",)):
+    with counting_session(declare=False):
         counting.loops = _calibrate(counting.func, target_s)
-    with instrument.session(schedule=counted_schedule, exporters=[], activities=("cpu",)) as s:
-        s.step()
+    with counting_session(declare=True):
         declared.loops = _calibrate(declared.func, target_s)
     window.loops = on_loops
     measure_window(window)  # warm-up

@@ -44,9 +44,10 @@ def plain(x, w, b, activities):
 
 def ours(x, w, b):
     with session(schedule=Schedule(wait=1, warmup=1, active=3),
-                 exporters=[ConsoleExporter(stream=sys.stdout)]):
+                 exporters=[ConsoleExporter(stream=sys.stdout)]) as s:
         for _ in range(5):
             matmul_bias(x, w, b)
+            s.step()
 
 
 def main() -> None:

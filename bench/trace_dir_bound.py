@@ -55,6 +55,7 @@ def one_window(dest: str):
                  exporters=[KeepRaw(dest)]) as cap:
         for _ in range(4):
             step(x)
+            cap.step()
     (report,) = cap.reports
     return dataclasses.replace(report, raw_trace_path=dest)
 

@@ -32,11 +32,12 @@ def run(size: int, device: str, dtype: torch.dtype) -> None:
     w = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, device=device, dtype=dtype)
     print(f"\nmatmul_bias {size}x{size} {str(dtype).replace('torch.', '')} on {device}", flush=True)
-    # Every call of matmul_bias is one step (it is a root call). Step 0 is not profiled (library
+    # Every call of matmul_bias is one step (s.step() ends it). Step 0 is not profiled (library
     # and kernel initialisation), step 1 warms the profiler up, steps 2-4 are recorded.
-    with session(schedule=Schedule(wait=1, warmup=1, active=3)):
+    with session(schedule=Schedule(wait=1, warmup=1, active=3)) as s:
         for _ in range(5):
             matmul_bias(x, w, b)
+            s.step()
 
 
 def main() -> None:

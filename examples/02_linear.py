@@ -28,11 +28,12 @@ def run(size: int, device: str, dtype: torch.dtype) -> None:
     x = torch.randn(size, size, device=device, dtype=dtype)
     print(f"\nlinear {size}x{size} {str(dtype).replace('torch.', '')} on {device}", flush=True)
     with instrument_module(layer, prefix="linear"):  # the hooks are removed at the end
-        # each forward of the layer is a root call, so it is one step: step 0 is not
+        # each forward of the layer is one step (s.step() ends it): step 0 is not
         # profiled, step 1 warms the profiler up, steps 2-4 are recorded
-        with session(schedule=Schedule(wait=1, warmup=1, active=3)), torch.no_grad():
+        with session(schedule=Schedule(wait=1, warmup=1, active=3)) as s, torch.no_grad():
             for _ in range(5):
                 layer(x)
+                s.step()
 
 
 def main() -> None:

@@ -10,12 +10,13 @@ that of a real model of that shape. On a GPU: TinyLlama-1.1B's shape (22 layers,
 32 heads, 4 key/value heads), bf16, a 512-token prompt. On a CPU: 2 layers, hidden 128, fp32,
 a 32-token prompt.
 
-``instrument_module(model, depth=4)`` gives every module down to a decoder layer's attention,
-MLP and norms a range named by its path (``model.layers.0.mlp``). Each forward of the model is a
-root call, hence one step: ``generate`` runs one forward for the prompt (step 0, not profiled),
-then one per new token; step 1 warms the profiler up and steps 2-4 (three decode steps) are
-recorded. The window's table goes to standard error (and a trace file to ./profiled_traces); a
-per-layer table, built from the same report, goes to standard output.
+``instrument_module(model, depth=4, step=True)`` gives every module down to a decoder layer's
+attention, MLP and norms a range named by its path (``model.layers.0.mlp``), and makes each
+forward of the model end one step (``generate`` runs them, so there is no loop of ours to call
+``s.step()`` in): ``generate`` runs one forward for the prompt (step 0, not profiled), then one
+per new token; step 1 warms the profiler up and steps 2-4 (three decode steps) are recorded.
+The window's table goes to standard error (and a trace file to ./profiled_traces); a per-layer
+table, built from the same report, goes to standard output.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def main() -> None:
           f"{params / 1e6:.1f}M parameters, random weights, {str(dtype).replace('torch.', '')} "
           f"on {device}; prompt {prompt_len} tokens, {new_tokens} new tokens", flush=True)
 
-    handle = instrument_module(model, depth=4)
+    handle = instrument_module(model, depth=4, step=True)  # each forward of model: one step
     print(f"instrument_module: {len(handle.names)} ranges "
           f"({', '.join(handle.names[:4])}, ...)", flush=True)
     prompt = torch.randint(0, config.vocab_size, (1, prompt_len), device=device)

@@ -5,12 +5,28 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from contextlib import contextmanager
 
 import pytest
 
 import instrument.testing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@contextmanager
+def counting_ambient():
+    """The ambient session (built and started here) of a program with no ``step=True``
+    function that has not called ``step()``, the only session where root calls end steps; it
+    counts them and never opens a window. Shut down at the end."""
+    from exporters import InMemoryExporter
+    from instrument import Schedule
+
+    instrument.configure(schedule=Schedule(skip_first=10**6), exporters=[InMemoryExporter()])
+    sess = sys.modules["instrument.session"].session_for_calls()  # (the attribute is session())
+    assert sess is not None and sess.ambient and not sess._steps_declared
+    yield sess
+    instrument.shutdown()
 
 
 @pytest.fixture(autouse=True)

@@ -105,6 +105,7 @@ def test_real_window_numbers_match_its_trace_file(tmp_path):
                  exporters=[TraceFileExporter(tmp_path, gzip=False)]) as cap:
         for _ in range(4):
             mb(x, w, b)
+            cap.step()
     (report,) = cap.reports
     trace = json.load(open(report.trace_file))
     # replay the trace's CPU events through torch's own aggregation for comparison

@@ -34,9 +34,10 @@ def mm(a):
 def _run_window(**kwargs) -> InMemoryExporter:
     mem = InMemoryExporter()
     a = torch.randn(32, 32)
-    with session(exporters=[mem], **kwargs):
+    with session(exporters=[mem], **kwargs) as s:
         for _ in range(6):
-            mm(a)  # a root call: one step each
+            mm(a)
+            s.step()
     return mem
 
 
@@ -275,8 +276,8 @@ def test_a_dead_helper_never_kills_a_program_that_restored_sigpipe(run_python):
         "a = torch.randn(16, 16)\n"
         "def window():\n"
         "    mem = InMemoryExporter()\n"
-        "    with instrument.session(exporters=[mem]):\n"
-        "        for _ in range(6): mm(a)\n"
+        "    with instrument.session(exporters=[mem]) as s:\n"
+        "        for _ in range(6): mm(a); s.step()\n"
         "    return mem.reports[0].ranges['mm'].calls\n"
         "first = window()\n"
         "pid = analysis_process.shared().pid\n"
@@ -357,9 +358,10 @@ def mm(a):
 
 a = torch.randn(16, 16)
 mem = InMemoryExporter()
-with instrument.session(exporters=[mem]):
+with instrument.session(exporters=[mem]) as s:
     for _ in range(6):
         mm(a)
+        s.step()
 helper = analysis_process.shared()
 dynload = []
 if helper.pid is not None:

@@ -286,6 +286,7 @@ def test_sdk_trace_files(tmp_path, capsys):
                  exporters=[TraceFileExporter(tmp_path / "sdk")]) as cap:
         for _ in range(3):
             work(x)
+            cap.step()
     live = cap.reports[0]
     rc, out, _ = _main(capsys, "summarize", "--json", str(tmp_path / "sdk"))
     doc = json.loads(out)

@@ -35,6 +35,7 @@ def _window(n, tmp_path, steps=5):
                  exporters=[TraceFileExporter(tmp_path, gzip=False)]) as cap:
         for _ in range(steps):
             matmul_bias(x, w, b)
+            cap.step()
     (report,) = cap.reports
     return report
 
@@ -128,13 +129,15 @@ def test_a_window_stops_once_its_kernels_ran_without_synchronising(tmp_path, mon
     with capture(schedule=Schedule(warmup=1, active=3),
                  exporters=[TraceFileExporter(tmp_path, gzip=False)]) as cap:
         sess = cap.session
-        for _ in range(4):  # warm-up + 3 recorded steps: the 4th return ends the window
+        for _ in range(4):  # warm-up + 3 recorded steps: the 4th step() ends the window
             matmul_bias(x, w, b)
+            sess.step()
         assert sess._draining is not None and sess._window is None
         deferred_window = sess._draining[0]
         extra = 0
         while sess._draining is not None and extra < session_mod.MAX_DRAIN_STEPS:
             matmul_bias(x, w, b)  # still recorded by the profiler, cut from the report
+            sess.step()
             extra += 1
         assert sess._draining is None
         assert deferred_window._prof.profiler.use_device is None  # no device-wide sync

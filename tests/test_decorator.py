@@ -6,9 +6,12 @@ and spawned workers need.
 
 Windows: ``recording()`` opens an explicit session whose single window records exactly the
 code inside its ``with`` block (it declares steps itself, so root calls inside it end none).
-The ``mode`` fixture runs a test three ways: ``idle`` (no session, no profiler: the wrapper's
-fast path), ``counting`` (a session counts steps, no window ever opens) and ``recording``
-(inside a window, so every range is really recorded).
+``counting_ambient()`` is the ambient session of a program that declares no steps, the only
+session where root calls end steps; it counts them and never opens a window.
+The ``mode`` fixture runs a test four ways: ``idle`` (no session, no profiler: the wrapper's
+fast path), ``counting`` (``counting_ambient()``: root calls end steps), ``declared`` (an
+explicit session counts steps, no window ever opens: calls only report to it) and
+``recording`` (inside a window, so every range is really recorded).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from instrument import ProfilerWarning, Schedule, profiled
 from instrument import decorator as _decorator
 from instrument.testing import capture
 from tests import _targets
+from tests.conftest import counting_ambient
 
 # A ProfilerWarning means a window could not open/start/stop: in these tests that is a bug.
 pytestmark = pytest.mark.filterwarnings("error::instrument.ProfilerWarning")
@@ -67,7 +71,7 @@ def trace_events(report, name=None):
     ]
 
 
-@pytest.fixture(params=["idle", "counting", "recording"])
+@pytest.fixture(params=["idle", "counting", "declared", "recording"])
 def mode(request):
     if request.param == "idle":
         instrument.shutdown()  # no session: decorated calls take the one-flag fast path
@@ -75,9 +79,14 @@ def mode(request):
         yield "idle"
         assert not profiler_on()
     elif request.param == "counting":
-        with capture(schedule=NEVER):
+        with counting_ambient():  # root calls end steps: decorated calls keep their depth
             assert not _decorator._IDLE and not profiler_on()
             yield "counting"
+            assert not profiler_on()
+    elif request.param == "declared":
+        with capture(schedule=NEVER):  # an explicit session: root calls end no step
+            assert not _decorator._IDLE and not profiler_on()
+            yield "declared"
             assert not profiler_on()
     else:
         with recording():
@@ -241,14 +250,14 @@ def test_idle_context_blocks_keep_no_entry_and_counting_ones_still_end_steps():
     block, stepper = profiled("idle.block"), profiled("idle.step", step=True)
     with block:
         assert _decorator._CM_STACK.get() == ()
-    instrument.testing.reset()
-    with capture(schedule=NEVER) as cap:
+    instrument.testing.reset()  # forgets that ``stepper`` declared steps
+    with counting_ambient() as sess:
         with block:
             assert len(_decorator._CM_STACK.get()) == 1  # counting: root blocks end steps
-        assert cap.session.step_index == 1
+        assert sess.step_index == 1
         with stepper:
             pass
-        assert cap.session.step_index == 2
+        assert sess.step_index == 2
     assert _decorator._CM_STACK.get() == ()
 
 
@@ -672,17 +681,17 @@ def test_only_root_calls_end_steps_and_depth_survives_exceptions():
             raise ValueError("deep")
         return fails_deep(n - 1)
 
-    with capture(schedule=NEVER) as cap:
+    with counting_ambient() as sess:
         fact(10)
-        assert cap.session.step_index == 1
+        assert sess.step_index == 1
         with pytest.raises(ValueError):
             fails_deep(5)  # a root call that raises still ends its step
-        assert cap.session.step_index == 2
+        assert sess.step_index == 2
         fact(3)  # depth went back to 0: this is a root call again
-        assert cap.session.step_index == 3
+        assert sess.step_index == 3
         with profiled("block"):
             fact(3)  # nested in a root block: ends no step of its own
-        assert cap.session.step_index == 4
+        assert sess.step_index == 4
 
 
 def test_nested_ranges_of_different_names():
@@ -772,13 +781,13 @@ def test_root_calls_from_many_threads_each_end_one_step():
         for _ in range(k):
             root()
 
-    with capture(schedule=NEVER) as cap:
+    with counting_ambient() as sess:
         threads = [threading.Thread(target=run) for _ in range(8)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        assert cap.session.step_index == 8 * k
+        assert sess.step_index == 8 * k
 
 
 # ------------------------------------------------------------------------ async and generator time
@@ -827,9 +836,9 @@ def test_concurrent_tasks_are_separate_root_calls():
     async def main():
         return await asyncio.gather(*(root() for _ in range(4)))
 
-    with capture(schedule=NEVER) as cap:
+    with counting_ambient() as sess:
         assert asyncio.run(main()) == [1] * 4
-        assert cap.session.step_index == 4
+        assert sess.step_index == 4
 
 
 def test_generator_range_covers_only_time_inside_the_body():
@@ -900,7 +909,7 @@ def test_decorated_call_compiles_fullgraph(state):
         instrument.shutdown()
         torch.testing.assert_close(compiled(x), expected)
     elif state == "counting":
-        with capture(schedule=NEVER):
+        with counting_ambient():
             torch.testing.assert_close(compiled(x), expected)
     else:
         with recording():
@@ -956,6 +965,7 @@ def test_user_profiler_is_left_alone_by_an_explicit_session(tmp_path):
         with capture(schedule=Schedule(wait=0, warmup=1, active=2)) as cap:
             for _ in range(6):
                 leaf(torch.ones(2))
+                cap.step()
             cap.step()
         assert profiler_on()
         torch.ones(3).mul(2)
@@ -1076,31 +1086,38 @@ def _marked(name, step=False):
 
 
 def test_root_calls_end_steps_when_no_step_is_declared():
+    # the ambient session of a program with no step function and no step() call
     root = _marked("root")
-    with capture(schedule=Schedule(wait=1, warmup=1, active=2)) as cap:
-        for i in range(6):
-            assert root(i) == i
+    mem = InMemoryExporter()
+    instrument.configure(schedule=Schedule(wait=1, warmup=1, active=2), exporters=[mem])
+    for i in range(6):
+        assert root(i) == i
+    instrument.flush()
 
-    (report,) = cap.reports
+    (report,) = mem.reports
     assert report.steps == (2, 3)
     assert set(report.ranges) == {"root", "root2", "root3"}
     assert report.ranges["root"].calls == 2
 
 
 def test_a_step_function_takes_over_step_counting():
+    # the ambient session, where root calls end steps until a step=True function is applied
     helper = _marked("helper")
-    train_step = _marked("train", step=True)
-    with capture(schedule=Schedule(wait=0, warmup=1, active=1, repeat=2)) as cap:
-        helper(0)  # no step declared yet: this root call ends step 0 (warm-up)
-        train_step(1)  # recorded in step 1; ends it (window 0 saved); steps are declared now
-        for i in range(2, 7):
-            helper(i)  # root calls end no step any more: still step 2 (warm-up)
-        train_step(7)  # ends step 2
-        for i in range(8, 11):
-            helper(i)  # recorded in step 3
-        train_step(11)  # ends step 3: window 1 saved
+    mem = InMemoryExporter()
+    instrument.configure(schedule=Schedule(wait=0, warmup=1, active=1, repeat=2),
+                         exporters=[mem])
+    helper(0)  # no step declared yet: this root call ends step 0 (warm-up)
+    train_step = _marked("train", step=True)  # declares steps when applied
+    train_step(1)  # recorded in step 1; ends it (window 0 saved)
+    for i in range(2, 7):
+        helper(i)  # root calls end no step any more: still step 2 (warm-up)
+    train_step(7)  # ends step 2
+    for i in range(8, 11):
+        helper(i)  # recorded in step 3
+    train_step(11)  # ends step 3: window 1 saved
+    instrument.flush()
 
-    first, second = cap.reports
+    first, second = mem.reports
     assert first.steps == (1,) and set(first.ranges) == {"train", "train1"}
     assert second.steps == (3,)
     assert set(second.ranges) == {"helper", "helper8", "helper9", "helper10", "train", "train11"}

@@ -58,6 +58,7 @@ def run_windows(windows: int, *exporters, steps_per_window: int = 1):
                      activities=["cpu"], exporters=list(exporters)) as cap:
             for _ in range(windows * (1 + steps_per_window)):
                 work()
+                cap.step()
     return cap.reports, [str(w.message) for w in caught if issubclass(w.category, ExporterWarning)]
 
 
@@ -415,6 +416,7 @@ def test_full_disk_warns_once_and_leaves_no_partial_file(run_python, tmp_path):
                      activities=["cpu"], exporters=[trace]) as cap:
             for _ in range(6):
                 f()
+                cap.step()
         print(len(cap.reports), trace.lost, trace.last_path)
     """)
     import subprocess

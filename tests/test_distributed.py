@@ -165,7 +165,10 @@ def test_a_selected_rank_profiles(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
     with capture(schedule=Schedule(wait=0, warmup=0, active=2), ranks="1,3",
                  activities=["cpu"]) as cap:
-        seen = [work() for _ in range(2)]
+        seen = []
+        for _ in range(2):
+            seen.append(work())
+            cap.step()
     assert seen == [True, True]
     (r,) = cap.reports
     assert (r.rank, r.world_size, r.ranges["dist.work"].calls) == (1, 4, 2)
@@ -211,13 +214,18 @@ def test_strict_never_raises_from_a_window_end(monkeypatch):
     """PROFILED_STRICT=1 rejects a bad RANK when the session is built; if RANK changes later,
     window ends (inside decorated calls) read it tolerantly and never raise."""
     monkeypatch.setenv("PROFILED_STRICT", "1")
+
+    @profiled("dist.step", step=True)  # its return ends the step, and so the window
+    def step() -> bool:
+        return work()
+
     with capture(schedule=Schedule(wait=0, warmup=0, active=1, repeat=2),
                  activities=["cpu"]) as cap:
-        work()
+        step()
         monkeypatch.setenv("RANK", "bad")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            work()
+            step()
     assert [r.rank for r in cap.reports] == [0, 0]
     assert any("RANK='bad' is invalid" in str(w.message) for w in caught)
 

@@ -28,6 +28,7 @@ def test_one_line_per_window_with_the_report(tmp_path):
                  schedule=Schedule(wait=0, warmup=1, active=2, repeat=2)) as cap:
         for _ in range(8):
             mb(x)
+            cap.step()
     lines = path.read_text().splitlines()
     assert len(lines) == 2 == len(cap.reports)
     records = [json.loads(line) for line in lines]
@@ -61,6 +62,7 @@ def test_unwritable_path_fails_with_one_warning_and_no_partial_line(tmp_path):
                                                           repeat=2)) as cap:
             for _ in range(5):
                 mb(x)
+                cap.step()
     assert len(cap.reports) == 2
     assert len([w for w in rec if issubclass(w.category, ExporterWarning)]) == 1
     assert blocker.read_text() == "x"

@@ -16,6 +16,7 @@ from instrument import Schedule, instrument_module, profiled
 from instrument import decorator as _decorator
 from instrument import module as _module
 from instrument.testing import capture
+from tests.conftest import counting_ambient
 
 pytestmark = pytest.mark.filterwarnings("error::instrument.ProfilerWarning")
 
@@ -277,7 +278,7 @@ def test_a_keyboard_interrupt_in_a_forward_leaves_no_range_or_depth_open():
     boom = Boom(KeyboardInterrupt())
     model = _wrapper_of(boom)
     instrument_module(model)
-    with capture(schedule=NEVER) as cap:  # root calls end steps: the hooks track depth
+    with counting_ambient() as sess:  # root calls end steps: the hooks track depth
         with pytest.raises(KeyboardInterrupt):
             model(torch.randn(2, 4))
         assert len(_module._STACK.get()) == 2  # Outer and inner never reached their hook
@@ -287,7 +288,7 @@ def test_a_keyboard_interrupt_in_a_forward_leaves_no_range_or_depth_open():
         assert _module._STACK.get() == ()
         assert _decorator._DEPTH.get() == 0
         model(torch.randn(2, 4))
-        assert cap.session.step_index == 2  # the two completed forwards were root calls
+        assert sess.step_index == 2  # the two completed forwards were root calls
 
 
 # ------------------------------------------------------------------------ steps
@@ -296,10 +297,10 @@ def test_a_keyboard_interrupt_in_a_forward_leaves_no_range_or_depth_open():
 def test_the_models_forward_is_a_root_call_and_submodules_never_end_steps():
     model = Net()
     instrument_module(model, include="layers.*.fc1")
-    with capture(schedule=NEVER) as cap:
+    with counting_ambient() as sess:  # where root calls end steps
         for _ in range(5):
             model(torch.randn(2, 8))
-        assert cap.session.step_index == 5  # one step per forward, not one per module
+        assert sess.step_index == 5  # one step per forward, not one per module
 
         @profiled("train_step")
         def train_step():
@@ -307,20 +308,20 @@ def test_the_models_forward_is_a_root_call_and_submodules_never_end_steps():
 
         for _ in range(3):
             train_step()  # the forward inside is no root call
-        assert cap.session.step_index == 8
+        assert sess.step_index == 8
 
 
 def test_only_selected_blocks_end_no_steps_when_the_model_is_not_the_root():
     model = Net()
     instrument_module(model.layers[0])
     instrument_module(model.layers[1])
-    with capture(schedule=NEVER) as cap:
+    with counting_ambient() as sess:  # where root calls end steps
         model(torch.randn(2, 8))
         # two instrumented roots ran side by side: two root calls, like two decorated calls
-        assert cap.session.step_index == 2
-        cap.step()  # steps declared: root calls end no more steps
+        assert sess.step_index == 2
+        instrument.step()  # steps declared: root calls end no more steps
         model(torch.randn(2, 8))
-        assert cap.session.step_index == 3
+        assert sess.step_index == 3
 
 
 def test_step_true_ends_a_step_per_forward_even_with_steps_declared():
@@ -349,7 +350,7 @@ def test_torch_compile_fullgraph_adds_no_graph_break(state):
         instrument.shutdown()
         torch.testing.assert_close(compiled(x), expected)
     elif state == "counting":
-        with capture(schedule=NEVER):
+        with counting_ambient():
             torch.testing.assert_close(compiled(x), expected)
     else:
         with recording():

@@ -89,7 +89,7 @@ def _requests_in_a_window(exporter, requests=2, sleep=0.002):
     mem = InMemoryExporter()
     spans = []
     with session(exporters=[exporter, mem], schedule=Schedule(wait=0, warmup=1, active=2)) as s:
-        s.step()  # the warm-up step; from here on only s.step() ends steps
+        s.step()  # the warm-up step (in a session only s.step() ends steps)
         for i in range(requests):
             trace_id, span_id = 0xA000 + i, 0xB000 + i
             token = otel_context.attach(_request_context(trace_id, span_id))
@@ -213,9 +213,10 @@ def _sdk_exporter(**kwargs):
 
 def test_ops_detail_adds_operator_spans_inside_their_ranges():
     exporter, spans = _sdk_exporter(detail="ops")
-    with session(exporters=[exporter], schedule=Schedule(wait=0, warmup=1, active=1)):
-        for _ in range(2):  # root calls end steps: call 0 warms up, call 1 is recorded
+    with session(exporters=[exporter], schedule=Schedule(wait=0, warmup=1, active=1)) as s:
+        for _ in range(2):  # one step per call: call 0 warms up, call 1 is recorded
             outer(torch.ones(8, 8))
+            s.step()
     finished = spans.get_finished_spans()
     by_id = {sp.context.span_id: sp for sp in finished}
     ops = [sp for sp in finished if sp.attributes["profiled.kind"] == "op"]
@@ -232,7 +233,7 @@ def test_span_budget_folds_the_most_frequent_ranges_and_is_never_exceeded():
     exporter, spans = _sdk_exporter(max_spans=40)
     mem = InMemoryExporter()
     with session(exporters=[exporter, mem], schedule=Schedule(wait=0, warmup=1, active=1)) as s:
-        s.step()  # the warm-up step; from here on only s.step() ends steps
+        s.step()  # the warm-up step (in a session only s.step() ends steps)
         for _ in range(1):
             x = torch.ones(4, 4)
             for _ in range(30):
@@ -299,9 +300,10 @@ def _fail_once(otlp_env, endpoint, protocol):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with session(exporters=[exporter], schedule=Schedule(wait=0, warmup=1, active=1,
-                                                             repeat=2)):
-            for _ in range(4):  # root calls end steps: two windows of one call each
+                                                             repeat=2)) as s:
+            for _ in range(4):  # one step per call: two windows of one call each
                 tiny(torch.ones(2))
+                s.step()
     lost = [str(w.message) for w in caught if issubclass(w.category, ExporterWarning)]
     return exporter, lost
 
@@ -360,9 +362,10 @@ class _Posts(threading.Thread):
 
 def _two_reports():
     mem = InMemoryExporter()
-    with session(exporters=[mem], schedule=Schedule(wait=0, warmup=1, active=1, repeat=2)):
-        for _ in range(4):  # root calls end steps: two windows of one call each
+    with session(exporters=[mem], schedule=Schedule(wait=0, warmup=1, active=1, repeat=2)) as s:
+        for _ in range(4):  # one step per call: two windows of one call each
             tiny(torch.ones(2))
+            s.step()
     return mem.reports
 
 
@@ -377,9 +380,10 @@ def test_a_collector_that_is_not_running_costs_no_retries(otlp_env, protocol, ca
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with session(exporters=[exporter], schedule=Schedule(wait=0, warmup=1, active=1,
-                                                             repeat=3)):
+                                                             repeat=3)) as s:
             for _ in range(6):
                 tiny(torch.ones(2))
+                s.step()
     assert exporter.lost == {"windows": 3, "spans": 6, "metric_exports": 3}
     retries = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
     assert retries == []
@@ -453,9 +457,10 @@ def test_sdk_disabled_sends_nothing_and_builds_nothing(otlp_env):
         exporter = OTelExporter()
         mem = InMemoryExporter()
         with session(exporters=[exporter, mem],
-                     schedule=Schedule(wait=0, warmup=1, active=1)):
+                     schedule=Schedule(wait=0, warmup=1, active=1)) as s:
             for _ in range(2):
                 tiny(torch.ones(2))
+                s.step()
         assert len(mem.reports) == 1 and exporter.disabled and exporter._own is None
         # delivery is synchronous in export(): had anything been sent, it would be here now
         assert received.trace_requests == [] and received.metric_requests == []
@@ -521,9 +526,10 @@ def test_export_runs_on_any_thread_and_never_raises_into_the_caller():
 
     exporter, spans = _sdk_exporter()
     mem = InMemoryExporter()
-    with session(exporters=[mem], schedule=Schedule(wait=0, warmup=1, active=1)):
+    with session(exporters=[mem], schedule=Schedule(wait=0, warmup=1, active=1)) as s:
         for _ in range(2):
             tiny(torch.ones(2))
+            s.step()
     report = dataclasses.replace(mem.reports[0], raw_trace_path="/nonexistent/trace.json")
     results = []
     with warnings.catch_warnings(record=True) as caught:
@@ -590,9 +596,10 @@ def test_kernels_detail_and_device_time_on_a_gpu():
     reader = InMemoryMetricReader()
     exporter._meter_provider = MeterProvider(metric_readers=[reader])
     x = torch.ones(256, 256, device="cuda")
-    with session(exporters=[exporter], schedule=Schedule(wait=0, warmup=1, active=1)):
+    with session(exporters=[exporter], schedule=Schedule(wait=0, warmup=1, active=1)) as s:
         for _ in range(2):
             outer(x)
+            s.step()
             torch.cuda.synchronize()
     finished = spans.get_finished_spans()
     by_id = {sp.context.span_id: sp for sp in finished}

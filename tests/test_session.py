@@ -49,6 +49,7 @@ def test_repeat_gives_one_report_per_window_and_wait_steps_are_not_recorded():
     with capture(schedule=Schedule(wait=2, warmup=1, active=2, repeat=2)) as cap:
         for _ in range(12):
             work()
+            cap.step()
     reports = cap.reports
     assert [r.steps for r in reports] == [(3, 4), (8, 9)]
     assert [r.window for r in reports] == [0, 1]
@@ -59,16 +60,20 @@ def test_repeat_zero_is_unlimited_and_skip_first_is_honoured():
     with capture(schedule=Schedule(wait=0, warmup=1, active=1, repeat=0, skip_first=3)) as cap:
         for _ in range(11):
             work()
+            cap.step()
     assert [r.steps for r in cap.reports] == [(4,), (6,), (8,), (10,)]
 
 
 def test_step_function_declares_steps_root_calls_no_longer_count():
-    with capture(schedule=Schedule(wait=0, warmup=1, active=2)) as cap:
-        for _ in range(4):
-            train_step()
-            work()  # a root call, but the program has a step function: not a step
-            work()
-    (report,) = cap.reports
+    # the ambient session, where root calls would end steps if the program had no step function
+    mem = InMemoryExporter()
+    configure(exporters=[mem], schedule=Schedule(wait=0, warmup=1, active=2))
+    for _ in range(4):
+        train_step()
+        work()  # a root call, but the program has a step function: not a step
+        work()
+    instrument.flush()
+    (report,) = mem.reports
     assert report.steps == (1, 2)
     assert report.ranges["train_step"].calls == 2
     # 2 nested in train_step + 2 roots per recorded step
@@ -76,21 +81,68 @@ def test_step_function_declares_steps_root_calls_no_longer_count():
 
 
 def test_root_calls_end_steps_until_step_is_first_called():
-    with capture(schedule=Schedule(wait=0, warmup=1, active=2)) as cap:
-        work()  # ends step 0
-        work()  # ends step 1 (recorded)
-        cap.session.step()  # ends step 2 and declares steps
-        work()
-        work()
-    (report,) = cap.reports
+    # only in the ambient session of a program with no step function (an explicit session
+    # steps by step() alone)
+    mem = InMemoryExporter()
+    configure(exporters=[mem], schedule=Schedule(wait=0, warmup=1, active=2))
+    work()  # ends step 0
+    work()  # ends step 1 (recorded)
+    step()  # ends step 2 and declares steps
+    work()
+    work()
+    instrument.flush()
+    (report,) = mem.reports
     assert report.steps == (1, 2)
     assert report.ranges["work"].calls == 1
+
+
+def test_a_data_block_before_the_first_step_function_return_ends_no_step():
+    """The README's loop in the ambient session: ``step=True`` declares steps when it is
+    applied, so the ``data`` block (a root call) before the step function first returns does
+    not end step 0; the first train step is the warm-up and the window records warm ones."""
+    mem = InMemoryExporter()
+    configure(exporters=[mem], activities=["cpu"])  # default schedule: warm-up 0, records 1-3
+    assert Schedule() == Schedule(wait=0, warmup=1, active=3, repeat=1, skip_first=0)
+
+    @profiled("train_step", step=True)
+    def readme_train_step(batch: torch.Tensor) -> torch.Tensor:
+        recording.append(torch.autograd.profiler._is_profiler_enabled)
+        return work() + batch
+
+    recording: list[bool] = []
+    for _ in range(6):
+        with profiled("data"):
+            batch = X + 1
+        readme_train_step(batch)
+    instrument.flush()
+    (report,) = mem.reports
+    assert report.steps == (1, 2, 3)
+    # one data block and one train step per step; the first (cold) train step is not recorded
+    assert report.ranges["data"].calls == 3
+    assert report.ranges["train_step"].calls == 3
+    assert report.ranges["work"].calls == 3
+    assert recording == [False, True, True, True, False, False]
+
+
+def test_root_calls_in_an_explicit_session_end_no_step():
+    """``with session() as s``: each s.step() ends one step, as with torch.profiler's
+    ``prof.step()``; the decorated call before it (a root call) ends none of its own."""
+    mem = InMemoryExporter()
+    with session(schedule=Schedule(warmup=1, active=2), exporters=[mem],
+                 activities=["cpu"]) as s:
+        for _ in range(3):
+            work()
+            s.step()
+    (report,) = mem.reports
+    assert report.steps == (1, 2)
+    assert report.partial is False
+    assert report.ranges["work"].calls == 2
 
 
 def test_explicit_step_calls_define_steps():
     with capture(schedule=Schedule(wait=0, warmup=1, active=2)) as cap:
         for _ in range(5):
-            cap.session.step()  # the first call declares steps before any root call returns
+            cap.session.step()
             work()
             work()
     (report,) = cap.reports
@@ -115,6 +167,7 @@ def test_session_exit_exports_partial_window():
     with capture(schedule=Schedule(wait=0, warmup=1, active=5)) as cap:
         for _ in range(3):
             work()
+            cap.step()
     (report,) = cap.reports
     assert report.partial is True
     assert report.steps == (1, 2)
@@ -137,7 +190,8 @@ def test_shutdown_exports_partial_ambient_window_then_stays_idle():
 
 def test_no_steps_recorded_gives_one_line_why():
     with capture(schedule=Schedule(wait=0, warmup=1, active=3)) as cap:
-        work()  # step 0 is the warm-up step: nothing recorded
+        work()
+        cap.step()  # step 0 is the warm-up step: nothing recorded
     assert cap.reports == []
     (line,) = cap.exporter.notices
     assert "no table" in line and "schedule" in line and "at least 2 steps" in line
@@ -148,6 +202,7 @@ def test_report_identity_fields():
     with capture(schedule=Schedule(wait=0, warmup=1, active=2)) as cap:
         for _ in range(3):
             work()
+            cap.step()
     after = time.time_ns()
     (r,) = cap.reports
     assert before <= r.start_ns < r.end_ns <= after
@@ -164,7 +219,9 @@ def test_rank_and_world_size_from_environment(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "8")
     with capture(schedule=Schedule(wait=0, warmup=1, active=1)) as cap:
         work()
+        cap.step()
         work()
+        cap.step()
     (r,) = cap.reports
     assert (r.rank, r.world_size) == (3, 8)
 
@@ -216,7 +273,9 @@ def test_explicit_session_takes_over_from_ambient_and_ambient_resumes():
     assert torch.autograd.profiler._is_profiler_enabled
     with capture(schedule=Schedule(wait=0, warmup=1, active=1)) as cap:
         work()
+        cap.step()
         work()
+        cap.step()
     assert [r.steps for r in cap.reports] == [(1,)]
     # the ambient window recorded nothing before the explicit session started: no report
     assert amb.reports == []
@@ -231,6 +290,7 @@ def test_user_profiler_running_means_no_window_and_a_reason():
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             for _ in range(5):
                 work()
+                cap.step()
         assert torch.autograd.profiler._is_profiler_enabled is False
     assert cap.reports == []
     assert "your own torch.profiler" in cap.exporter.notices[0]
@@ -253,7 +313,10 @@ def test_raising_exporter_costs_a_warning_not_the_program():
     with pytest.warns(UserWarning, match="backend down"):
         with capture(exporters=[_Raising(), _Failing()], schedule=Schedule(wait=0, warmup=1,
                                                                            active=1)) as cap:
-            result = [work() for _ in range(3)]
+            result = []
+            for _ in range(3):
+                result.append(work())
+                cap.step()
     assert len(result) == 3
     assert len(cap.reports) == 1
     del mem
@@ -262,11 +325,12 @@ def test_raising_exporter_costs_a_warning_not_the_program():
 def test_disabled_session_starts_no_profiler(monkeypatch):
     monkeypatch.setenv("PROFILED_ENABLED", "0")
     mem = InMemoryExporter()
-    with session(exporters=[mem], schedule=Schedule(wait=0, warmup=0, active=1)):
+    with session(exporters=[mem], schedule=Schedule(wait=0, warmup=0, active=1)) as s:
         on = []
         for _ in range(3):
             work()
             on.append(torch.autograd.profiler._is_profiler_enabled)
+            s.step()
     assert on == [False, False, False]
     assert mem.reports == []
 
@@ -276,7 +340,9 @@ def test_activities_validation():
         session(activities=["gpu"])
     with capture(activities=["cpu"], schedule=Schedule(wait=0, warmup=1, active=1)) as cap:
         work()
+        cap.step()
         work()
+        cap.step()
     assert cap.reports[0].activities == ("cpu",)
 
 
@@ -410,9 +476,10 @@ def test_idle_flag_tracks_schedule_end():
 
 def test_each_report_is_given_once_to_every_exporter():
     a, b = InMemoryExporter(), InMemoryExporter()
-    with session(exporters=[a, b], schedule=Schedule(wait=0, warmup=1, active=1, repeat=3)):
+    with session(exporters=[a, b], schedule=Schedule(wait=0, warmup=1, active=1, repeat=3)) as s:
         for _ in range(8):
             work()
+            s.step()
     assert len(a.reports) == len(b.reports) == 3
     assert [r.window for r in a.reports] == [0, 1, 2]
     assert all(x is y for x, y in zip(a.reports, b.reports))
@@ -431,9 +498,11 @@ def test_profiler_options_reach_torch(tmp_path):
         exporters=[TraceFileExporter(tmp_path, gzip=False)],
         schedule=Schedule(wait=0, warmup=1, active=1),
         record_shapes=True, profile_memory=True, with_stack=True,
-    ):
+    ) as s:
         _options_work(x)
+        s.step()
         _options_work(x)
+        s.step()
     (name,) = os.listdir(tmp_path)
     events = json.load(open(tmp_path / name))["traceEvents"]
     ops = [e for e in events if e.get("cat") == "cpu_op"]
@@ -442,16 +511,20 @@ def test_profiler_options_reach_torch(tmp_path):
     assert any(e.get("cat") == "python_function" for e in events)  # with_stack
     # with_flops: torch 2.13's trace carries no FLOP counts, but flops need the shapes
     with session(exporters=[TraceFileExporter(tmp_path / "flops", gzip=False)],
-                 schedule=Schedule(wait=0, warmup=1, active=1), with_flops=True):
+                 schedule=Schedule(wait=0, warmup=1, active=1), with_flops=True) as s:
         _options_work(x)
+        s.step()
         _options_work(x)
+        s.step()
     (name,) = os.listdir(tmp_path / "flops")
     events = json.load(open(tmp_path / "flops" / name))["traceEvents"]
     assert any("Input Dims" in e.get("args", {}) for e in events if e.get("name") == "aten::mm")
     with session(exporters=[TraceFileExporter(tmp_path / "plain", gzip=False)],
-                 schedule=Schedule(wait=0, warmup=1, active=1)):
+                 schedule=Schedule(wait=0, warmup=1, active=1)) as s:
         _options_work(x)
+        s.step()
         _options_work(x)
+        s.step()
     (name,) = os.listdir(tmp_path / "plain")
     events = json.load(open(tmp_path / "plain" / name))["traceEvents"]
     assert not any("Input Dims" in e.get("args", {}) for e in events)
@@ -465,7 +538,9 @@ def test_default_activities_are_cpu_plus_the_accelerator():
     assert default_activities() == expected
     with capture(schedule=Schedule(wait=0, warmup=1, active=1)) as cap:
         work()
+        cap.step()
         work()
+        cap.step()
     assert cap.reports[0].activities == expected
 
 
@@ -520,11 +595,13 @@ def test_report_from_trace_json_where_kineto_events_lack_categories(monkeypatch)
     with capture(schedule=Schedule(wait=0, warmup=1, active=2), analysis_process=False) as cap:
         for _ in range(3):
             work()
+            cap.step()
     monkeypatch.setattr(_torch.ProfilerWindow, "events", lambda self: None)
     with capture(schedule=Schedule(wait=0, warmup=1, active=2),
                  analysis_process=False) as cap_json:
         for _ in range(3):
             work()
+            cap_json.step()
     a, b = cap.reports[0], cap_json.reports[0]
     assert a.ranges["work"].calls == b.ranges["work"].calls == 2
     assert {o.name: o.calls for o in a.top_ops} == {o.name: o.calls for o in b.top_ops}
