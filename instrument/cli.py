@@ -46,7 +46,6 @@ import difflib
 import gzip
 import json
 import os
-import statistics
 import sys
 import zlib
 from collections.abc import Iterable, Sequence
@@ -112,6 +111,12 @@ class _UsageError(Exception):
 
 
 # ---------------------------------------------------------------- finding and loading traces
+
+
+def _median(values: list[float]) -> float:
+    import statistics  # here, not at import: it pulls decimal and fractions (cheap start-up)
+
+    return statistics.median(values)
 
 
 def find_traces(path: str) -> list[str]:
@@ -458,7 +463,7 @@ def rank_summary(reports: Sequence["WindowReport"]) -> dict[str, Any] | None:
         return {
             "by_rank_us": {str(r): by_rank[r] for r in ranks if r in by_rank},
             "min_us": lo,
-            "median_us": statistics.median(values),
+            "median_us": _median(values),
             "max_us": hi,
             "slowest_rank": slowest,
             "spread_us": hi - lo,

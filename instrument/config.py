@@ -720,12 +720,24 @@ def _warn_once(var: str, raw: str, message: str) -> None:
         warn(message, ConfigWarning)
 
 
+_PID = str(os.getpid())  # this process's (kept, not asked for: Dynamo traces callers of this)
+
+
+def _forked() -> None:
+    global _PID
+    _PID = str(os.getpid())
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
 def child_of_profiled(environ: Mapping[str, str] | None = None) -> bool:
     """This process was started by a profiled one (``PROFILED_PARENT_PID`` names another
     process) and ``PROFILED_CHILDREN`` does not ask it to profile itself."""
     env = os.environ if environ is None else environ
     parent = env.get(PROFILED_PARENT_PID)
-    if not parent or parent == str(os.getpid()):
+    if not parent or parent == _PID:
         return False
     return not _env_value(env, PROFILED_CHILDREN, _parse_bool, False, strict=False)
 
@@ -733,9 +745,8 @@ def child_of_profiled(environ: Mapping[str, str] | None = None) -> bool:
 def mark_profiled_process() -> None:
     """Tell the processes this one starts from now on that it profiles
     (``PROFILED_PARENT_PID``); once per process, when its profiling starts."""
-    pid = str(os.getpid())
-    if os.environ.get(PROFILED_PARENT_PID) != pid:
-        os.environ[PROFILED_PARENT_PID] = pid
+    if os.environ.get(PROFILED_PARENT_PID) != _PID:
+        os.environ[PROFILED_PARENT_PID] = _PID
 
 
 def enabled_from_env(environ: Mapping[str, str] | None = None) -> bool:

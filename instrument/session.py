@@ -4,9 +4,11 @@ There is at most one *current* session per process: an explicit ``with session(.
 while one is open, else the *ambient* session, built lazily from the environment and
 ``configure()`` on the first decorated call. Steps and windows:
 
-- A step ends when a ``step=True`` function returns, when ``step()`` is called, or, until the
-  session has seen either of those, when a root call (outermost decorated call on its thread
-  or asyncio task) returns.
+- A step ends when a ``step=True`` function returns or ``step()`` is called. Only the ambient
+  session of a program that has no ``step=True`` function (``decorator.STEPS_DECLARED``) and
+  has not called ``step()`` also ends one when a root call (outermost decorated call on its
+  thread or asyncio task) returns; an explicit session steps at ``s.step()``, as torch's
+  profiler does at ``prof.step()``.
 - ``Schedule.action(step)`` says what each step does; transitions follow torch's
   ``action_map``: NONE->WARMUP prepares a profiler, ->RECORD starts it, the end of the
   RECORD_AND_SAVE step stops it and exports one report. Windows never use torch's own
@@ -136,7 +138,8 @@ class Session:
     # ------------------------------------------------------------ public
 
     def step(self) -> None:
-        """End the current step. From the first call on, root calls no longer end steps."""
+        """End the current step (and, in the ambient session, from now on no root call ends
+        one)."""
         inside = decorator.IN_STEP_FUNCTION.get()
         if inside is not None and not self._warned_double_step:
             self._warned_double_step = True
@@ -787,9 +790,14 @@ class Session:
         if steps >= needed:
             return f"no table: no window recorded a step in the {steps} step(s) that ended."
         if steps == 0:
+            if not self.ambient:
+                return ("no table: no step ended before the session ended (in a session a step "
+                        "ends at s.step() or when a step=True function returns: call s.step() "
+                        "at the end of each step).")
             return (
-                "no table: no step ended before the program stopped (a step ends when a root "
-                "@profiled call or a step=True function returns, or at instrument.step())."
+                "no table: no step ended before the program stopped (a step ends when a "
+                "step=True function returns or at instrument.step(); in a program with "
+                "neither, when a root @profiled call returns)."
             )
         return (
             f"no table: {steps} step(s) ended, but the schedule ({self.schedule.to_env()}) "

@@ -99,7 +99,9 @@ def test_ranges_from_threads_carry_device_time(tmp_path):
     x, w, b = _tensors(256)
     matmul_bias(x, w, b)
     torch.cuda.synchronize()
-    with capture(schedule=Schedule(wait=0, warmup=1, active=2)) as cap:
+    # every thread recorded (PROFILED_ALL_THREADS; safe here: the threads run between the
+    # window's start and stop, not while it starts or stops)
+    with capture(schedule=Schedule(wait=0, warmup=1, active=2), all_threads=True) as cap:
         cap.step()
         threads = [threading.Thread(target=lambda: [matmul_bias(x, w, b) for _ in range(5)])
                    for _ in range(4)]
@@ -118,7 +120,8 @@ def test_ranges_from_threads_carry_device_time(tmp_path):
 def test_a_window_stops_once_its_kernels_ran_without_synchronising(tmp_path, monkeypatch):
     """The window's end only marks it and records a CUDA event; the profiler stops at a later
     step boundary once that event completed, without a device synchronisation, and the
-    report and trace hold the recorded steps' work only (what ran after the end is cut)."""
+    report and trace hold the recorded steps' work only (what ran after the end is cut).
+    Only all-threads windows defer their stop (the drain's timer must be able to end it)."""
     import sys
 
     session_mod = sys.modules["instrument.session"]  # (instrument.session is the function)
@@ -126,7 +129,7 @@ def test_a_window_stops_once_its_kernels_ran_without_synchronising(tmp_path, mon
     x, w, b = _tensors(2048)
     matmul_bias(x, w, b)
     torch.cuda.synchronize()
-    with capture(schedule=Schedule(warmup=1, active=3),
+    with capture(schedule=Schedule(warmup=1, active=3), all_threads=True,
                  exporters=[TraceFileExporter(tmp_path, gzip=False)]) as cap:
         sess = cap.session
         for _ in range(4):  # warm-up + 3 recorded steps: the 4th step() ends the window
@@ -177,7 +180,8 @@ def test_a_profiler_the_program_starts_while_a_cuda_window_drains_survives(tmp_p
         x = torch.randn(4096, 4096, device="cuda")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            with session(schedule=Schedule(warmup=1, active=3), exporters=[]) as s:
+            with session(schedule=Schedule(warmup=1, active=3), exporters=[],
+                         all_threads=True) as s:  # (deferred stops: all-threads windows)
                 for i in range(12):
                     if i == 4:  # the window ended at step 3's return: its stop is pending
                         assert s._draining is not None

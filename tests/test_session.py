@@ -466,7 +466,7 @@ print("ok")
 def test_idle_flag_tracks_schedule_end():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        configure(exporters=[], schedule=Schedule(wait=0, warmup=1, active=1))
+        configure(exporters=[InMemoryExporter()], schedule=Schedule(wait=0, warmup=1, active=1))
     assert instrument.decorator._IDLE is False
     work()
     assert instrument.decorator._IDLE is False
