@@ -519,11 +519,12 @@ class ProfilerWindow:
         """A CUDA event recorded now on the current stream, for a deferred stop: once it has
         completed, the window's kernels on this stream have run and Kineto has their
         records, so ``stop(sync=False)`` loses none of them. None where the window records no
-        CUDA work, records only its own thread (only that thread could end the deferred stop:
-        no timer could, and a thread that stops stepping would leave the profiler on, CUPTI
-        recording every kernel of the process), or torch cannot stop without synchronising
-        (then stop at once)."""
-        if not (self.recording and "cuda" in self.activities and self.all_threads
+        CUDA work, records only its own thread and this is another (only that thread can end
+        the deferred stop), or torch cannot stop without synchronising (then stop at once).
+        A thread-local window's drain ends at that thread's steps, its next decorated call,
+        or flush()/shutdown()/exit there: the drain's timer cannot stop it."""
+        if not (self.recording and "cuda" in self.activities
+                and (self.all_threads or threading.current_thread() is self.owner)
                 and hasattr(getattr(self._prof, "profiler", None), "use_device")):
             return None
         try:
@@ -585,9 +586,13 @@ class ProfilerWindow:
 
 
 class _ThreadLife:
-    """Kept in a thread's local storage from its first window: goes (``alive`` False) when the
-    thread ends, also for threads ``threading`` did not start, whose ``Thread`` object (a
-    ``_DummyThread``) says it is alive for ever."""
+    """Kept in a thread's local storage from its first window; goes when the thread ends,
+    also for threads ``threading`` did not start (whose ``_DummyThread`` says it is alive for
+    ever). Python clears a thread's locals on that thread, as it ends: the last moment its
+    thread-local profiler can be stopped. A window still recording there is stopped then,
+    so its session reports it as usual at the window's end (torch 2.11 with CUDA: after a
+    thread ended with its profiler on, no profiler could start again in the process, plain
+    torch.profiler included; torch 2.13: the process crashed at exit)."""
 
     __slots__ = ("alive", "__weakref__")
 
@@ -596,6 +601,12 @@ class _ThreadLife:
 
     def __del__(self) -> None:
         self.alive = False
+        try:
+            for window in list(_LIVE):
+                if not window.all_threads and window._owner_life.is_of(self):
+                    window.stop()
+        except Exception:  # noqa: BLE001 - a thread's end must never fail because of us
+            pass
 
 
 _LIFE = threading.local()
@@ -621,6 +632,9 @@ class _LifeRef:
     def alive(self) -> bool:
         life = self._ref()
         return life is not None and life.alive
+
+    def is_of(self, life: _ThreadLife) -> bool:
+        return self._ref() is life
 
 
 _LIVE: set[ProfilerWindow] = set()

@@ -117,11 +117,13 @@ def test_ranges_from_threads_carry_device_time(tmp_path):
     assert r.device_time_us > 0 and r.kernel_launches >= 20
 
 
-def test_a_window_stops_once_its_kernels_ran_without_synchronising(tmp_path, monkeypatch):
+@pytest.mark.parametrize("all_threads", [False, True])
+def test_a_window_stops_once_its_kernels_ran_without_synchronising(tmp_path, monkeypatch,
+                                                                   all_threads):
     """The window's end only marks it and records a CUDA event; the profiler stops at a later
     step boundary once that event completed, without a device synchronisation, and the
     report and trace hold the recorded steps' work only (what ran after the end is cut).
-    Only all-threads windows defer their stop (the drain's timer must be able to end it)."""
+    The same for a window of one thread (stepping on it) and one of all threads."""
     import sys
 
     session_mod = sys.modules["instrument.session"]  # (instrument.session is the function)
@@ -129,7 +131,7 @@ def test_a_window_stops_once_its_kernels_ran_without_synchronising(tmp_path, mon
     x, w, b = _tensors(2048)
     matmul_bias(x, w, b)
     torch.cuda.synchronize()
-    with capture(schedule=Schedule(warmup=1, active=3), all_threads=True,
+    with capture(schedule=Schedule(warmup=1, active=3), all_threads=all_threads,
                  exporters=[TraceFileExporter(tmp_path, gzip=False)]) as cap:
         sess = cap.session
         for _ in range(4):  # warm-up + 3 recorded steps: the 4th step() ends the window
