@@ -41,6 +41,7 @@ _IDLE = False
 _FLAG = _torch.PROFILER_FLAG  # _FLAG._is_profiler_enabled: any torch profiler recording
 _range_enter = _torch.range_enter  # never a bare _RecordFunctionFast: see _torch's ranges
 _range_exit = _torch.range_exit
+_ranged_call = _torch.ranged_call
 _is_compiling = _torch.is_compiling
 
 # Nesting depth of decorated calls in this thread / asyncio task (0 = a root call).
@@ -110,14 +111,15 @@ def set_first_call_hook(hook: Any) -> None:
 def _enter(name: str) -> tuple[Any, Any, int, Any]:
     """Start a range: (fast range or None, depth token, depth before, session or None)."""
     sess = _hooks().session_for_calls()
-    rf = None
+    depth = _DEPTH.get()
+    token = _DEPTH.set(depth + 1)
     if _FLAG._is_profiler_enabled:
         if _ON_FIRST_CALL is not None:
             _ON_FIRST_CALL()
-        rf = _range_enter(name)
-    depth = _DEPTH.get()
-    token = _DEPTH.set(depth + 1)
-    return rf, token, depth, sess
+        # last, and straight into the caller's state: nothing between the range's start and
+        # its holder's safe keeping can raise and leave it live in a traceback's frame
+        return _range_enter(name), token, depth, sess
+    return None, token, depth, sess
 
 
 def _exit(state: tuple[Any, Any, int, Any], is_step: bool, root_ends_step: bool = True) -> None:
@@ -136,11 +138,7 @@ def _ranged(f: Callable[..., Any], name: str, args: Any, kwargs: Any) -> Any:
     """``f(*args, **kwargs)`` inside a range of the profiler that is on."""
     if _ON_FIRST_CALL is not None:
         _ON_FIRST_CALL()
-    opened = _range_enter(name)
-    try:
-        return f(*args, **kwargs)
-    finally:
-        _range_exit(opened)
+    return _ranged_call(f, name, args, kwargs)
 
 
 # The step=True function running in this thread / asyncio task, if any: a ``step()`` inside

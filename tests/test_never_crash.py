@@ -425,18 +425,35 @@ def test_children_forked_while_another_thread_runs_windows_never_hang(run_python
     assert "hung 0" in result.stdout, result.stdout
 
 
-def test_a_dropped_range_holder_never_frees_a_live_range():
-    """An exception between a range's start and its end, kept in a traceback, drops the
-    holder: the range goes to the orphans (freed with no profiler on), not freed under
-    whichever profiler is on when the traceback goes."""
-    with capture(schedule=Schedule(wait=0, warmup=0, active=1, repeat=1),
-                 activities=["cpu"]) as cap:
-        assert _torch._LIVE
-        opened = _torch.range_enter("held")
-        del opened  # never exited
-        assert len(_torch._orphans) == 1
-        cap.step()
-    assert not _torch._orphans
+KEPT_TRACEBACKS = """
+import torch, instrument
+from instrument import profiled, step
+
+@profiled("fails")
+def fails(x):
+    step()  # the window changes inside the call: its range must not end in the new one
+    raise ValueError(x)
+
+kept = []
+for i in range(60):
+    try:
+        fails(i)
+    except ValueError as exc:
+        kept.append(exc)  # tracebacks keep the decorated call's frames alive across windows
+    if i % 7 == 6:
+        kept.clear()  # ...and let them go under other windows
+print("done")
+"""
+
+
+def test_tracebacks_kept_across_windows_never_free_a_live_range(run_python):
+    """A decorated call that raises after its window changed leaves its frame in the
+    traceback: the range is orphaned and the frame lets go of it, so freeing the traceback
+    later, under another window, touches no profiler state."""
+    result = run_python(KEPT_TRACEBACKS, env={"PROFILED_EVERY": "4", "PROFILED_EXPORTERS": "memory",
+                                              "PROFILED_ACTIVITIES": "cpu"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "done" in result.stdout
 
 
 def _run_on_a_thread_not_started_by_threading(fn) -> None:
