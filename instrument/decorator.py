@@ -167,7 +167,9 @@ def _call(f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: An
             return _step_call(f, name, sess, args, kwargs)
         try:
             if _FLAG._is_profiler_enabled:
-                return _ranged(f, name, args, kwargs)
+                if _ON_FIRST_CALL is not None:
+                    _ON_FIRST_CALL()
+                return _ranged_call(f, name, args, kwargs)  # (_ranged, one frame less)
             return f(*args, **kwargs)
         finally:
             if is_step and sess is not None:
@@ -176,7 +178,9 @@ def _call(f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: An
     token = _DEPTH.set(depth + 1)
     try:
         if _FLAG._is_profiler_enabled:
-            return _ranged(f, name, args, kwargs)
+            if _ON_FIRST_CALL is not None:
+                _ON_FIRST_CALL()
+            return _ranged_call(f, name, args, kwargs)
         return f(*args, **kwargs)
     finally:
         _DEPTH.reset(token)
