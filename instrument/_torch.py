@@ -2,15 +2,19 @@
 
 - ``PROFILER_FLAG._is_profiler_enabled``: a plain Python bool that every torch profiler
   (``torch.profiler.profile``, ``torch.autograd.profiler.profile``, ours) sets while it records;
-  ours then replaces torch's ``True`` with ``OURS`` (1), so that a later ``True`` says a
-  profiler of the program's started meanwhile.
+  ours then replaces torch's ``True`` with ``OURS`` (1), so that the flag says whose profiler
+  it is (``orphaned_profiler``). The program's own starts and stops are seen through torch's
+  ``_run_on_profiler_start/_stop``, wrapped here (``overtaken``, the range epoch).
   It is global, so threads the program starts see it too (``_profiler_enabled()`` in C++ reads
   False there even when ``profile_all_threads`` records them).
 - ``FastRange``: ``torch._C._profiler._RecordFunctionFast`` (~0.2 µs idle, ~0.5 µs recording),
   falling back to ``record_function``.
 - ``is_compiling()``: Dynamo is tracing; ranges are skipped there because
   ``_RecordFunctionFast`` graph-breaks and ``record_function`` is dropped.
-- ``ProfilerWindow``: one torch profiler for one window (prepare, start, stop, export).
+- ``range_enter``/``range_exit``/``ranged_call``: every range of the SDK; a range never ends
+  in another profiler than the one it began in.
+- ``ProfilerWindow``: one torch profiler for one window (prepare, start, stop, export), which
+  only the thread that started it can stop unless it records every thread.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ except (ImportError, AttributeError):  # pragma: no cover - old torch
 OURS = 1
 """What ``PROFILER_FLAG._is_profiler_enabled`` holds while a window of ours records: truthy like
 the ``True`` torch's own start writes there (every reader tests its truth), yet not ``True``,
-so ``ProfilerWindow.overtaken`` can tell that a torch profiler of the program started since."""
+so that a profiler of ours left on with no window to end it can be told (``orphaned_profiler``)."""
 
 
 def profiler_on() -> bool:
@@ -90,14 +94,15 @@ except ImportError:  # pragma: no cover - old torch
 # steps, a thread or an asyncio task holding one), so every range of ours goes through
 # ``range_enter``/``range_exit``: a range whose profiler is no longer the one on is never
 # ended, and is kept (``_orphans``) until no profiler is on, when freeing it touches nothing.
-# Its call is missing from the trace of the window it began in, where torch marks the event
-# ``"finished": false`` (the report names it: ``WindowReport.open_ranges``).
+# Torch marks its event in the window it began in ``"finished": false``, and the report counts
+# it (``RangeStats.open_calls``).
 
 _range_lock = threading.RLock()
 """Held by a range's end and by our profiler's start and stop: a range never ends (in C++)
 while our profiler changes underneath it."""
 _epoch = 0
-"""Bumped (under ``_range_lock``) at each start and stop of one of our profilers."""
+"""Bumped (under ``_range_lock``) at each start and stop of any torch profiler: ours
+(``_profiler_changes``) and the program's (``_foreign_change``)."""
 _orphans: list[Any] = []
 """Ranges whose profiler ended before they did: freed once no profiler is on."""
 
@@ -122,8 +127,9 @@ def range_enter(name: str) -> list[Any]:
 
 
 def ranged_call(f: Any, name: str, args: Any, kwargs: Any) -> Any:
-    """``f(*args, **kwargs)`` inside a range: ``range_enter`` and ``range_exit`` in one frame
-    (the hot path of a decorated call while a profiler records; see ``range_exit``)."""
+    """``f(*args, **kwargs)`` inside a range: ``range_enter`` and ``range_exit`` written out in
+    one frame on purpose (the hot path of a decorated call while a profiler records: two more
+    Python calls cost ~100 ns there; see ``range_exit`` for the rule)."""
     epoch = _epoch
     rf = FastRange(name)
     try:
@@ -428,7 +434,7 @@ class ProfilerWindow:
         # the thread that started the profiler: only it can stop one that records only it
         # (torch keeps such a profiler's state and callbacks in that thread's locals)
         self.owner: threading.Thread = threading.current_thread()
-        self._owner_life = _thread_life()
+        self._owner_life: _LifeRef | None = None  # set by start()
         self._foreign_mark = 0
         self.with_flops = with_flops
         self.prepared = False

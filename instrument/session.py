@@ -535,7 +535,8 @@ class Session:
         keeps such a profiler in that thread's locals: only that thread can stop it. When
         another thread ends the window (its step, ``close()``, ``flush()``, the drain's
         timer), the stop waits for the owner (``_PENDING``): its next step or decorated call,
-        ``flush()``/``shutdown()`` there, or the owner's end (then the window is lost). No
+        ``flush()``/``shutdown()``/``close()`` there, or its end (``_torch._ThreadLife`` stops
+        the profiler as the thread ends; ``forget`` where even that could not run). No
         window opens meanwhile."""
         if window.stoppable_here():
             if self._stop(window, sync=sync, lost=lost) and then is not None:
@@ -631,12 +632,9 @@ class Session:
                               0, timer)
             timer.start()
             return
-        if steps:
-            # the caller's whole cost of a window end: the stop, and this hand-over
-            self._stop_then(window, then=lambda: self._pipeline.submit(
-                self._hand_over(window, steps, partial, end_ns)))
-        else:
-            self._stop_then(window)
+        # the caller's whole cost of a window end: the stop, and the hand-over
+        self._stop_then(window, then=(lambda: self._pipeline.submit(
+            self._hand_over(window, steps, partial, end_ns))) if steps else None)
 
     def _hand_over(self, window: Any, steps: tuple[int, ...], partial: bool, end_ns: int,
                    start_ns: int | None = None, deferred: bool = False) -> "_EndedWindow":
