@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import weakref
@@ -606,15 +607,22 @@ class _ThreadLife:
     thread-local profiler can be stopped. A window still recording there is stopped then,
     so its session reports it as usual at the window's end (torch 2.11 with CUDA: after a
     thread ended with its profiler on, no profiler could start again in the process, plain
-    torch.profiler included; torch 2.13: the process crashed at exit)."""
+    torch.profiler included; torch 2.13: the process crashed at exit).
 
-    __slots__ = ("alive", "__weakref__")
+    A forked child clears the parent's other threads' locals as it starts, before any at-fork
+    hook runs: their windows are the parent's (a copy here), never stopped from the child,
+    whose copies of the parent's locks may be held for good (children hung there)."""
+
+    __slots__ = ("alive", "pid", "__weakref__")
 
     def __init__(self) -> None:
         self.alive = True
+        self.pid = os.getpid()
 
     def __del__(self) -> None:
         self.alive = False
+        if os.getpid() != self.pid:
+            return
         try:
             for window in list(_LIVE):
                 if not window.all_threads and window._owner_life.is_of(self):

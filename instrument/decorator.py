@@ -94,9 +94,10 @@ def set_idle(idle: bool, session: Any = None) -> None:
     _SESSION = None if idle else session
 
 
-# Called (then cleared by the session) at the first decorated call that begins while a window
-# records, on that call's thread and in its context: exporters capture what was current there
-# (the OpenTelemetry span of the request being profiled). None almost always.
+# Called (then cleared by the session) at the first decorated call of a window: the ambient
+# session starts the window's profiler there, and exporters capture what was current on that
+# call's thread and in its context (the OpenTelemetry span of the request being profiled).
+# None almost always.
 _ON_FIRST_CALL: Any = None
 
 
@@ -113,9 +114,9 @@ def _enter(name: str) -> tuple[Any, Any, int, Any]:
     sess = _hooks().session_for_calls()
     depth = _DEPTH.get()
     token = _DEPTH.set(depth + 1)
+    if _ON_FIRST_CALL is not None:
+        _ON_FIRST_CALL()
     if _FLAG._is_profiler_enabled:
-        if _ON_FIRST_CALL is not None:
-            _ON_FIRST_CALL()
         # last, and straight into the caller's state: nothing between the range's start and
         # its holder's safe keeping can raise and leave it live in a traceback's frame
         return _range_enter(name), token, depth, sess
@@ -151,8 +152,10 @@ def _step_call(f: Callable[..., Any], name: str, sess: Any, args: Any, kwargs: A
     """A ``step=True`` function's call: its return ends a step."""
     token = IN_STEP_FUNCTION.set(name)
     try:
+        if _ON_FIRST_CALL is not None:
+            _ON_FIRST_CALL()
         if _FLAG._is_profiler_enabled:
-            return _ranged(f, name, args, kwargs)
+            return _ranged_call(f, name, args, kwargs)
         return f(*args, **kwargs)
     finally:
         IN_STEP_FUNCTION.reset(token)
@@ -166,9 +169,9 @@ def _call(f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: An
         if is_step and sess is not None:
             return _step_call(f, name, sess, args, kwargs)
         try:
+            if _ON_FIRST_CALL is not None:
+                _ON_FIRST_CALL()
             if _FLAG._is_profiler_enabled:
-                if _ON_FIRST_CALL is not None:
-                    _ON_FIRST_CALL()
                 return _ranged_call(f, name, args, kwargs)  # (_ranged, one frame less)
             return f(*args, **kwargs)
         finally:
@@ -177,9 +180,9 @@ def _call(f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: An
     depth = _DEPTH.get()
     token = _DEPTH.set(depth + 1)
     try:
+        if _ON_FIRST_CALL is not None:
+            _ON_FIRST_CALL()
         if _FLAG._is_profiler_enabled:
-            if _ON_FIRST_CALL is not None:
-                _ON_FIRST_CALL()
             return _ranged_call(f, name, args, kwargs)
         return f(*args, **kwargs)
     finally:

@@ -118,6 +118,11 @@ class Session:
         self._window_start_ns = 0
         self._active_started = False  # the open window has begun its recorded steps
         self._window_told = False  # the exporters' window_started hooks were called
+        # The ambient session starts a window's profiler at the first decorated call of its
+        # first recorded step (on the thread that stepped), not at the step boundary before
+        # it: a program's last step ending opens no profiler that records nothing at exit.
+        self._lazy_start = ambient
+        self._start_due = False  # a window's profiler waits for that call
         self._window_index = 0
         # root calls end steps only in the ambient session of a program with no step=True
         # function (``decorator.STEPS_DECLARED``) that has not called step(); an explicit
@@ -320,7 +325,7 @@ class Session:
             self._window_steps.append(ended)
         self.step_index += 1
         cur = self._action_for(self.step_index)
-        self._transition(prev, cur, self.step_index)
+        self._transition(prev, cur, self.step_index, lazy=self._lazy_start)
         self._action = cur
         self._check_finished()
 
@@ -399,7 +404,7 @@ class Session:
             return None
         return sched.next_active(step)
 
-    def _transition(self, prev: Action, cur: Action, step: int) -> None:
+    def _transition(self, prev: Action, cur: Action, step: int, *, lazy: bool = False) -> None:
         if prev is Action.RECORD_AND_SAVE:
             if self._window is not None:
                 self._end_window(partial=False)
@@ -414,43 +419,52 @@ class Session:
             if not self._open_window():
                 return
         if (cur is Action.WARMUP and self._record_warmup) or cur in _RECORDING:
-            # With a device, the profiler records from the first warm-up step: its start-up
-            # costs (CUPTI's buffer request, slow first launches: ~3 ms on an H200) land in
-            # warm-up events, which the analysis and the trace drop (everything before the
-            # first step marker), as torch's own warm-up keeps them out of the recorded steps.
-            # CPU-only windows have no such cost and start at the first recorded step, so a
-            # profiler the user starts during the warm-up is unaffected.
-            window = self._window
-            assert window is not None
-            if not window.recording:
-                if _torch.profiler_on():  # the user's profiler started during our warm-up
-                    self._skip_reason = self._foreign_reason()
-                    window.abandon()
-                    self._window = None
-                    self._window_steps = []
-                    return
-                try:
-                    started = window.start()
-                except Exception as exc:  # noqa: BLE001
-                    self._warn(f"the profiler could not start ({exc!r}); window skipped")
-                    self._discard_window()
-                    return
-                if not started:  # another session's window (ending on its thread) is on
-                    self._skip_reason = ("another torch-profiled window's profiler was still on "
-                                         "when this one was due")
-                    window.abandon()
-                    self._window = None
-                    self._window_steps = []
-                    return
-            if cur is Action.WARMUP:
+            if lazy and not self._window.recording:
+                self._start_due = True  # at the step's first decorated call (_first_call_in_window)
+                decorator.set_first_call_hook(self._first_call_in_window)
                 return
-            if not self._active_started:
-                self._active_started = True
-                self._window_start_ns = time.time_ns()
-                self._window_told = False
-                if self._window_hooks or _torch.PAUSED_CPU_OPS:
-                    decorator.set_first_call_hook(self._first_call_in_window)
-            _mark(STEP_MARKER + str(step))
+            self._begin(cur, step)
+
+    def _begin(self, cur: Action, step: int) -> None:
+        """Step ``step`` of the open window records (or warms up a device): start its profiler
+        if it is not on yet, and mark the step."""
+        # With a device, the profiler records from the first warm-up step: its start-up
+        # costs (CUPTI's buffer request, slow first launches: ~3 ms on an H200) land in
+        # warm-up events, which the analysis and the trace drop (everything before the
+        # first step marker), as torch's own warm-up keeps them out of the recorded steps.
+        # CPU-only windows have no such cost and start at the first recorded step, so a
+        # profiler the user starts during the warm-up is unaffected.
+        window = self._window
+        assert window is not None
+        if not window.recording:
+            if _torch.profiler_on():  # the user's profiler started during our warm-up
+                self._skip_reason = self._foreign_reason()
+                window.abandon()
+                self._window = None
+                self._window_steps = []
+                return
+            try:
+                started = window.start()
+            except Exception as exc:  # noqa: BLE001
+                self._warn(f"the profiler could not start ({exc!r}); window skipped")
+                self._discard_window()
+                return
+            if not started:  # another session's window (ending on its thread) is on
+                self._skip_reason = ("another torch-profiled window's profiler was still on "
+                                     "when this one was due")
+                window.abandon()
+                self._window = None
+                self._window_steps = []
+                return
+        if cur is Action.WARMUP:
+            return
+        if not self._active_started:
+            self._active_started = True
+            self._window_start_ns = time.time_ns()
+            self._window_told = False
+            if self._window_hooks or _torch.PAUSED_CPU_OPS:
+                decorator.set_first_call_hook(self._first_call_in_window)
+        _mark(STEP_MARKER + str(step))
 
     def _open_window(self) -> bool:
         self._finish_drain(force=True)  # torch profilers do not overlap
@@ -488,6 +502,7 @@ class Session:
         self._window = window
         self._window_steps = []
         self._active_started = False
+        self._start_due = False
         return True
 
     @staticmethod
@@ -507,7 +522,13 @@ class Session:
         if _PENDING:
             _run_pending_stops()
         with self._lock:
-            if not _torch.PAUSED_CPU_OPS and not _PENDING:
+            if (self._start_due and self._window is not None and not self.closed
+                    and (self.config.all_threads
+                         or threading.get_ident() == self._step_thread)):
+                self._start_due = False
+                with atomic():
+                    self._begin(self._action, self.step_index)
+            if not _torch.PAUSED_CPU_OPS and not _PENDING and not self._start_due:
                 decorator.set_first_call_hook(None)
             if self._window is None or not self._active_started or self._window_told:
                 return
@@ -521,6 +542,7 @@ class Session:
 
     def _discard_window(self) -> None:
         decorator.set_first_call_hook(None)
+        self._start_due = False
         window, self._window = self._window, None
         self._window_steps = []
         if window is not None:
@@ -590,6 +612,7 @@ class Session:
 
     def _end_window(self, *, partial: bool) -> None:
         decorator.set_first_call_hook(None)
+        self._start_due = False
         window, self._window = self._window, None
         steps = tuple(self._window_steps)
         self._window_steps = []

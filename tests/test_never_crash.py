@@ -425,6 +425,54 @@ def test_children_forked_while_another_thread_runs_windows_never_hang(run_python
     assert "hung 0" in result.stdout, result.stdout
 
 
+FORK_WHILE_OWNER_HOLDS_LOCK = """
+import os, threading, time, torch
+from exporters import InMemoryExporter
+from instrument import Schedule, _torch, profiled, session
+
+@profiled("work")
+def work():
+    return torch.ones(2) + 1
+
+ready, done = threading.Event(), threading.Event()
+
+def owner():
+    with session(schedule=Schedule(warmup=0, active=1000), exporters=[InMemoryExporter()]) as s:
+        work(); s.step(); work()
+        assert _torch._LIVE, "the window records on this thread"
+        with _torch._range_lock:  # a window start or stop in progress on this thread
+            ready.set()
+            done.wait()
+
+t = threading.Thread(target=owner)
+t.start()
+ready.wait()
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+for _ in range(250):
+    if os.waitpid(pid, os.WNOHANG)[0]:
+        print("child exited")
+        break
+    time.sleep(0.02)
+else:
+    print("child hung")
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+done.set()
+t.join()
+"""
+
+
+def test_a_child_forked_while_another_thread_owns_a_window_never_touches_it(run_python):
+    """A forked child clears the parent's other threads' locals as it starts: the window a
+    thread of the parent owns is the parent's, never stopped from the child (which hung on its
+    copy of a lock that thread held at the fork: 3 runs in 16 of the test above)."""
+    result = run_python(FORK_WHILE_OWNER_HOLDS_LOCK, env={"PROFILED_ACTIVITIES": "cpu"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "child exited", result.stdout
+
+
 KEPT_TRACEBACKS = """
 import torch, instrument
 from instrument import profiled, step

@@ -65,3 +65,87 @@ def test_step_inside_a_step_function_is_said_once(monkeypatch):
                 train_step()
             assert cap.session.step_index == 6  # two a call, as said
     assert sum("inside the step=True" in str(x.message) for x in w) == 1
+
+
+def _profiler_on() -> bool:
+    return bool(_torch._LIVE) or _torch.profiler_on()
+
+
+def test_the_last_step_of_a_program_starts_no_profiler(monkeypatch):
+    """With PROFILED_EVERY=4 a program of 5 root calls ended step 4 (the next window's warm-up)
+    and its profiler started at that boundary, to record nothing before the exit. The ambient
+    session starts a window's profiler at the first decorated call of its first recorded step."""
+    from exporters import InMemoryExporter
+
+    mem = InMemoryExporter()
+    instrument.configure(exporters=[mem], every=4)
+    seen = []
+    for _ in range(5):
+        f()
+        seen.append(_profiler_on())
+    # window 0 records steps 1-3 (on from the first call of step 1 to the end of step 3);
+    # step 4 is window 1's warm-up, and no call came after it
+    assert seen == [False, True, True, False, False]
+    f()  # step 5: window 1's first recorded step begins with this call
+    assert _profiler_on()
+    instrument.shutdown()
+    assert not _profiler_on()
+    assert [r.steps for r in mem.reports] == [(1, 2, 3), (5,)]
+    assert mem.reports[1].partial
+
+
+def test_a_window_started_at_its_first_call_records_the_whole_step():
+    """The README's loop: a ``data`` block, then the step function. The window starts at the
+    ``data`` block, the step's first call, and records both, as it did when it started at the
+    step boundary."""
+    from exporters import InMemoryExporter
+
+    mem = InMemoryExporter()
+    instrument.configure(exporters=[mem], every=4)
+
+    @profiled("train_step", step=True)
+    def train_step() -> None:
+        pass
+
+    for _ in range(8):
+        with profiled("data"):
+            pass
+        train_step()
+    instrument.flush()
+    assert [r.steps for r in mem.reports] == [(1, 2, 3), (5, 6, 7)]
+    for report in mem.reports:
+        calls = {name: r.calls for name, r in report.ranges.items()}
+        assert calls == {"data": 3, "train_step": 3}, calls
+
+
+def test_a_window_starts_on_the_thread_that_steps():
+    """Another thread's decorated call while a window waits for its first call starts nothing:
+    the profiler records the thread that started it, and that is the stepping thread."""
+    import threading
+
+    from exporters import InMemoryExporter
+
+    mem = InMemoryExporter()
+    instrument.configure(exporters=[mem], every=4)
+
+    @profiled("train_step", step=True)
+    def train_step() -> None:
+        pass
+
+    on_other: list[bool] = []
+
+    def other() -> None:
+        f()
+        on_other.append(_profiler_on())
+
+    train_step()  # step 0 (warm-up) ends: step 1 records from its first call
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert on_other == [False]
+    train_step()
+    train_step()
+    train_step()
+    instrument.flush()
+    assert [r.steps for r in mem.reports] == [(1, 2, 3)]
+    assert {n: r.calls for n, r in mem.reports[0].ranges.items()} == {"train_step": 3}
