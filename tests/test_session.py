@@ -269,7 +269,9 @@ def test_session_rejects_bad_fields_at_once():
 def test_explicit_session_takes_over_from_ambient_and_ambient_resumes():
     amb = InMemoryExporter()
     configure(exporters=[amb], schedule=Schedule(wait=0, warmup=1, active=2, repeat=0))
-    work()  # ambient: step 0 (warm-up) ends, window recording from step 1
+    work()  # ambient: step 0 (warm-up) ends; the window starts at step 1's first call
+    assert not torch.autograd.profiler._is_profiler_enabled
+    work()  # step 1 recorded; step 2 is the window's last
     assert torch.autograd.profiler._is_profiler_enabled
     with capture(schedule=Schedule(wait=0, warmup=1, active=1)) as cap:
         work()
@@ -277,12 +279,13 @@ def test_explicit_session_takes_over_from_ambient_and_ambient_resumes():
         work()
         cap.step()
     assert [r.steps for r in cap.reports] == [(1,)]
-    # the ambient window recorded nothing before the explicit session started: no report
-    assert amb.reports == []
+    instrument.flush()
+    # the explicit session ended the ambient window: what it recorded is exported, as partial
+    assert [(r.steps, r.partial) for r in amb.reports] == [((1,), True)]
     for _ in range(6):
         work()
     instrument.flush()
-    assert len(amb.reports) >= 1
+    assert len(amb.reports) >= 2
 
 
 def test_user_profiler_running_means_no_window_and_a_reason():
