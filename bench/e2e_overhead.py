@@ -169,7 +169,7 @@ class Bench:
         return took
 
     def sampled_drain_cpu(self) -> float:
-        mod = instrument.window
+        mod = instrument.stops
         mod.DRAIN_PAUSES_CPU_OPS = False
         try:
             return self.sampled()
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="write the runs and summary as JSON")
     parser.add_argument("--max-drain", type=int, metavar="N",
                         help="a CUDA window's deferred stop waits at most N steps for its "
-                             "kernels (instrument.window.MAX_DRAIN_STEPS; a diagnostic)")
+                             "kernels (instrument.stops.MAX_DRAIN_STEPS; a diagnostic)")
     parser.add_argument("--export-delay", type=float, metavar="S",
                         help="after a deferred stop the export waits S seconds from the stop "
                              "(instrument.reporting.EXPORT_DELAY_S; a diagnostic)")
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             if name not in keep:
                 del VARIANTS[name]
     if args.max_drain is not None:
-        instrument.window.MAX_DRAIN_STEPS = args.max_drain
+        instrument.stops.MAX_DRAIN_STEPS = args.max_drain
     if args.export_delay is not None:
         instrument.reporting.EXPORT_DELAY_S = args.export_delay
     if args.every <= WINDOW:

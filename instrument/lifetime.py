@@ -102,7 +102,7 @@ def enter_explicit(sess: Session) -> None:
                         amb._skip_reason = ("an explicit session() started before the "
                                             "ambient window recorded a step")
                     amb._windows.end(partial=True)
-                amb._windows.finish_drain(force=True)  # its profiler must stop before ours
+                amb._stops.finish_drain(force=True)  # its profiler must stop before ours
         state.cpu_ops.resume_here()  # a stop the timer ended left this thread paused
         state.explicit = state.current = sess
         _register_atexit()

@@ -34,9 +34,10 @@ from ._atomic import atomic
 from .config import Config, mark_profiled_process
 from .pipeline import ExportPipeline
 from .planner import WindowPlanner
-from .reporting import EndedWindow, ReportBuilder, remove_raw, why_no_report
+from .reporting import ReportBuilder, remove_raw, why_no_report
 from .sampling import Action, Schedule
-from .window import TRANSITIONS, Recorded, Windows
+from .stops import Stops
+from .window import TRANSITIONS, Windows
 
 __all__ = ["ProfilerWarning", "Session"]
 
@@ -69,7 +70,8 @@ class Session:
         self._planner = WindowPlanner(config.schedule, config.sampling,
                                       max_windows=config.max_windows,
                                       min_interval_s=config.min_interval_s)
-        self._windows = Windows(self)
+        self._stops = Stops(self)
+        self._windows = Windows(self, self._stops)
         self.step_index = 0  # the step in progress
         self.windows_ended = 0
         self.finished = False  # the schedule can open no more windows
@@ -125,9 +127,9 @@ class Session:
             with atomic():
                 if self._windows.window is not None:
                     self._windows.end(partial=True)
-                self._windows.finish_drain(force=True)
-                self._windows.run_pending()  # this thread started the window: stop it now
-                self._windows.resume_cpu_ops()
+                self._stops.finish_drain(force=True)
+                self._stops.run_pending()  # this thread started the window: stop it now
+                self._stops.resume_cpu_ops()
         state.refresh_idle()
         # outside the lock: decorated calls in other threads must not wait for exporters
         lost = self._pipeline.close(max(0.0, deadline - time.monotonic()), why_no_report(
@@ -143,9 +145,9 @@ class Session:
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every window that ended so far has been exported (False on timeout)."""
         with self._lock, atomic():
-            self._windows.finish_drain(force=True)
-            self._windows.run_pending()
-            self._windows.resume_cpu_ops()
+            self._stops.finish_drain(force=True)
+            self._stops.run_pending()
+            self._stops.resume_cpu_ops()
         return self._pipeline.flush(timeout)
 
     @property
@@ -176,38 +178,15 @@ class Session:
         if not self._steps_declared:
             self._advance()
 
-    def _first_call(self) -> None:
-        """The first decorated call of a window (``state.set_first_call_hook``), on its
-        thread and in its context: a due window starts (ambient session), then the exporters
-        that asked are told (``window_started``). Called on every decorated call while a
-        paused thread has not resumed or a stop waits for its thread."""
-        state.cpu_ops.resume_here()
-        if state.PENDING:
-            state.run_pending_stops()
-        windows = self._windows
-        with self._lock:
-            windows.start_if_due(self._action, self.step_index)
-            if not state.cpu_ops and not state.PENDING and not windows.start_due:
-                state.set_first_call_hook(None)
-            if windows.window is None or not windows.active_started or windows.told:
-                return
-            windows.told = True
-            index = self._window_index
-        for hook in self._window_hooks:
-            try:
-                hook(index)
-            except Exception as exc:  # noqa: BLE001 - telemetry never breaks the program
-                self._warn(f"exporter hook {hook!r} raised {exc!r} at window start; ignored")
-
     def _run_pending_stop(self) -> None:
         with self._lock, atomic():
-            self._windows.run_pending()
+            self._stops.run_pending()
 
     # ------------------------------------------------------------ stepping
 
     def _start(self) -> None:
         with self._lock:
-            self._windows.resume_cpu_ops()
+            self._stops.resume_cpu_ops()
             if self._started:
                 return
             if not self.finished and not self._rank_selected():
@@ -253,15 +232,15 @@ class Session:
         windows = self._windows
         with self._lock:
             if state.cpu_ops:  # even when closed: another thread may have closed it
-                windows.resume_cpu_ops()
+                self._stops.resume_cpu_ops()
             if self.closed or self.finished:
                 return
             if not self._started:
                 self._start()
-            if windows.draining is not None:
+            if self._stops.draining is not None:
                 with atomic():
-                    windows.finish_drain(force=False)
-                if windows.draining is None:
+                    self._stops.finish_drain(force=False)
+                if self._stops.draining is None:
                     self._check_finished()
                     if self.finished:
                         return
@@ -322,7 +301,7 @@ class Session:
     def _check_finished(self) -> None:
         if self._windows.window is not None or self._planner.in_cycle():
             return
-        if self._windows.draining is not None:  # steps must still reach _advance to stop it
+        if self._stops.draining is not None:  # steps must still reach _advance to stop it
             self._idle_until = 0
             return
         nxt = self._planner.next_possible(self.step_index + 1)
@@ -331,18 +310,6 @@ class Session:
             state.refresh_idle()
         else:
             self._idle_until = nxt if nxt is not None else 1 << 62
-
-    # ------------------------------------------------------------ hand-over
-
-    def _hand_over(self, window: Any, recorded: Recorded, *, deferred: bool = False) -> None:
-        """A stopped window goes to the pipeline (its report is built on the worker)."""
-        index = self._window_index
-        self._window_index += 1
-        self.windows_ended += 1
-        self._pipeline.submit(EndedWindow(
-            window, index, recorded.steps, recorded.partial, recorded.start_ns,
-            recorded.end_ns, frozenset(state.RANGE_NAMES), _torch.distributed_info(),
-            time.monotonic() if deferred else None))
 
     def _warn(self, message: str) -> None:
         warn(message, ProfilerWarning)

@@ -94,7 +94,7 @@ def _write(idle: bool, session: Any, hook: Any) -> None:
 
 
 def set_first_call_hook(hook: Any) -> None:
-    """Called at the next decorated call (``None`` clears it): see ``Session._first_call``."""
+    """Called at the next decorated call (``None`` clears it): see ``window.Windows.first_call``."""
     _write(_idle, _session, hook)
 
 
@@ -210,7 +210,7 @@ def refresh_idle() -> None:
 def run_pending_stops() -> None:
     """Stop the windows that wait for this thread (or whose thread has ended)."""
     for sess in list(PENDING):
-        if sess._windows.pending_is_here():  # checked before any lock: calls stay cheap
+        if sess._stops.pending_is_here():  # checked before any lock: calls stay cheap
             sess._run_pending_stop()
 
 

@@ -29,7 +29,7 @@ import instrument
 from instrument import Schedule, _torch, profiled
 from instrument.testing import InMemoryExporter, capture
 
-from instrument import state, window as window_mod  # noqa: E402
+from instrument import state, stops as stops_mod  # noqa: E402
 X = torch.randn(32, 32)
 
 
@@ -84,18 +84,18 @@ def test_the_stop_waits_for_the_event_then_cuts_what_ran_after_the_end(stand_in)
         sess = cap.session
         for _ in range(4):  # warm-up + 3 recorded steps
             work()
-        assert sess._windows.draining is not None and sess._windows.window is None
-        window = sess._windows.draining.window
+        assert sess._stops.draining is not None and sess._windows.window is None
+        window = sess._stops.draining.window
         assert window.recording and _torch.profiler_on()
         work()  # first boundary: the event has not completed, the profiler records on
-        assert sess._windows.draining is not None
+        assert sess._stops.draining is not None
         work()  # second: completed, stopped without a synchronisation
-        assert sess._windows.draining is None and not window.recording
+        assert sess._stops.draining is None and not window.recording
         assert window._prof.profiler.use_device is None
         assert not _torch.profiler_on()
     (event,) = events
     assert event.synchronized == 0
-    assert list(sess._windows.drain_log) == [(2, True)]
+    assert list(sess._stops.drain_log) == [(2, True)]
     (report,) = cap.reports
     assert report.steps == (1, 2, 3)
     assert report.ranges["work"].calls == 3  # the two calls after the window's end are cut
@@ -104,35 +104,35 @@ def test_the_stop_waits_for_the_event_then_cuts_what_ran_after_the_end(stand_in)
 def test_at_the_cap_it_waits_for_the_event_not_the_device(stand_in, monkeypatch):
     events, done_after = stand_in
     done_after[0] = None  # never completes by itself
-    monkeypatch.setattr(window_mod, "MAX_DRAIN_STEPS", 3)
+    monkeypatch.setattr(stops_mod, "MAX_DRAIN_STEPS", 3)
     with _window() as cap:
         sess = cap.session
         for _ in range(4):
             work()
         for _ in range(2):
             work()
-            assert sess._windows.draining is not None
+            assert sess._stops.draining is not None
         work()  # the third boundary: the cap
-        assert sess._windows.draining is None
+        assert sess._stops.draining is None
     (event,) = events
     assert event.synchronized == 1
-    assert list(sess._windows.drain_log) == [(3, False)]
+    assert list(sess._stops.drain_log) == [(3, False)]
     assert cap.reports[0].ranges["work"].calls == 3
 
 
 def test_a_program_that_stops_stepping_is_stopped_by_the_timer(stand_in, monkeypatch):
     events, done_after = stand_in
     done_after[0] = None
-    monkeypatch.setattr(window_mod, "DRAIN_MAX_S", 0.2)
+    monkeypatch.setattr(stops_mod, "DRAIN_MAX_S", 0.2)
     with _window() as cap:
         sess = cap.session
         for _ in range(4):
             work()
-        assert sess._windows.draining is not None
+        assert sess._stops.draining is not None
         deadline = time.monotonic() + 30
-        while sess._windows.draining is not None and time.monotonic() < deadline:
+        while sess._stops.draining is not None and time.monotonic() < deadline:
             time.sleep(0.02)  # no step ends: only the timer thread can stop it
-        assert sess._windows.draining is None
+        assert sess._stops.draining is None
         assert not _torch.profiler_on()
         assert sess.flush(30)
         assert cap.reports and cap.reports[0].steps == (1, 2, 3)
@@ -141,11 +141,11 @@ def test_a_program_that_stops_stepping_is_stopped_by_the_timer(stand_in, monkeyp
 
 def test_long_steps_stop_at_the_windows_end(stand_in, monkeypatch):
     events, _ = stand_in
-    monkeypatch.setattr(window_mod, "DEFER_MAX_STEP_NS", 0)  # every step counts as long
+    monkeypatch.setattr(stops_mod, "DEFER_MAX_STEP_NS", 0)  # every step counts as long
     with _window() as cap:
         for _ in range(4):
             work()
-        assert cap.session._windows.draining is None and not _torch.profiler_on()
+        assert cap.session._stops.draining is None and not _torch.profiler_on()
     assert events == []
     assert cap.reports[0].ranges["work"].calls == 3
 
@@ -156,8 +156,8 @@ def test_closing_the_session_stops_a_deferred_window(stand_in):
     with _window() as cap:
         for _ in range(4):
             work()
-        assert cap.session._windows.draining is not None
-    assert cap.session._windows.draining is None and not _torch.profiler_on()
+        assert cap.session._stops.draining is not None
+    assert cap.session._stops.draining is None and not _torch.profiler_on()
     assert events[0].synchronized == 1
     assert cap.reports[0].steps == (1, 2, 3)
 
@@ -237,12 +237,12 @@ def test_a_profiler_the_program_starts_and_stops_during_the_drain(stand_in, tmp_
         with _window() as cap:
             for _ in range(4):
                 work()
-            assert cap.session._windows.draining is not None
+            assert cap.session._stops.draining is not None
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 torch.ones(3).mul(2)  # no step boundary while it runs
-            assert cap.session._windows.draining is not None and not _torch.profiler_on()
+            assert cap.session._stops.draining is not None and not _torch.profiler_on()
             work()  # the next boundary sees that ours was ended: dropped, not stopped again
-            assert cap.session._windows.draining is None
+            assert cap.session._stops.draining is None
     assert cap.session.windows_ended == 0 and cap.reports == []
     assert events[0].synchronized == 0  # nothing of ours left to wait for
     # theirs ran while the drain paused this thread's CPU ops (on CUDA, torch 2.11 records no
@@ -261,15 +261,15 @@ def _work_ranges(window) -> int:
 def test_during_the_drain_the_stepping_thread_records_no_cpu_ops(stand_in, monkeypatch, paused):
     events, done_after = stand_in
     done_after[0] = 3
-    monkeypatch.setattr(window_mod, "DRAIN_PAUSES_CPU_OPS", paused)
+    monkeypatch.setattr(stops_mod, "DRAIN_PAUSES_CPU_OPS", paused)
     with capture(schedule=Schedule(warmup=1, active=3, repeat=1), activities=["cpu"]) as cap:
         sess = cap.session
         for _ in range(4):
             work()
-        window = sess._windows.draining.window
+        window = sess._stops.draining.window
         for _ in range(3):
             work()
-        assert sess._windows.draining is None and not window.recording
+        assert sess._stops.draining is None and not window.recording
         # the 3 recorded steps (a CPU window records from its first); the drain's 3 steps
         # only where not paused
         assert _work_ranges(window) == (3 if paused else 6)
@@ -290,18 +290,18 @@ def _ambient_window_stopped_by_the_timer(monkeypatch, mem) -> None:
     """An ambient session's window whose deferred stop the timer ended (the program stopped
     stepping): torch's switch is per thread, so the timer thread cannot turn this thread's
     CPU ops back on."""
-    monkeypatch.setattr(window_mod, "DRAIN_PAUSES_CPU_OPS", True)
-    monkeypatch.setattr(window_mod, "DRAIN_MAX_S", 0.2)
+    monkeypatch.setattr(stops_mod, "DRAIN_PAUSES_CPU_OPS", True)
+    monkeypatch.setattr(stops_mod, "DRAIN_MAX_S", 0.2)
     instrument.configure(exporters=[mem], activities=["cpu"],
                          schedule=Schedule(warmup=1, active=3, repeat=1))
     for _ in range(4):
         work()
     sess = state.ambient
-    assert sess._windows.draining is not None
+    assert sess._stops.draining is not None
     deadline = time.monotonic() + 30
-    while sess._windows.draining is not None and time.monotonic() < deadline:
+    while sess._stops.draining is not None and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert sess._windows.draining is None and not _torch.profiler_on()
+    assert sess._stops.draining is None and not _torch.profiler_on()
 
 
 @pytest.mark.parametrize("then", ["step", "flush", "shutdown", "explicit session"])
@@ -334,13 +334,13 @@ def test_a_session_closed_from_another_thread_during_the_drain(stand_in, monkeyp
     stepping thread, still paused, records again from its first step in the next session."""
     events, done_after = stand_in
     done_after[0] = None
-    monkeypatch.setattr(window_mod, "DRAIN_PAUSES_CPU_OPS", True)
+    monkeypatch.setattr(stops_mod, "DRAIN_PAUSES_CPU_OPS", True)
     first, second = InMemoryExporter(), InMemoryExporter()
     instrument.configure(exporters=[first], activities=["cpu"],
                          schedule=Schedule(warmup=1, active=3, repeat=1))
     for _ in range(4):
         work()
-    assert state.ambient._windows.draining is not None
+    assert state.ambient._stops.draining is not None
     other = threading.Thread(target=instrument.configure, kwargs=dict(
         exporters=[second], activities=["cpu"], schedule=Schedule(warmup=1, active=3, repeat=1)))
     other.start()
@@ -397,18 +397,18 @@ def test_steps_from_two_threads_are_never_left_paused(stand_in, monkeypatch, a):
     came from more than one thread pauses none again (no thread can turn another's back on)."""
     events, done_after = stand_in
     done_after[0] = 2
-    monkeypatch.setattr(window_mod, "DRAIN_PAUSES_CPU_OPS", True)
+    monkeypatch.setattr(stops_mod, "DRAIN_PAUSES_CPU_OPS", True)
     with capture(schedule=Schedule(wait=2, warmup=1, active=3, repeat=2),
                  activities=["cpu"]) as cap:
         sess = cap.session
         a.steps(6)  # wait, wait, warm-up, 3 recorded: the window's end pauses A
-        assert sess._windows.draining is not None and state.cpu_ops.paused == {a.ident}
+        assert sess._stops.draining is not None and state.cpu_ops.paused == {a.ident}
         work()
         work()  # the drain ends here, on another thread: A stays paused
-        assert sess._windows.draining is None and state.cpu_ops.paused == {a.ident}
+        assert sess._stops.draining is None and state.cpu_ops.paused == {a.ident}
         work()  # the second window's warm-up
         a.steps(3)  # its 3 recorded steps: A's first call resumes A
-        assert sess._windows.draining is not None and sess._windows.draining.paused_thread is None
+        assert sess._stops.draining is not None and sess._stops.draining.paused_thread is None
         assert not state.cpu_ops.paused
         work()
         work()
@@ -430,7 +430,7 @@ def test_after_shutdown_on_another_thread_the_paused_thread_records_again(stand_
     go idle: they stay awake while a thread is paused, and the first one resumes it."""
     events, done_after = stand_in
     done_after[0] = None
-    monkeypatch.setattr(window_mod, "DRAIN_PAUSES_CPU_OPS", True)
+    monkeypatch.setattr(stops_mod, "DRAIN_PAUSES_CPU_OPS", True)
     mem = InMemoryExporter()
     instrument.configure(exporters=[mem], activities=["cpu"],
                          schedule=Schedule(warmup=1, active=3, repeat=1))
@@ -451,13 +451,13 @@ def test_a_thread_paused_by_a_sessions_last_window_records_again(stand_in, monke
     finished, so decorated calls would go idle: A's next step still resumes it."""
     events, done_after = stand_in
     done_after[0] = 1
-    monkeypatch.setattr(window_mod, "DRAIN_PAUSES_CPU_OPS", True)
+    monkeypatch.setattr(stops_mod, "DRAIN_PAUSES_CPU_OPS", True)
     with capture(schedule=Schedule(warmup=1, active=3, repeat=1), activities=["cpu"]) as cap:
         sess = cap.session
         a.steps(4)
-        assert sess._windows.draining is not None and state.cpu_ops.paused == {a.ident}
+        assert sess._stops.draining is not None and state.cpu_ops.paused == {a.ident}
         work()  # the drain ends here: the session is done
-        assert sess._windows.draining is None and sess.finished
+        assert sess._stops.draining is None and sess.finished
         a.steps(1)
         assert not state.cpu_ops.paused
         assert instrument.decorator._IDLE
@@ -469,7 +469,7 @@ def test_an_explicit_session_closed_on_another_thread_than_its_steps(stand_in, m
     session current again has finished: A's next step resumes it all the same."""
     events, done_after = stand_in
     done_after[0] = 1
-    monkeypatch.setattr(window_mod, "DRAIN_PAUSES_CPU_OPS", True)
+    monkeypatch.setattr(stops_mod, "DRAIN_PAUSES_CPU_OPS", True)
     instrument.configure(exporters=[InMemoryExporter()], activities=["cpu"],
                          schedule=Schedule(warmup=0, active=1, repeat=1))
     for _ in range(4):
@@ -478,7 +478,7 @@ def test_an_explicit_session_closed_on_another_thread_than_its_steps(stand_in, m
     done_after[0] = None
     with capture(schedule=Schedule(warmup=1, active=3, repeat=1), activities=["cpu"]) as cap:
         a.steps(4)
-        assert cap.session._windows.draining is not None and state.cpu_ops.paused == {a.ident}
+        assert cap.session._stops.draining is not None and state.cpu_ops.paused == {a.ident}
     assert state.current is state.ambient
     a.steps(1)
     assert not state.cpu_ops.paused
@@ -490,7 +490,7 @@ def test_a_thread_that_ends_paused_no_longer_keeps_calls_awake(stand_in, monkeyp
     next decorated call goes idle again."""
     events, done_after = stand_in
     done_after[0] = None
-    monkeypatch.setattr(window_mod, "DRAIN_PAUSES_CPU_OPS", True)
+    monkeypatch.setattr(stops_mod, "DRAIN_PAUSES_CPU_OPS", True)
     instrument.configure(exporters=[InMemoryExporter()], activities=["cpu"],
                          schedule=Schedule(warmup=1, active=3, repeat=1))
     a.steps(4)  # A ends the window: paused
@@ -540,9 +540,9 @@ import torch
 import instrument
 from instrument import Schedule, profiled, _torch
 from instrument.testing import InMemoryExporter
-from instrument import state, window as window_mod
+from instrument import state, stops as stops_mod
 {stand_in}
-window_mod.DRAIN_MAX_S = 0.2
+stops_mod.DRAIN_MAX_S = 0.2
 
 @profiled("work", step=True)
 def work():
@@ -557,7 +557,7 @@ instrument.configure(exporters=[InMemoryExporter()], activities=["cpu"],
                      schedule=Schedule(warmup=1, active=3, repeat=1))
 for _ in range(4):
     work()
-while state.ambient._windows.draining is not None:
+while state.ambient._stops.draining is not None:
     time.sleep(0.02)
 pid = os.fork()  # this thread is still paused (the timer stopped the drain)
 if pid == 0:

@@ -259,11 +259,11 @@ def test_a_window_is_stopped_only_by_the_thread_that_started_it():
             assert sess._windows.window is not None and sess._windows.window.owner is a
             _owned_step()
             _owned_step()  # this thread ends the window: it cannot stop A's profiler
-            assert sess._windows.pending is not None and _torch.profiler_on()
+            assert sess._stops.pending is not None and _torch.profiler_on()
             _owned_step()  # nor at its own later steps
-            assert sess._windows.pending is not None
+            assert sess._stops.pending is not None
             a.call(lambda: profiled("later")(lambda: None)())  # A's next decorated call
-            assert sess._windows.pending is None and not _torch.profiler_on()
+            assert sess._stops.pending is None and not _torch.profiler_on()
         (report,) = cap.reports
         assert report.steps == (1, 2)
         assert "owned" not in report.ranges  # the calls of a thread the window does not record
@@ -542,8 +542,8 @@ def test_close_on_the_windows_own_thread_stops_a_window_another_thread_ended():
             assert sess._windows.window is not None and sess._windows.window.owner is threading.main_thread()
             a.call(_owned_step)
             a.call(_owned_step)  # A ends the window: only this thread can stop it
-            assert sess._windows.pending is not None
-        assert sess._windows.pending is None and not _torch.profiler_on()
+            assert sess._stops.pending is not None
+        assert sess._stops.pending is None and not _torch.profiler_on()
         (report,) = cap.reports
         assert report.steps == (0, 1)
     finally:
