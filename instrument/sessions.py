@@ -189,7 +189,8 @@ class Session:
             self._stops.resume_cpu_ops()
             if self._started:
                 return
-            if not self.finished and not self._rank_selected():
+            if not self.finished and (why := _rank_skip_reason(self.config)) is not None:
+                self._skip_reason = why
                 self.finished = True  # decorated calls go idle
             self._started = True
             # the trigger outside atomic(): that swaps signal handlers, and puts back at its
@@ -210,21 +211,6 @@ class Session:
                 # every rank must not terminate this one (SIGUSR2's default action)
                 self._trigger = triggers.arm(self.config.trigger, lambda: None)
         state.refresh_idle()
-
-    def _rank_selected(self) -> bool:
-        """``PROFILED_RANKS``: a rank not listed never opens a window; the reason is the
-        session's one line at its end."""
-        ranks = self.config.ranks
-        if ranks.ranks is None:
-            return True
-        dist = _torch.distributed_info()
-        if ranks.selects(dist["rank"]):
-            return True
-        self._skip_reason = (
-            f"rank {dist['rank']} (of {dist['world_size']}) is not among the ranks that profile "
-            f"(PROFILED_RANKS={ranks}), so this process started no profiler"
-        )
-        return False
 
     def _advance(self) -> None:
         if state.PENDING:  # a window waits for its thread to stop it: this may be the one
@@ -313,3 +299,16 @@ class Session:
 
     def _warn(self, message: str) -> None:
         warn(message, ProfilerWarning)
+
+
+def _rank_skip_reason(config: Config) -> str | None:
+    """``PROFILED_RANKS``: why this rank opens no window (the session's one line at its end),
+    or None where it profiles."""
+    ranks = config.ranks
+    if ranks.ranks is None:
+        return None
+    dist = _torch.distributed_info()
+    if ranks.selects(dist["rank"]):
+        return None
+    return (f"rank {dist['rank']} (of {dist['world_size']}) is not among the ranks that profile "
+            f"(PROFILED_RANKS={ranks}), so this process started no profiler")
