@@ -28,7 +28,8 @@ import time
 
 import torch
 
-from instrument import _torch, decorator, profiled
+import instrument
+from instrument import _torch, profiled
 from instrument.analysis import analyze
 from instrument.tracefile import load_trace, shape_trace, write_json_atomic
 
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     window = _torch.ProfilerWindow(activities, record_shapes=False, profile_memory=False,
                                    with_stack=False, with_flops=False)
     window.start()
-    decorator.set_idle(True)  # no session: the decorator records ranges only
+    instrument.state._write(True, None, None)  # no session: the decorator records ranges only
     for _ in range(args.iterations):
         matmul_bias(x, w, b)
     window.stop()

@@ -169,7 +169,7 @@ class Bench:
         return took
 
     def sampled_drain_cpu(self) -> float:
-        mod = sys.modules["instrument.session"]
+        mod = instrument.stops
         mod.DRAIN_PAUSES_CPU_OPS = False
         try:
             return self.sampled()
@@ -254,10 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="write the runs and summary as JSON")
     parser.add_argument("--max-drain", type=int, metavar="N",
                         help="a CUDA window's deferred stop waits at most N steps for its "
-                             "kernels (instrument.session.MAX_DRAIN_STEPS; a diagnostic)")
+                             "kernels (instrument.stops.MAX_DRAIN_STEPS; a diagnostic)")
     parser.add_argument("--export-delay", type=float, metavar="S",
                         help="after a deferred stop the export waits S seconds from the stop "
-                             "(instrument.session.EXPORT_DELAY_S; a diagnostic)")
+                             "(instrument.reporting.EXPORT_DELAY_S; a diagnostic)")
     parser.add_argument("--only", metavar="NAMES",
                         help=f"comma-separated variants to run besides unprofiled "
                              f"({', '.join(list(VARIANTS)[1:])})")
@@ -272,9 +272,9 @@ def main(argv: list[str] | None = None) -> int:
             if name not in keep:
                 del VARIANTS[name]
     if args.max_drain is not None:
-        sys.modules["instrument.session"].MAX_DRAIN_STEPS = args.max_drain
+        instrument.stops.MAX_DRAIN_STEPS = args.max_drain
     if args.export_delay is not None:
-        sys.modules["instrument.session"].EXPORT_DELAY_S = args.export_delay
+        instrument.reporting.EXPORT_DELAY_S = args.export_delay
     if args.every <= WINDOW:
         parser.error(f"--every must be more than {WINDOW} (a window's steps), got {args.every}")
     run_steps = args.run_steps or 2 * args.every

@@ -36,7 +36,8 @@ import time
 import torch
 
 from exporters import InMemoryExporter
-from instrument import Schedule, _torch, decorator, profiled, session
+import instrument
+from instrument import Schedule, _torch, profiled, session
 
 
 @profiled("matmul_bias")
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                 t1 = time.perf_counter()
                 s.flush()
             (report,) = mem.reports
-            decorator.set_idle(True)  # no session: the decorator records ranges only
+            instrument.state._write(True, None, None)  # no session: ranges only
             prof = torch.profiler.profile(activities=torch_acts)
             prof.start()
             for _ in range(args.iterations):
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             t3 = time.perf_counter()
             prof.export_chrome_trace(os.path.join(tmp, f"plain{rep}.json"))
             t4 = time.perf_counter()
-            decorator.set_idle(False)
+            instrument.state.refresh_idle()
             if rep:
                 stall.append(t1 - t0)
                 stop.append(t3 - t2)

@@ -174,7 +174,7 @@ def _set_up_idle(instrument: Any, decorator: Any, armed: Callable[[Any], Any]) -
 
 
 def _check_idle(decorator: Any) -> None:
-    session_mod = sys.modules["instrument.session"]  # the attribute is the function
+    from instrument import lifetime as session_mod
 
     assert decorator._IDLE is True, "the ambient session did not reach the idle state"
     assert session_mod.session_for_calls() is None, "a session still wants decorated calls"
@@ -324,7 +324,7 @@ def _run(quick: bool, repeats: int | None, on_calls: int | None,
     window_schedule = Schedule(wait=0, warmup=0, active=10**9, repeat=1)
     profiler_on = sys.modules["instrument._torch"].profiler_on
 
-    session_mod = sys.modules["instrument.session"]  # the attribute is the function
+    from instrument import lifetime as session_mod
 
     @contextlib.contextmanager
     def counting_session(declare: bool) -> Iterator[Any]:

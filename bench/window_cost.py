@@ -29,11 +29,12 @@ import torch  # noqa: E402
 
 from e2e_overhead import load_example  # noqa: E402 - bench/ is this script's directory
 from exporters import TraceFileExporter  # noqa: E402
+import instrument  # noqa: E402
 from instrument import Schedule, _torch, session  # noqa: E402
 from instrument import session as _session_fn  # noqa: E402,F401
 from instrument.pipeline import ExportPipeline  # noqa: E402
 
-_sess_mod = sys.modules["instrument.session"]
+_sess_mod = instrument.stops
 
 
 PHASES: dict[str, list[float]] = defaultdict(list)
@@ -58,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--max-drain", type=int, metavar="N",
-                        help="instrument.session.MAX_DRAIN_STEPS (0: stop at the window's end)")
+                        help="instrument.stops.MAX_DRAIN_STEPS (0: stop at the window's end)")
     parser.add_argument("--drain-records-cpu", action="store_true",
-                        help="instrument.session.DRAIN_PAUSES_CPU_OPS = False")
+                        help="instrument.stops.DRAIN_PAUSES_CPU_OPS = False")
     args = parser.parse_args(argv)
     _sess_mod.DRAIN_PAUSES_CPU_OPS = not args.drain_records_cpu
     if args.max_drain is not None:
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                    "total_s": round(total, 3), "close_ms": round(close * 1e3, 1),
                    "plain_equivalent_s": round(med * args.steps, 3),
                    "excess_per_window_ms": excess, "mean_excess_after_first_ms": mean_excess,
-                   "phases_ms": phases, "deferred_stops": list(s._drain_log)}
+                   "phases_ms": phases, "deferred_stops": list(s._stops.drain_log)}
             result["runs"][label] = run
             print(f"\n== {label}: median step {med * 1e3:.2f} ms, {s.windows_opened} windows, "
                   f"run {total:.2f} s vs {med * args.steps:.2f} s at the median step; "
@@ -132,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
             if mean_excess:
                 print(f"    mean (windows after the first): {mean_excess}  "
                       f"sum {sum(mean_excess):.1f}")
-            if s._drain_log:
+            if s._stops.drain_log:
                 print("  deferred stops (steps after the window's end, kernels had run): "
-                      f"{list(s._drain_log)}")
+                      f"{list(s._stops.drain_log)}")
             for k, vals in phases.items():
                 later = vals[1:] or vals
                 print(f"  {k:28s} n={len(vals):2d}  first {vals[0]:7.1f} ms  "

@@ -12,7 +12,8 @@ from .decorator import profiled
 from .module import ModuleHandle, instrument_module
 from .report import KernelStats, OpStats, RangeStats, WindowReport
 from .sampling import Schedule
-from .session import ProfilerWarning, Session, configure, flush, session, shutdown, step
+from .lifetime import configure, flush, session, shutdown, step
+from .sessions import ProfilerWarning, Session
 
 __all__ = [
     "Config",

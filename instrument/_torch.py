@@ -229,50 +229,6 @@ def _free_orphans() -> None:
         _orphans.clear()
 
 
-PAUSED_CPU_OPS: set[int] = set()
-"""The threads whose CPU operators ``pause_cpu_ops`` stopped recording (their idents)."""
-
-_PAUSE_TOKEN = threading.local()
-
-
-class _PausedThread:
-    """Kept in the paused thread's thread-local storage: if the thread ends still paused, its
-    storage goes and this drops it from ``PAUSED_CPU_OPS`` (nothing could resume it, and
-    decorated calls stay awake while the set is not empty)."""
-
-    __slots__ = ("ident",)
-
-    def __init__(self, ident: int) -> None:
-        self.ident = ident
-
-    def __del__(self) -> None:
-        PAUSED_CPU_OPS.discard(self.ident)
-
-
-def pause_cpu_ops() -> bool:
-    """Stop recording CPU operators on the calling thread: torch's RecordFunction off there
-    (thread-local, and for the autograd work the thread starts) until ``resume_cpu_ops`` on
-    that same thread. False where this torch has no such switch."""
-    switch = getattr(torch.autograd, "_enable_record_function", None)
-    if switch is None:  # pragma: no cover - not in the torch versions we support
-        return False
-    ident = threading.get_ident()
-    _PAUSE_TOKEN.token = _PausedThread(ident)  # first: replacing an old one discards ident
-    PAUSED_CPU_OPS.add(ident)  # listed before it is off: never off unlisted
-    switch(False)
-    return True
-
-
-def resume_cpu_ops() -> None:
-    """Record CPU operators again on the calling thread if ``pause_cpu_ops`` stopped them."""
-    if PAUSED_CPU_OPS:
-        ident = threading.get_ident()
-        if ident in PAUSED_CPU_OPS:
-            torch.autograd._enable_record_function(True)
-            PAUSED_CPU_OPS.discard(ident)
-            _PAUSE_TOKEN.token = None
-
-
 def run_after_graph(fn: Any) -> None:
     """Let ``fn()`` be called inside ``torch.compile``d code without a graph break: Dynamo
     moves the call to after the graph runs (``reorderable_logging_functions``, torch >= 2.5;

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
@@ -29,14 +28,13 @@ from typing import Any, TypeVar, overload
 import torch
 import wrapt
 
-from . import _torch
+from . import _torch, state
 from .config import enabled_from_env
 
 __all__ = ["RANGE_NAMES", "profiled"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# True while nothing needs to see decorated calls: no session counts steps. Set by session.py.
 _IDLE = False
 _FLAG = _torch.PROFILER_FLAG  # _FLAG._is_profiler_enabled: any torch profiler recording
 _range_enter = _torch.range_enter  # never a bare _RecordFunctionFast: see _torch's ranges
@@ -55,55 +53,25 @@ _CM_STACK: contextvars.ContextVar[tuple[tuple[Any, Any], ...]] = contextvars.Con
     "profiled_cm_stack", default=()
 )
 
-# Every range name ever created; the analysis uses it to tell user ranges from operators.
-RANGE_NAMES: set[str] = set()
+RANGE_NAMES = state.RANGE_NAMES  # every range name a decoration created (``state``)
 
-_session_hooks: Any = None  # the session module, bound lazily to avoid an import cycle
-
-
-def _hooks() -> Any:
-    global _session_hooks
-    if _session_hooks is None:
-        # ``instrument.session`` the attribute is the function; the module is in sys.modules
-        _session_hooks = importlib.import_module("instrument.session")
-    return _session_hooks
-
-
-STEPS_DECLARED = False
-"""A ``step=True`` function, block or module exists in this process (set when it is applied):
-from then on only those (and ``step()``) end steps, never a root call. Else the first ``data``
-block of a loop, a root call, would end step 0 before the step function first returned."""
-
-
-def declare_steps() -> None:
-    """A ``step=True`` decoration was applied: root calls end no step in any session."""
-    global STEPS_DECLARED
-    if not STEPS_DECLARED:
-        STEPS_DECLARED = True
-        _hooks()._steps_declared_by_decoration()
-
-
-# The started session that decorated calls report to, while it counts steps; else None
-# (then ``_call`` asks the session module, which builds the ambient session on first use).
+# The hot-path flags: mirrors of ``state``'s, written only by it (through ``_mirror``).
+# _IDLE: nothing needs to see decorated calls (no session counts steps). _SESSION: the started
+# session calls report to while it counts steps, else None (then ``_call`` asks
+# ``state.session_for_calls``, which builds the ambient session on first use). _ON_FIRST_CALL:
+# called at the next decorated call, on its thread and in its context: the ambient session
+# starts a window's profiler there, and exporters capture what was current (the
+# OpenTelemetry span of the request being profiled). None almost always.
 _SESSION: Any = None
-
-
-def set_idle(idle: bool, session: Any = None) -> None:
-    global _IDLE, _SESSION
-    _IDLE = idle
-    _SESSION = None if idle else session
-
-
-# Called (then cleared by the session) at the first decorated call of a window: the ambient
-# session starts the window's profiler there, and exporters capture what was current on that
-# call's thread and in its context (the OpenTelemetry span of the request being profiled).
-# None almost always.
 _ON_FIRST_CALL: Any = None
 
 
-def set_first_call_hook(hook: Any) -> None:
-    global _ON_FIRST_CALL
-    _ON_FIRST_CALL = hook
+def _mirror(idle: bool, session: Any, hook: Any) -> None:
+    global _IDLE, _SESSION, _ON_FIRST_CALL
+    _IDLE, _SESSION, _ON_FIRST_CALL = idle, session, hook
+
+
+state.bind(mirror=_mirror)
 
 
 # ---------------------------------------------------------------- range enter/exit
@@ -111,7 +79,7 @@ def set_first_call_hook(hook: Any) -> None:
 
 def _enter(name: str) -> tuple[Any, Any, int, Any]:
     """Start a range: (fast range or None, depth token, depth before, session or None)."""
-    sess = _hooks().session_for_calls()
+    sess = state.session_for_calls()
     depth = _DEPTH.get()
     token = _DEPTH.set(depth + 1)
     if _ON_FIRST_CALL is not None:
@@ -164,7 +132,7 @@ def _step_call(f: Callable[..., Any], name: str, sess: Any, args: Any, kwargs: A
 
 def _call(f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: Any) -> Any:
     """A sync call while a session counts steps (the lean twin of ``_enter``/``_exit``)."""
-    sess = _SESSION or _hooks().session_for_calls()
+    sess = _SESSION or state.session_for_calls()
     if sess is None or sess._steps_declared:  # root calls do not end steps: no depth needed
         if is_step and sess is not None:
             return _step_call(f, name, sess, args, kwargs)
@@ -329,7 +297,7 @@ _torch.run_after_graph(_compiled_step_returned)
 
 
 def _step_if_counting() -> None:
-    sess = _hooks().session_for_calls()
+    sess = state.session_for_calls()
     if sess is not None:
         sess._step_function_returned()
 
@@ -389,7 +357,7 @@ def _wrap_module_class(cls: type, name: str | None, is_step: bool) -> type:
 
 def _wrap(target: Any, name: str | None, is_step: bool) -> Any:
     if is_step:
-        declare_steps()
+        state.declare_steps()
     if isinstance(target, (classmethod, staticmethod)):
         inner = _wrap(target.__func__, name, is_step)
         return type(target)(inner)
@@ -429,7 +397,7 @@ class _Profiled:
         if name is not None:
             RANGE_NAMES.add(name)
         if step and self.enabled:
-            declare_steps()
+            state.declare_steps()
 
     def __repr__(self) -> str:
         return f"profiled({self.name!r}, step={self.step})"

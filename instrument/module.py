@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from . import _torch, decorator
+from . import _torch, decorator, state
 from .config import enabled_from_env
 from .decorator import _DEPTH, _compiled_step_returned, _enter, _exit, _step_if_counting
 
@@ -242,7 +242,7 @@ def instrument_module(
     added: list[tuple[Any, _Hooks]] = []
     skipped: list[str] = []
     if step:
-        decorator.declare_steps()
+        state.declare_steps()
     with _LOCK:
         for module, name, root in selected:
             if module in _INSTRUMENTED:

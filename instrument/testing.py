@@ -18,9 +18,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from exporters import InMemoryExporter
-import importlib
 
-_session = importlib.import_module("instrument.session")
+from . import lifetime
+from .sessions import Session
 
 __all__ = ["Capture", "capture", "reset"]
 
@@ -28,7 +28,7 @@ __all__ = ["Capture", "capture", "reset"]
 class Capture:
     """What ``capture()`` yields: the session and the in-memory exporter behind it."""
 
-    def __init__(self, sess: _session.Session, exporter: InMemoryExporter) -> None:
+    def __init__(self, sess: Session, exporter: InMemoryExporter) -> None:
         self.session = sess
         self.exporter = exporter
 
@@ -45,7 +45,7 @@ def capture(**session_fields: Any) -> Iterator[Capture]:
     """An explicit session whose reports land in memory (plus any ``exporters`` given)."""
     mem = InMemoryExporter()
     extra = list(session_fields.pop("exporters", ()))
-    with _session.session(exporters=[mem, *extra], **session_fields) as sess:
+    with lifetime.session(exporters=[mem, *extra], **session_fields) as sess:
         yield Capture(sess, mem)
 
 
@@ -53,4 +53,4 @@ def reset() -> None:
     """End every session and forget ``configure()``: as if the process had just started, except
     that ``step=True`` decorations applied so far no longer count as declaring steps (those of
     every test module imported would otherwise stop root calls from ending steps in all)."""
-    _session._reset_for_tests()
+    lifetime.reset()

@@ -23,7 +23,7 @@ def counting_ambient():
     from instrument import Schedule
 
     instrument.configure(schedule=Schedule(skip_first=10**6), exporters=[InMemoryExporter()])
-    sess = sys.modules["instrument.session"].session_for_calls()  # (the attribute is session())
+    sess = instrument.lifetime.session_for_calls()
     assert sess is not None and sess.ambient and not sess._steps_declared
     yield sess
     instrument.shutdown()

@@ -124,9 +124,8 @@ def test_a_window_stops_once_its_kernels_ran_without_synchronising(tmp_path, mon
     step boundary once that event completed, without a device synchronisation, and the
     report and trace hold the recorded steps' work only (what ran after the end is cut).
     The same for a window of one thread (stepping on it) and one of all threads."""
-    import sys
 
-    session_mod = sys.modules["instrument.session"]  # (instrument.session is the function)
+    from instrument import stops as stops_mod
 
     x, w, b = _tensors(2048)
     matmul_bias(x, w, b)
@@ -137,21 +136,21 @@ def test_a_window_stops_once_its_kernels_ran_without_synchronising(tmp_path, mon
         for _ in range(4):  # warm-up + 3 recorded steps: the 4th step() ends the window
             matmul_bias(x, w, b)
             sess.step()
-        assert sess._draining is not None and sess._window is None
-        deferred_window = sess._draining[0]
+        assert sess._stops.draining is not None and sess._windows.window is None
+        deferred_window = sess._stops.draining.window
         extra = 0
-        while sess._draining is not None and extra < session_mod.MAX_DRAIN_STEPS:
+        while sess._stops.draining is not None and extra < stops_mod.MAX_DRAIN_STEPS:
             matmul_bias(x, w, b)  # still recorded by the profiler, cut from the report
             sess.step()
             extra += 1
-        assert sess._draining is None
+        assert sess._stops.draining is None
         assert deferred_window._prof.profiler.use_device is None  # no device-wide sync
-        assert len(sess._drain_log) == 1 and sess._drain_log[0][0] == extra
+        assert len(sess._stops.drain_log) == 1 and sess._stops.drain_log[0][0] == extra
         assert sess.flush(60)
         (report,) = cap.reports
     r = report.ranges["matmul_bias"]
     assert r.calls == 3
-    monkeypatch.setattr(session_mod, "MAX_DRAIN_STEPS", 0)
+    monkeypatch.setattr(stops_mod, "MAX_DRAIN_STEPS", 0)
     per_call = _window(2048, tmp_path / "sync").ranges["matmul_bias"].kernel_launches // 3
     assert r.kernel_launches == 3 * per_call  # every recorded kernel, none from after the end
     trace = json.load(open(report.trace_file))
@@ -173,7 +172,7 @@ def test_a_profiler_the_program_starts_while_a_cuda_window_drains_survives(tmp_p
         import json, sys, warnings
         import torch
         from instrument import Schedule, profiled, session
-        from instrument.session import ProfilerWarning
+        from instrument import ProfilerWarning
 
         @profiled("step", step=True)
         def step(x):
@@ -186,7 +185,7 @@ def test_a_profiler_the_program_starts_while_a_cuda_window_drains_survives(tmp_p
                          all_threads=True) as s:  # (deferred stops: all-threads windows)
                 for i in range(12):
                     if i == 4:  # the window ended at step 3's return: its stop is pending
-                        assert s._draining is not None
+                        assert s._stops.draining is not None
                         theirs = torch.profiler.profile()
                         theirs.start()
                     step(x)

@@ -29,7 +29,7 @@ import instrument
 from instrument import Schedule, _torch, profiled
 from instrument.testing import InMemoryExporter, capture
 
-session_mod = sys.modules["instrument.session"]  # (instrument.session is the function)
+from instrument import state, stops as stops_mod  # noqa: E402
 X = torch.randn(32, 32)
 
 
@@ -84,18 +84,18 @@ def test_the_stop_waits_for_the_event_then_cuts_what_ran_after_the_end(stand_in)
         sess = cap.session
         for _ in range(4):  # warm-up + 3 recorded steps
             work()
-        assert sess._draining is not None and sess._window is None
-        window = sess._draining[0]
+        assert sess._stops.draining is not None and sess._windows.window is None
+        window = sess._stops.draining.window
         assert window.recording and _torch.profiler_on()
         work()  # first boundary: the event has not completed, the profiler records on
-        assert sess._draining is not None
+        assert sess._stops.draining is not None
         work()  # second: completed, stopped without a synchronisation
-        assert sess._draining is None and not window.recording
+        assert sess._stops.draining is None and not window.recording
         assert window._prof.profiler.use_device is None
         assert not _torch.profiler_on()
     (event,) = events
     assert event.synchronized == 0
-    assert list(sess._drain_log) == [(2, True)]
+    assert list(sess._stops.drain_log) == [(2, True)]
     (report,) = cap.reports
     assert report.steps == (1, 2, 3)
     assert report.ranges["work"].calls == 3  # the two calls after the window's end are cut
@@ -104,35 +104,35 @@ def test_the_stop_waits_for_the_event_then_cuts_what_ran_after_the_end(stand_in)
 def test_at_the_cap_it_waits_for_the_event_not_the_device(stand_in, monkeypatch):
     events, done_after = stand_in
     done_after[0] = None  # never completes by itself
-    monkeypatch.setattr(session_mod, "MAX_DRAIN_STEPS", 3)
+    monkeypatch.setattr(stops_mod, "MAX_DRAIN_STEPS", 3)
     with _window() as cap:
         sess = cap.session
         for _ in range(4):
             work()
         for _ in range(2):
             work()
-            assert sess._draining is not None
+            assert sess._stops.draining is not None
         work()  # the third boundary: the cap
-        assert sess._draining is None
+        assert sess._stops.draining is None
     (event,) = events
     assert event.synchronized == 1
-    assert list(sess._drain_log) == [(3, False)]
+    assert list(sess._stops.drain_log) == [(3, False)]
     assert cap.reports[0].ranges["work"].calls == 3
 
 
 def test_a_program_that_stops_stepping_is_stopped_by_the_timer(stand_in, monkeypatch):
     events, done_after = stand_in
     done_after[0] = None
-    monkeypatch.setattr(session_mod, "DRAIN_MAX_S", 0.2)
+    monkeypatch.setattr(stops_mod, "DRAIN_MAX_S", 0.2)
     with _window() as cap:
         sess = cap.session
         for _ in range(4):
             work()
-        assert sess._draining is not None
+        assert sess._stops.draining is not None
         deadline = time.monotonic() + 30
-        while sess._draining is not None and time.monotonic() < deadline:
+        while sess._stops.draining is not None and time.monotonic() < deadline:
             time.sleep(0.02)  # no step ends: only the timer thread can stop it
-        assert sess._draining is None
+        assert sess._stops.draining is None
         assert not _torch.profiler_on()
         assert sess.flush(30)
         assert cap.reports and cap.reports[0].steps == (1, 2, 3)
@@ -141,11 +141,11 @@ def test_a_program_that_stops_stepping_is_stopped_by_the_timer(stand_in, monkeyp
 
 def test_long_steps_stop_at_the_windows_end(stand_in, monkeypatch):
     events, _ = stand_in
-    monkeypatch.setattr(session_mod, "DEFER_MAX_STEP_NS", 0)  # every step counts as long
+    monkeypatch.setattr(stops_mod, "DEFER_MAX_STEP_NS", 0)  # every step counts as long
     with _window() as cap:
         for _ in range(4):
             work()
-        assert cap.session._draining is None and not _torch.profiler_on()
+        assert cap.session._stops.draining is None and not _torch.profiler_on()
     assert events == []
     assert cap.reports[0].ranges["work"].calls == 3
 
@@ -156,8 +156,8 @@ def test_closing_the_session_stops_a_deferred_window(stand_in):
     with _window() as cap:
         for _ in range(4):
             work()
-        assert cap.session._draining is not None
-    assert cap.session._draining is None and not _torch.profiler_on()
+        assert cap.session._stops.draining is not None
+    assert cap.session._stops.draining is None and not _torch.profiler_on()
     assert events[0].synchronized == 1
     assert cap.reports[0].steps == (1, 2, 3)
 
@@ -170,7 +170,7 @@ _PROGRAM = """
 import json, sys, warnings
 import torch
 from instrument import Schedule, _torch, profiled, session
-from instrument.session import ProfilerWarning
+from instrument import ProfilerWarning
 
 {setup}
 
@@ -233,16 +233,16 @@ def test_a_profiler_the_program_starts_and_stops_during_the_drain(stand_in, tmp_
     would find no session), and drops the window with the same warning."""
     events, done_after = stand_in
     done_after[0] = None
-    with pytest.warns(session_mod.ProfilerWarning, match="your own torch.profiler started"):
+    with pytest.warns(instrument.ProfilerWarning, match="your own torch.profiler started"):
         with _window() as cap:
             for _ in range(4):
                 work()
-            assert cap.session._draining is not None
+            assert cap.session._stops.draining is not None
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 torch.ones(3).mul(2)  # no step boundary while it runs
-            assert cap.session._draining is not None and not _torch.profiler_on()
+            assert cap.session._stops.draining is not None and not _torch.profiler_on()
             work()  # the next boundary sees that ours was ended: dropped, not stopped again
-            assert cap.session._draining is None
+            assert cap.session._stops.draining is None
     assert cap.session.windows_ended == 0 and cap.reports == []
     assert events[0].synchronized == 0  # nothing of ours left to wait for
     # theirs ran while the drain paused this thread's CPU ops (on CUDA, torch 2.11 records no
@@ -261,15 +261,15 @@ def _work_ranges(window) -> int:
 def test_during_the_drain_the_stepping_thread_records_no_cpu_ops(stand_in, monkeypatch, paused):
     events, done_after = stand_in
     done_after[0] = 3
-    monkeypatch.setattr(session_mod, "DRAIN_PAUSES_CPU_OPS", paused)
+    monkeypatch.setattr(stops_mod, "DRAIN_PAUSES_CPU_OPS", paused)
     with capture(schedule=Schedule(warmup=1, active=3, repeat=1), activities=["cpu"]) as cap:
         sess = cap.session
         for _ in range(4):
             work()
-        window = sess._draining[0]
+        window = sess._stops.draining.window
         for _ in range(3):
             work()
-        assert sess._draining is None and not window.recording
+        assert sess._stops.draining is None and not window.recording
         # the 3 recorded steps (a CPU window records from its first); the drain's 3 steps
         # only where not paused
         assert _work_ranges(window) == (3 if paused else 6)
@@ -290,18 +290,18 @@ def _ambient_window_stopped_by_the_timer(monkeypatch, mem) -> None:
     """An ambient session's window whose deferred stop the timer ended (the program stopped
     stepping): torch's switch is per thread, so the timer thread cannot turn this thread's
     CPU ops back on."""
-    monkeypatch.setattr(session_mod, "DRAIN_PAUSES_CPU_OPS", True)
-    monkeypatch.setattr(session_mod, "DRAIN_MAX_S", 0.2)
+    monkeypatch.setattr(stops_mod, "DRAIN_PAUSES_CPU_OPS", True)
+    monkeypatch.setattr(stops_mod, "DRAIN_MAX_S", 0.2)
     instrument.configure(exporters=[mem], activities=["cpu"],
                          schedule=Schedule(warmup=1, active=3, repeat=1))
     for _ in range(4):
         work()
-    sess = session_mod._ambient
-    assert sess._draining is not None
+    sess = state.ambient
+    assert sess._stops.draining is not None
     deadline = time.monotonic() + 30
-    while sess._draining is not None and time.monotonic() < deadline:
+    while sess._stops.draining is not None and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert sess._draining is None and not _torch.profiler_on()
+    assert sess._stops.draining is None and not _torch.profiler_on()
 
 
 @pytest.mark.parametrize("then", ["step", "flush", "shutdown", "explicit session"])
@@ -334,13 +334,13 @@ def test_a_session_closed_from_another_thread_during_the_drain(stand_in, monkeyp
     stepping thread, still paused, records again from its first step in the next session."""
     events, done_after = stand_in
     done_after[0] = None
-    monkeypatch.setattr(session_mod, "DRAIN_PAUSES_CPU_OPS", True)
+    monkeypatch.setattr(stops_mod, "DRAIN_PAUSES_CPU_OPS", True)
     first, second = InMemoryExporter(), InMemoryExporter()
     instrument.configure(exporters=[first], activities=["cpu"],
                          schedule=Schedule(warmup=1, active=3, repeat=1))
     for _ in range(4):
         work()
-    assert session_mod._ambient._draining is not None
+    assert state.ambient._stops.draining is not None
     other = threading.Thread(target=instrument.configure, kwargs=dict(
         exporters=[second], activities=["cpu"], schedule=Schedule(warmup=1, active=3, repeat=1)))
     other.start()
@@ -397,19 +397,19 @@ def test_steps_from_two_threads_are_never_left_paused(stand_in, monkeypatch, a):
     came from more than one thread pauses none again (no thread can turn another's back on)."""
     events, done_after = stand_in
     done_after[0] = 2
-    monkeypatch.setattr(session_mod, "DRAIN_PAUSES_CPU_OPS", True)
+    monkeypatch.setattr(stops_mod, "DRAIN_PAUSES_CPU_OPS", True)
     with capture(schedule=Schedule(wait=2, warmup=1, active=3, repeat=2),
                  activities=["cpu"]) as cap:
         sess = cap.session
         a.steps(6)  # wait, wait, warm-up, 3 recorded: the window's end pauses A
-        assert sess._draining is not None and _torch.PAUSED_CPU_OPS == {a.ident}
+        assert sess._stops.draining is not None and state.cpu_ops.paused == {a.ident}
         work()
         work()  # the drain ends here, on another thread: A stays paused
-        assert sess._draining is None and _torch.PAUSED_CPU_OPS == {a.ident}
+        assert sess._stops.draining is None and state.cpu_ops.paused == {a.ident}
         work()  # the second window's warm-up
         a.steps(3)  # its 3 recorded steps: A's first call resumes A
-        assert sess._draining is not None and sess._cpu_ops_paused is None
-        assert not _torch.PAUSED_CPU_OPS
+        assert sess._stops.draining is not None and sess._stops.draining.paused_thread is None
+        assert not state.cpu_ops.paused
         work()
         work()
     assert [r.steps for r in cap.reports] == [(3, 4, 5), (9, 10, 11)]
@@ -430,20 +430,20 @@ def test_after_shutdown_on_another_thread_the_paused_thread_records_again(stand_
     go idle: they stay awake while a thread is paused, and the first one resumes it."""
     events, done_after = stand_in
     done_after[0] = None
-    monkeypatch.setattr(session_mod, "DRAIN_PAUSES_CPU_OPS", True)
+    monkeypatch.setattr(stops_mod, "DRAIN_PAUSES_CPU_OPS", True)
     mem = InMemoryExporter()
     instrument.configure(exporters=[mem], activities=["cpu"],
                          schedule=Schedule(warmup=1, active=3, repeat=1))
     for _ in range(4):
         work()
-    assert _torch.PAUSED_CPU_OPS == {threading.get_ident()}
+    assert state.cpu_ops.paused == {threading.get_ident()}
     other = threading.Thread(target=instrument.shutdown)
     other.start()
     other.join()
     assert [r.steps for r in mem.reports] == [(1, 2, 3)] and not _torch.profiler_on()
     {"step": work, "decorated call": helper, "flush": instrument.flush}[then]()
-    assert not _torch.PAUSED_CPU_OPS and _records_cpu_ops()
-    assert session_mod.decorator._IDLE  # and calls are idle again once nobody is paused
+    assert not state.cpu_ops.paused and _records_cpu_ops()
+    assert instrument.decorator._IDLE  # and calls are idle again once nobody is paused
 
 
 def test_a_thread_paused_by_a_sessions_last_window_records_again(stand_in, monkeypatch, a):
@@ -451,16 +451,16 @@ def test_a_thread_paused_by_a_sessions_last_window_records_again(stand_in, monke
     finished, so decorated calls would go idle: A's next step still resumes it."""
     events, done_after = stand_in
     done_after[0] = 1
-    monkeypatch.setattr(session_mod, "DRAIN_PAUSES_CPU_OPS", True)
+    monkeypatch.setattr(stops_mod, "DRAIN_PAUSES_CPU_OPS", True)
     with capture(schedule=Schedule(warmup=1, active=3, repeat=1), activities=["cpu"]) as cap:
         sess = cap.session
         a.steps(4)
-        assert sess._draining is not None and _torch.PAUSED_CPU_OPS == {a.ident}
+        assert sess._stops.draining is not None and state.cpu_ops.paused == {a.ident}
         work()  # the drain ends here: the session is done
-        assert sess._draining is None and sess.finished
+        assert sess._stops.draining is None and sess.finished
         a.steps(1)
-        assert not _torch.PAUSED_CPU_OPS
-        assert session_mod.decorator._IDLE
+        assert not state.cpu_ops.paused
+        assert instrument.decorator._IDLE
     assert [r.steps for r in cap.reports] == [(1, 2, 3)]
 
 
@@ -469,19 +469,19 @@ def test_an_explicit_session_closed_on_another_thread_than_its_steps(stand_in, m
     session current again has finished: A's next step resumes it all the same."""
     events, done_after = stand_in
     done_after[0] = 1
-    monkeypatch.setattr(session_mod, "DRAIN_PAUSES_CPU_OPS", True)
+    monkeypatch.setattr(stops_mod, "DRAIN_PAUSES_CPU_OPS", True)
     instrument.configure(exporters=[InMemoryExporter()], activities=["cpu"],
                          schedule=Schedule(warmup=0, active=1, repeat=1))
     for _ in range(4):
         work()
-    assert session_mod._ambient.finished and not _torch.PAUSED_CPU_OPS
+    assert state.ambient.finished and not state.cpu_ops.paused
     done_after[0] = None
     with capture(schedule=Schedule(warmup=1, active=3, repeat=1), activities=["cpu"]) as cap:
         a.steps(4)
-        assert cap.session._draining is not None and _torch.PAUSED_CPU_OPS == {a.ident}
-    assert session_mod._current is session_mod._ambient
+        assert cap.session._stops.draining is not None and state.cpu_ops.paused == {a.ident}
+    assert state.current is state.ambient
     a.steps(1)
-    assert not _torch.PAUSED_CPU_OPS
+    assert not state.cpu_ops.paused
     assert [r.steps for r in cap.reports] == [(1, 2, 3)]
 
 
@@ -490,17 +490,17 @@ def test_a_thread_that_ends_paused_no_longer_keeps_calls_awake(stand_in, monkeyp
     next decorated call goes idle again."""
     events, done_after = stand_in
     done_after[0] = None
-    monkeypatch.setattr(session_mod, "DRAIN_PAUSES_CPU_OPS", True)
+    monkeypatch.setattr(stops_mod, "DRAIN_PAUSES_CPU_OPS", True)
     instrument.configure(exporters=[InMemoryExporter()], activities=["cpu"],
                          schedule=Schedule(warmup=1, active=3, repeat=1))
     a.steps(4)  # A ends the window: paused
-    assert _torch.PAUSED_CPU_OPS == {a.ident}
+    assert state.cpu_ops.paused == {a.ident}
     instrument.shutdown()  # here: the drain stops here, A stays paused
-    assert _torch.PAUSED_CPU_OPS == {a.ident} and not session_mod.decorator._IDLE
+    assert state.cpu_ops.paused == {a.ident} and not instrument.decorator._IDLE
     a.stop()  # A ends without another decorated call
-    assert not _torch.PAUSED_CPU_OPS
+    assert not state.cpu_ops.paused
     helper()
-    assert session_mod.decorator._IDLE
+    assert instrument.decorator._IDLE
 
 
 def test_a_refresh_that_read_before_configure_does_not_undo_it(monkeypatch):
@@ -510,16 +510,16 @@ def test_a_refresh_that_read_before_configure_does_not_undo_it(monkeypatch):
                          schedule=Schedule(warmup=0, active=1, repeat=1))
     for _ in range(3):
         work()
-    assert session_mod._current.finished and session_mod.decorator._IDLE
-    real_set_idle = session_mod.decorator.set_idle
+    assert state.current.finished and instrument.decorator._IDLE
+    real_write = state._write
     configured = threading.Event()
 
-    def set_idle_after_configure(*args, **kwargs):  # the flushing thread is preempted here
+    def write_after_configure(*args, **kwargs):  # the flushing thread is preempted here
         if threading.current_thread().name == "late-refresh":
             configured.wait(10)
-        real_set_idle(*args, **kwargs)
+        real_write(*args, **kwargs)
 
-    monkeypatch.setattr(session_mod.decorator, "set_idle", set_idle_after_configure)
+    monkeypatch.setattr(state, "_write", write_after_configure)
     late = threading.Thread(target=instrument.flush, name="late-refresh")
     late.start()
     time.sleep(0.2)
@@ -540,9 +540,9 @@ import torch
 import instrument
 from instrument import Schedule, profiled, _torch
 from instrument.testing import InMemoryExporter
-session_mod = __import__("sys").modules["instrument.session"]
+from instrument import state, stops as stops_mod
 {stand_in}
-session_mod.DRAIN_MAX_S = 0.2
+stops_mod.DRAIN_MAX_S = 0.2
 
 @profiled("work", step=True)
 def work():
@@ -557,7 +557,7 @@ instrument.configure(exporters=[InMemoryExporter()], activities=["cpu"],
                      schedule=Schedule(warmup=1, active=3, repeat=1))
 for _ in range(4):
     work()
-while session_mod._ambient._draining is not None:
+while state.ambient._stops.draining is not None:
     time.sleep(0.02)
 pid = os.fork()  # this thread is still paused (the timer stopped the drain)
 if pid == 0:

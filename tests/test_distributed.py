@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import gzip
-import importlib
 import json
 import os
 import re
@@ -28,7 +27,7 @@ from instrument.testing import capture
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = os.path.join(REPO, "tests", "_dist_job.py")
-session_mod = importlib.import_module("instrument.session")  # the module, not session()
+from instrument import state  # noqa: E402
 HTA_RANK = re.compile(r'"rank":\s+(\d+)')
 JOB_SCHEDULE = Schedule(wait=2, warmup=1, active=2, repeat=3)
 # the torchrun job samples: a window (1 warm-up + 2 recorded steps) may open every 4th step,
@@ -132,7 +131,7 @@ def test_the_ambient_session_of_a_rank_not_selected_goes_idle(monkeypatch):
     assert not decorator._IDLE
     assert [work() for _ in range(3)] == [False] * 3
     assert decorator._IDLE and decorator._SESSION is None
-    (memory,) = session_mod._ambient.exporters  # PROFILED_EXPORTERS=memory (conftest)
+    (memory,) = state.ambient.exporters  # PROFILED_EXPORTERS=memory (conftest)
     instrument.shutdown()
     assert memory.reports == []
     (line,) = memory.notices

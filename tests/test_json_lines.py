@@ -44,9 +44,8 @@ def test_one_line_per_window_with_the_report(tmp_path):
 
 def test_env_names_json_exporter_and_path(monkeypatch, tmp_path):
     monkeypatch.setenv("PROFILED_JSON_PATH", str(tmp_path / "r.jsonl"))
-    import instrument.session as _  # noqa: F401
 
-    from instrument.session import _builtin_kwargs, ambient_config
+    from instrument.lifetime import _builtin_kwargs, ambient_config
 
     (exp,) = resolve_exporters(["json"], builtin_kwargs=_builtin_kwargs(ambient_config()))
     assert isinstance(exp, JsonLinesExporter) and exp.path == str(tmp_path / "r.jsonl")

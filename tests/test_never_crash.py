@@ -202,7 +202,7 @@ def test_a_range_that_outlives_its_window_is_counted_and_never_ended_in_the_next
         held.__enter__()  # step 0: window 0 records
         cap.step()
         cap.step()  # window 0 ends with step 1, window 1 starts with step 2
-        assert cap.session._window is not None and cap.session._window.recording
+        assert cap.session._windows.window is not None and cap.session._windows.window.recording
         epoch = _torch._epoch
         held.__exit__(None, None, None)  # under window 1: kept, not ended
         assert _torch._epoch == epoch and len(_torch._orphans) == 1
@@ -256,14 +256,14 @@ def test_a_window_is_stopped_only_by_the_thread_that_started_it():
                      activities=["cpu"]) as cap:
             sess = cap.session
             a.call(_owned_step)  # A ends step 0: the window starts on A
-            assert sess._window is not None and sess._window.owner is a
+            assert sess._windows.window is not None and sess._windows.window.owner is a
             _owned_step()
             _owned_step()  # this thread ends the window: it cannot stop A's profiler
-            assert sess._pending_stop is not None and _torch.profiler_on()
+            assert sess._stops.pending is not None and _torch.profiler_on()
             _owned_step()  # nor at its own later steps
-            assert sess._pending_stop is not None
+            assert sess._stops.pending is not None
             a.call(lambda: profiled("later")(lambda: None)())  # A's next decorated call
-            assert sess._pending_stop is None and not _torch.profiler_on()
+            assert sess._stops.pending is None and not _torch.profiler_on()
         (report,) = cap.reports
         assert report.steps == (1, 2)
         assert "owned" not in report.ranges  # the calls of a thread the window does not record
@@ -526,7 +526,7 @@ def test_a_window_of_a_thread_threading_did_not_start_is_stopped_as_it_ends():
     with capture(schedule=Schedule(wait=1, warmup=0, active=2, repeat=2),
                  activities=["cpu"]) as cap:
         _run_on_a_thread_not_started_by_threading(_owned_step)  # starts window 0 there
-        assert cap.session._window is not None and not _torch._LIVE
+        assert cap.session._windows.window is not None and not _torch._LIVE
         for _ in range(6):
             _owned_step()
     assert cap.reports[-1].steps == (4, 5)
@@ -539,11 +539,11 @@ def test_close_on_the_windows_own_thread_stops_a_window_another_thread_ended():
         with capture(schedule=Schedule(wait=0, warmup=0, active=2, repeat=1),
                      activities=["cpu"]) as cap:
             sess = cap.session
-            assert sess._window is not None and sess._window.owner is threading.main_thread()
+            assert sess._windows.window is not None and sess._windows.window.owner is threading.main_thread()
             a.call(_owned_step)
             a.call(_owned_step)  # A ends the window: only this thread can stop it
-            assert sess._pending_stop is not None
-        assert sess._pending_stop is None and not _torch.profiler_on()
+            assert sess._stops.pending is not None
+        assert sess._stops.pending is None and not _torch.profiler_on()
         (report,) = cap.reports
         assert report.steps == (0, 1)
     finally:

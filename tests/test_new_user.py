@@ -4,7 +4,6 @@ inside a ``step=True`` function, which ends two steps per call, is said once."""
 
 from __future__ import annotations
 
-import sys
 import warnings
 
 import pytest
@@ -13,7 +12,7 @@ import instrument
 from exporters import ExporterWarning
 from instrument import _torch, decorator, profiled, step
 
-session_mod = sys.modules["instrument.session"]
+from instrument import state  # noqa: E402
 
 
 @profiled("f")
@@ -37,7 +36,7 @@ def test_exporters_none_opens_no_window_and_says_nothing(monkeypatch, value):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # not a word
         assert _run_steps() == [False] * 12
-    assert session_mod._current.finished and decorator._IDLE
+    assert state.current.finished and decorator._IDLE
 
 
 def test_exporters_all_unknown_open_no_window_with_one_warning(monkeypatch):

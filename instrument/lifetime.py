@@ -1,0 +1,304 @@
+"""The process-level API: ``session()``, ``configure()``, ``step()``, ``flush()``,
+``shutdown()``, the ambient session and the exit hook. The state they change is ``state``'s."""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from exporters import ExporterWarning, check_exporter_names, resolve_exporters
+from exporters._warn import warn
+
+from . import _torch, analysis_process, state
+from ._atomic import atomic
+from .config import Config, _reject_unknown, _reset_warnings
+from .sampling import Schedule
+from .sessions import Session
+
+__all__ = ["configure", "flush", "session", "shutdown", "step"]
+
+
+def ambient_config() -> Config:
+    """The configuration the ambient session uses: the environment, then ``configure()``."""
+    config = Config.from_env()
+    if state.overrides:
+        config = config.replace(**state.overrides)
+    return config
+
+
+def _builtin_kwargs(config: Config) -> dict[str, dict[str, Any]]:
+    return {
+        "trace": {"dir": config.trace_dir, "gzip": config.trace_gzip, "keep": config.trace_keep,
+                  "max_mb": config.trace_max_mb},
+        "json": {"path": config.json_path},
+    }
+
+
+def _warn_once(message: str, category: type[Warning]) -> None:
+    """Once per process, like warnings about other environment values (the ambient session is
+    rebuilt by configure())."""
+    if message not in state.exporter_warnings_seen:
+        state.exporter_warnings_seen.add(message)
+        warn(message, category)
+
+
+def session_for_calls() -> Session | None:
+    """The session a decorated call reports to, or None when none needs it."""
+    cur = state.current
+    if cur is None:
+        cur = _make_ambient()
+        if cur is None:
+            state.resume_idle_thread()
+            return None
+    if not cur._started:
+        cur._start()
+    if cur.finished:
+        state.resume_idle_thread()
+        return None
+    return cur
+
+
+def _make_ambient() -> Session | None:
+    with state.lock:
+        if state.current is not None:
+            return state.current
+        if state.shut_down:
+            return None
+        config = ambient_config()
+        exporters = (resolve_exporters(config.exporters, builtin_kwargs=_builtin_kwargs(config),
+                                       warn=_warn_once) if config.enabled else [])
+        sess = Session(config, exporters, ambient=True)
+        if not exporters:
+            # disabled, or nothing would see a window: open none (PROFILED_EXPORTERS=none, or
+            # every name unknown, each of which has warned already)
+            sess.finished = True
+            if config.enabled and config.exporters:
+                _warn_once("no exporter named in PROFILED_EXPORTERS could be used, so no "
+                           "profiler windows are opened (decorated calls cost what idle ones "
+                           "do)", ExporterWarning)
+        state.ambient = state.current = sess
+        _register_atexit()
+        state.refresh_idle()
+        return sess
+
+
+def enter_explicit(sess: Session) -> None:
+    with state.lock:
+        if state.explicit is not None:
+            raise RuntimeError(
+                "a torch-profiled session is already open; sessions do not nest "
+                "(one torch profiler per process)"
+            )
+        if sess.closed:
+            raise RuntimeError("this session has ended; create a new one with session(...)")
+        amb = state.ambient
+        if amb is not None:
+            with amb._lock, atomic():
+                if amb._windows.window is not None:
+                    if not amb._windows.steps:
+                        amb._skip_reason = ("an explicit session() started before the "
+                                            "ambient window recorded a step")
+                    amb._windows.end(partial=True)
+                amb._stops.finish_drain(force=True)  # its profiler must stop before ours
+        state.cpu_ops.resume_here()  # a stop the timer ended left this thread paused
+        state.explicit = state.current = sess
+        _register_atexit()
+        sess._start()
+        state.refresh_idle()
+
+
+def exit_explicit(sess: Session) -> None:
+    try:
+        sess.close()
+    finally:
+        with state.lock:
+            if state.explicit is sess:
+                state.explicit = None
+                state.current = state.ambient
+            state.refresh_idle()
+
+
+def session(
+    *,
+    exporters: Sequence[Any] | None = None,
+    schedule: Schedule | None = None,
+    activities: Sequence[Any] | None = None,
+    record_shapes: bool | None = None,
+    profile_memory: bool | None = None,
+    with_stack: bool | None = None,
+    with_flops: bool | None = None,
+    **fields: Any,
+) -> Session:
+    """An explicit profiling lifetime: ``with session(exporters=[...]) as s: ... s.step()``.
+
+    Unset arguments come from the ambient configuration (environment, then ``configure()``).
+    Exporter names resolve like ``PROFILED_EXPORTERS``; an unknown name raises ``ValueError``.
+    Everything still open is exported when the block exits.
+    """
+    _reject_unknown(fields)
+    given: dict[str, Any] = dict(fields)
+    for key, value in (
+        ("exporters", exporters), ("schedule", schedule), ("activities", activities),
+        ("record_shapes", record_shapes), ("profile_memory", profile_memory),
+        ("with_stack", with_stack), ("with_flops", with_flops),
+    ):
+        if value is not None:
+            given[key] = value
+    config = ambient_config().replace(**given)
+    if "exporters" in given:
+        check_exporter_names(config.exporters)
+    exps = resolve_exporters(config.exporters, builtin_kwargs=_builtin_kwargs(config))
+    if not config.enabled:
+        return _DisabledSession(config, exps)
+    return Session(config, exps, ambient=False)
+
+
+class _DisabledSession(Session):
+    """``PROFILED_ENABLED=0``: a session that never starts a profiler."""
+
+    def __init__(self, config: Config, exporters: Sequence[Any]) -> None:
+        super().__init__(config, exporters, ambient=False)
+        self.finished = True
+
+    def _start(self) -> None:
+        self._started = True
+
+    def close(self, timeout: float | None = None) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        self._pipeline.close(self.config.export_timeout_s if timeout is None else timeout)
+        state.refresh_idle()
+
+
+def configure(**fields: Any) -> None:
+    """Set the ambient configuration from code (overrides the environment).
+
+    Unknown field names raise ``TypeError``, bad values ``ValueError``/``TypeError``. The
+    current ambient session (if any) is closed (an open window is exported as partial) and a
+    new one starts with the next decorated call.
+    """
+    _reject_unknown(fields)
+    candidate = dict(state.overrides)
+    candidate.update(fields)
+    Config().replace(**candidate)  # validates every value
+    if "exporters" in fields:
+        check_exporter_names(Config().replace(exporters=fields["exporters"]).exporters)
+    with state.lock:
+        old = state.ambient
+        state.overrides.clear()
+        state.overrides.update(candidate)
+        state.ambient = None
+        if state.current is old:
+            state.current = state.explicit
+        state.shut_down = False
+        state.refresh_idle()
+    if old is not None:
+        old.close()
+
+
+def step() -> None:
+    """End the current step of the current session (explicit, else ambient)."""
+    sess = state.current or _make_ambient()
+    if sess is not None:
+        if not sess._started:
+            sess._start()
+        sess.step()
+    else:
+        state.cpu_ops.resume_here()  # after shutdown() from another thread during a stop
+        if state.PENDING:
+            state.run_pending_stops()
+
+
+def flush(timeout_s: float | None = None) -> bool:
+    """Wait until every window that has ended so far has been exported by every exporter.
+
+    Reports are built and exported on background threads; call this before reading what an
+    exporter produced (a test, a notebook cell). Returns False if ``timeout_s`` passed first.
+    """
+    state.resume_idle_thread()
+    if state.PENDING:
+        state.run_pending_stops()
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    ok = True
+    for sess in [s for s in (state.explicit, state.ambient) if s is not None]:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ok = sess.flush(left) and ok
+    return ok
+
+
+def shutdown() -> None:
+    """End every session: open windows that recorded steps are exported (``partial=True``);
+    then the analysis helper process leaves (a later window starts a new one). All within one
+    ``export_timeout_s`` (the longest of the sessions'), whatever the exporters do."""
+    deadline = _close_sessions()
+    if state.PENDING:  # windows this thread started (or whose thread has ended)
+        state.run_pending_stops()
+    _torch.end_orphaned_profiler()  # none should be left; if one is, it must not outlive us
+    state.resume_idle_thread()
+    analysis_process.close_shared(max(0.0, deadline - time.monotonic()))
+
+
+def _close_sessions() -> float:
+    """Close every session within one deadline (returned, ``time.monotonic()``)."""
+    with state.lock:
+        sessions = state.take_sessions()
+    timeout = max((s.config.export_timeout_s for s in sessions),
+                  default=Config().export_timeout_s)
+    deadline = time.monotonic() + timeout
+    for sess in sessions:
+        try:
+            sess.close(deadline - time.monotonic())
+        except Exception as exc:  # noqa: BLE001
+            warn(f"torch-profiled shutdown failed: {exc!r}", ExporterWarning)
+    return deadline
+
+
+def reset() -> None:
+    """Close everything and forget ``configure()``: a fresh process, as far as we can tell
+    (the analysis helper stays: starting one per test costs ~0.1 s)."""
+    _close_sessions()
+    _reset_warnings()
+    state.reset()
+
+
+def _register_atexit() -> None:
+    """Export what is queued when the interpreter exits, before the thread pools go.
+
+    Exporters (OpenTelemetry's among them) use ``concurrent.futures``, which refuses new work
+    once its own exit hook has run, and that hook runs at threading shutdown, before
+    ``atexit``. So our hook is a threading exit hook too, registered after that module's
+    (they run last-registered first); ``atexit`` where this Python has no such hook.
+    """
+    if state.atexit_registered:
+        return
+    state.atexit_registered = True
+    import concurrent.futures.thread  # noqa: F401 - registers its exit hook before ours
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        try:
+            register(_at_exit)
+            return
+        except RuntimeError:  # already shutting down
+            pass
+    atexit.register(_at_exit)
+
+
+def _at_exit() -> None:
+    """Runs at threading shutdown, before non-daemon threads are joined: if one still runs
+    (a training thread the main thread left running), end the sessions only after it, from
+    ``atexit``."""
+    others = [t for t in threading.enumerate()
+              if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if others:
+        atexit.register(shutdown)
+        return
+    shutdown()
+
+
+state.bind(calls=session_for_calls, explicit=(enter_explicit, exit_explicit))

@@ -1,0 +1,158 @@
+"""From a stopped window to its ``WindowReport``: the report room.
+
+Runs on the export pipeline's analysis worker. The window's events are read straight from
+Kineto's results where this torch allows it (then analysed on that worker), else its exported
+trace is read, shaped and analysed in the shared helper process (off the program's GIL; in this
+process where the helper cannot). Also the one line a session without reports ends with.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import _torch, analysis_process, rawtraces, state
+from .analysis import analyze, drop_warmup
+from .analysis_process import shape_and_analyse
+from .config import Config
+from .report import WindowReport
+from .sampling import Schedule
+from .tracefile import shape_file
+
+__all__ = ["EndedWindow", "ReportBuilder", "remove_raw", "why_no_report"]
+
+EXPORT_DELAY_S = 0.3
+"""After a deferred stop the export worker waits this long (from the stop) before torch's
+``export_chrome_trace``, which holds the GIL for ~15-30 ms: right after the stop the device's
+queue is short, and the training thread must refill it first."""
+
+
+@dataclass
+class EndedWindow:
+    """What the caller hands to the export worker when a window ends."""
+
+    window: Any  # the stopped ProfilerWindow; None once its report is built
+    index: int
+    steps: tuple[int, ...]
+    partial: bool
+    start_ns: int
+    end_ns: int
+    names: frozenset[str]
+    dist: dict[str, Any]
+    stopped_at: float | None = None  # time.monotonic() of a deferred stop, else None
+
+
+class ReportBuilder:
+    """Builds one session's window reports (``build``, on the export worker)."""
+
+    def __init__(self, config: Config, activities: list[str],
+                 warn_: Callable[[str], None], cancelled: Callable[[], bool]) -> None:
+        self.config = config
+        self.activities = activities
+        self._warn = warn_
+        self._cancelled = cancelled  # the session ended past its deadline: nobody waits
+
+    def build(self, ended: EndedWindow) -> WindowReport | None:
+        """The window's report and its shaped trace file; None (with a warning) on failure."""
+        try:
+            return self._build(ended)
+        except Exception as exc:  # noqa: BLE001
+            self._warn(f"window {ended.index} could not be analysed ({exc!r}); its report is "
+                       "lost")
+            return None
+
+    def _build(self, ended: EndedWindow) -> WindowReport | None:
+        window, names, dist = ended.window, ended.names, ended.dist
+        ended.window = None  # the profiler's results go when this report is built
+        if self._cancelled():
+            return None
+        raw = rawtraces.new_path(ended.index)
+        try:
+            if ended.stopped_at is not None:  # a deferred stop: let the device's queue refill
+                delay = ended.stopped_at + EXPORT_DELAY_S - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            # straight from Kineto's events where this torch allows it, on the export thread
+            events = None if self.config.analysis_process else window.events()
+            window.export_chrome_trace(raw)  # needs the profiler's results: in this process
+            del window
+            if events is not None:
+                analysis = analyze(drop_warmup(events), names)
+                del events
+                shape_file(raw, names, dist)  # the trace exporters get (tracefile.shape_trace)
+            else:
+                # reading, shaping and analysing the trace: in the helper process, off this
+                # program's GIL, unless it is off or cannot
+                analysis = (self._in_helper(raw, names, dist)
+                            if self.config.analysis_process else None)
+                if analysis is None:
+                    analysis = shape_and_analyse(raw, names, dist)
+        except BaseException:
+            rawtraces.remove(raw)  # no report will carry it: nobody else would remove it
+            raise
+        return WindowReport(
+            window=ended.index, steps=ended.steps, partial=ended.partial,
+            start_ns=ended.start_ns, end_ns=ended.end_ns,
+            rank=int(dist["rank"]), world_size=int(dist["world_size"]),
+            host=_torch.host_name(), pid=os.getpid(),
+            device=_torch.device_name(self.activities), activities=tuple(self.activities),
+            raw_trace_path=raw, **analysis.report_fields(),
+        )
+
+    def _in_helper(self, raw: str, names: frozenset[str], dist: dict[str, Any]) -> Any:
+        """The window's trace work in the shared helper process; None (the caller does it
+        here) when the helper cannot, with one warning the first time it fails."""
+        if not analysis_process.SUPPORTED:
+            return None
+        helper = analysis_process.shared()
+        if helper.failed is not None:
+            return None
+        try:
+            analysis, said = helper.analyse(raw, names, dist)
+        except analysis_process.AnalysisProcessError as exc:
+            if helper.failed is not None:
+                if not state.helper_warned:
+                    state.helper_warned = True
+                    self._warn(f"{exc}; windows are analysed in this process from now on")
+            else:  # this window's trace only
+                self._warn(str(exc) + "; analysing it in this process instead")
+            return None
+        for message in said:
+            self._warn(message)
+        return analysis
+
+
+def remove_raw(report: WindowReport) -> None:
+    """The pipeline is done with a report's raw trace."""
+    rawtraces.remove(report.raw_trace_path)
+
+
+def why_no_report(skip_reason: str | None, steps: int, schedule: Schedule,
+                  ambient: bool) -> str:
+    """The one line a session that exported no report ends with."""
+    if skip_reason:
+        return f"no table: {skip_reason}."
+    first_record = schedule.skip_first + schedule.wait + schedule.warmup
+    needed = first_record + 1
+    if steps >= needed:
+        return f"no table: no window recorded a step in the {steps} step(s) that ended."
+    if steps == 0:
+        if not ambient:
+            return ("no table: no step ended before the session ended (in a session a step "
+                    "ends at s.step() or when a step=True function returns: call s.step() "
+                    "at the end of each step).")
+        return (
+            "no table: no step ended before the program stopped (a step ends when a "
+            "step=True function returns or at instrument.step(); in a program with "
+            "neither, when a root @profiled call returns)."
+        )
+    return (
+        f"no table: {steps} step(s) ended, but the schedule ({schedule.to_env()}) "
+        f"records from step {first_record}, so at least {needed} steps are needed; "
+        "run more steps or set PROFILED_SCHEDULE."
+    )
+
+

@@ -1,0 +1,274 @@
+"""Every process-wide mutable thing of the SDK, in one place, behind one lock.
+
+- the sessions: ``ambient`` (built from the environment and ``configure()`` overrides),
+  ``explicit`` (an open ``with session(...)``) and ``current`` (what decorated calls report to);
+  ``shut_down`` after ``shutdown()``;
+- ``overrides``: the fields given to ``configure()``;
+- ``PENDING``: sessions whose window's stop waits for the thread that started it;
+- ``cpu_ops``: the threads a deferred stop paused (torch's per-thread RecordFunction switch);
+- ``steps_declared`` and ``RANGE_NAMES``: what decorations applied so far declared;
+- the decorator's hot-path flags (idle, the session calls report to, the first-call hook):
+  the decorator keeps them as module globals for speed, and only this module writes them
+  (``refresh_idle``, ``set_first_call_hook``), through the writer the decorator registers.
+
+``reset()`` puts it all back as a new process has it (for tests); ``_after_fork_in_child`` as a
+forked child must have it. This module imports nothing of the SDK's upper layers: the session
+module registers what decorated calls need from it (``bind``).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from . import _torch
+from .analysis import gc_paused
+
+__all__ = ["RANGE_NAMES", "cpu_ops", "refresh_idle", "reset"]
+
+lock = threading.RLock()
+ambient: Any = None
+explicit: Any = None
+current: Any = None  # explicit or ambient: what decorated calls report to
+shut_down = False
+overrides: dict[str, Any] = {}
+PENDING: list[Any] = []
+"""Sessions whose window's stop waits for the thread that started it."""
+atexit_registered = False
+exporter_warnings_seen: set[str] = set()
+helper_warned = False
+
+steps_declared = False
+"""A ``step=True`` function, block or module exists in this process (set when it is applied):
+from then on only those (and ``step()``) end steps, never a root call. Else the first ``data``
+block of a loop, a root call, would end step 0 before the step function first returned."""
+
+RANGE_NAMES: set[str] = set()
+"""Every range name a decoration created; the analysis tells user ranges from operators by
+it. Decorations outlive sessions, so ``reset()`` keeps it."""
+
+
+# ---------------------------------------------------------------- bindings
+
+def _no_session() -> None:
+    return None
+
+
+session_for_calls: Callable[[], Any] = _no_session
+"""The session a decorated call reports to (building the ambient one on first use), or None:
+bound by ``instrument.sessions`` at import."""
+enter_explicit: Callable[[Any], None] = lambda session: None  # noqa: E731
+exit_explicit: Callable[[Any], None] = lambda session: None  # noqa: E731
+"""``with session(...)``'s entry and exit: bound by ``instrument.lifetime`` at import."""
+_mirror: Callable[[bool, Any, Any], None] = lambda idle, session, hook: None  # noqa: E731
+_idle = False
+_session: Any = None
+_hook: Any = None
+
+
+def bind(*, calls: Callable[[], Any] | None = None,
+         explicit: tuple[Callable[[Any], None], Callable[[Any], None]] | None = None,
+         mirror: Callable[[bool, Any, Any], None] | None = None) -> None:
+    """What the upper layers give: ``calls``, the lifetime module's ``session_for_calls``;
+    ``explicit``, its (enter, exit) of a ``with session(...)`` block; ``mirror``, the
+    decorator's writer of its hot-path globals (idle, session, first-call hook)."""
+    global session_for_calls, enter_explicit, exit_explicit, _mirror
+    if calls is not None:
+        session_for_calls = calls
+    if explicit is not None:
+        enter_explicit, exit_explicit = explicit
+    if mirror is not None:
+        _mirror = mirror
+        mirror(_idle, _session, _hook)
+
+
+def _write(idle: bool, session: Any, hook: Any) -> None:
+    global _idle, _session, _hook
+    _idle, _session, _hook = idle, session, hook
+    _mirror(idle, session, hook)
+
+
+def set_first_call_hook(hook: Any) -> None:
+    """Called at the next decorated call (``None`` clears it): see ``window.Windows.first_call``."""
+    _write(_idle, _session, hook)
+
+
+def first_call_hook() -> Any:
+    return _hook
+
+
+def idle() -> bool:
+    return _idle
+
+
+def declare_steps() -> None:
+    """A ``step=True`` decoration was applied: root calls end no step in any session."""
+    global steps_declared
+    steps_declared = True
+    for sess in (ambient, explicit):
+        if sess is not None:
+            sess._steps_declared = True
+
+
+# ---------------------------------------------------------------- the CPU-op pause
+
+class _PausedThread:
+    """Kept in the paused thread's thread-local storage: if the thread ends still paused, its
+    storage goes and this drops it from the paused set (nothing could resume it, and decorated
+    calls stay awake while the set is not empty)."""
+
+    __slots__ = ("ident", "owner")
+
+    def __init__(self, ident: int, owner: "CpuOps") -> None:
+        self.ident = ident
+        self.owner = owner
+
+    def __del__(self) -> None:
+        self.owner.paused.discard(self.ident)
+
+
+class CpuOps:
+    """The threads whose CPU operators a deferred stop paused (torch's RecordFunction off on
+    that thread). One resume protocol: a paused thread records again the next time it enters
+    the SDK (a step, a decorated call, a session's start, ``flush()``/``shutdown()``), unless
+    the drain that paused it still runs; a thread that ends paused leaves the set by itself;
+    a forked child starts with none."""
+
+    def __init__(self) -> None:
+        self.paused: set[int] = set()
+        self._token = threading.local()
+
+    def __bool__(self) -> bool:
+        return bool(self.paused)
+
+    def pause(self) -> bool:
+        """Stop recording CPU operators on the calling thread; False where this torch has no
+        such switch."""
+        switch = getattr(torch.autograd, "_enable_record_function", None)
+        if switch is None:  # pragma: no cover - not in the torch versions we support
+            return False
+        ident = threading.get_ident()
+        self._token.token = _PausedThread(ident, self)  # first: replacing one discards ident
+        self.paused.add(ident)  # listed before it is off: never off unlisted
+        switch(False)
+        return True
+
+    def resume_here(self) -> None:
+        """Record CPU operators again on the calling thread if ``pause`` stopped them."""
+        if self.paused:
+            ident = threading.get_ident()
+            if ident in self.paused:
+                torch.autograd._enable_record_function(True)
+                self.paused.discard(ident)
+                self._token.token = None
+
+    def forget_all(self) -> None:
+        """A forked child: the calling thread records again; the other threads are gone."""
+        self.resume_here()
+        self.paused.clear()
+
+
+cpu_ops = CpuOps()
+
+
+# ---------------------------------------------------------------- derived flags
+
+def _seen() -> tuple[Any, ...]:
+    cur = current
+    if cur is None:
+        return (None, shut_down, bool(cpu_ops))
+    return (cur, shut_down, bool(cpu_ops), cur.finished, cur.closed, cur._started)
+
+
+def refresh_idle() -> None:
+    """Decorated calls may skip all bookkeeping when no session needs to see them.
+
+    Lock-free (it runs under sessions' locks, which ``lock`` holders also take), so it checks
+    that what it read still holds after writing: a ``configure()``, ``shutdown()`` or session
+    change on another thread in between would otherwise be overwritten by a stale flag (idle
+    calls then never make the new ambient session)."""
+    while True:
+        seen = _seen()
+        cur = seen[0]
+        if cpu_ops and (cur is None or cur.finished or cur.closed):
+            # a thread a deferred stop paused must still reach session_for_calls to resume
+            _write(False, None, _hook)
+        elif cur is None:
+            _write(seen[1], None, _hook)
+        else:
+            idle_now = cur.finished or cur.closed
+            _write(idle_now, None if idle_now or not cur._started else cur, _hook)
+        if _seen() == seen:
+            return
+
+
+def run_pending_stops() -> None:
+    """Stop the windows that wait for this thread (or whose thread has ended)."""
+    for sess in list(PENDING):
+        if sess._stops.pending_is_here():  # checked before any lock: calls stay cheap
+            sess._run_pending_stop()
+
+
+def resume_idle_thread() -> None:
+    """No session wants this call: resume the thread if a deferred stop paused it, and let
+    decorated calls go idle again once no thread is left paused (``refresh_idle`` kept them
+    awake for it). Rare: idle calls do not get here."""
+    cpu_ops.resume_here()
+    if PENDING:
+        run_pending_stops()
+    if not cpu_ops:
+        refresh_idle()
+
+
+def take_sessions() -> list[Any]:
+    """Under ``lock``: forget every session (they are the caller's to close) and shut down."""
+    global ambient, explicit, current, shut_down
+    sessions = [s for s in (explicit, ambient) if s is not None]
+    shut_down = True
+    ambient = explicit = current = None
+    refresh_idle()
+    return sessions
+
+
+def reset() -> None:
+    """After the sessions were closed: as a new process has it, except ``RANGE_NAMES``; and
+    ``steps_declared`` is cleared (the step=True functions of the modules imported so far
+    would make every test's root calls end no step: a test that wants them decorates its own)."""
+    global shut_down, steps_declared
+    if PENDING:  # stops waiting for this thread, or for one that has ended
+        run_pending_stops()
+    _torch.end_orphaned_profiler()
+    cpu_ops.resume_here()
+    steps_declared = False
+    exporter_warnings_seen.clear()
+    with lock:
+        overrides.clear()
+        shut_down = False
+        refresh_idle()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) never exports the parent's windows, never stops the
+    parent's profiler (its state is a copy) and starts none of its own: it forgets every
+    session without touching torch, and its decorated calls run idle."""
+    global ambient, explicit, current, shut_down, lock
+    lock = threading.RLock()  # the parent may have held it while forking
+    ambient = explicit = current = None
+    shut_down = True
+    PENDING.clear()  # the parent's windows: never stopped from here
+    _torch.after_fork_in_child()
+    _write(True, None, None)
+    if gc_paused():  # forked while the export worker had the collector paused
+        gc.enable()
+    # forked while a deferred stop paused this thread's CPU ops (the DataLoader workers an
+    # epoch's first batch starts): the child records them again; the other threads are gone
+    cpu_ops.forget_all()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
