@@ -7,7 +7,7 @@ One profiler window records ``--iterations`` calls of a small ``x @ w + b`` deco
 on that same stopped window:
 
 - ``report``: what the session does when a window ends before exporters run: read Kineto's
-  results and analyse them (``_torch.ProfilerWindow.events`` + ``analysis.analyze``);
+  results and analyze them (``_torch.ProfilerWindow.events`` + ``analysis.analyze``);
 - ``key_averages``: ``prof.key_averages()``, what a torch.profiler user waits for before the
   first table (its first call builds the event tree: ~30 µs per event);
 - ``export_chrome_trace``: torch's trace export, the floor for anything that writes a trace;
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     events = window.events()
     if events is None:
         print(f"torch {torch.__version__}: Kineto events carry no activity_type(); the report "
-              "comes from the trace JSON there (export + load + analyse)")
+              "comes from the trace JSON there (export + load + analyze)")
         from instrument.analysis import events_from_trace
 
         with tempfile.TemporaryDirectory() as tmp:

@@ -25,7 +25,7 @@ Variants, all in one process on one model, optimizer and pool of batches:
   session opens to after it closes (closing waits for exports still in flight), so they pay
   every window in full.
 - *sampled, analysis on the export thread*: ``sampled`` with ``PROFILED_ANALYSIS_PROCESS=0``
-  (the trace is read, shaped and analysed on the SDK's export thread, not in its helper
+  (the trace is read, shaped and analyzed on the SDK's export thread, not in its helper
   process).
 - *sampled, CPU ops recorded during the deferred stop*: ``sampled`` with the stepping thread's
   CPU operators recorded while a CUDA window's stop waits for its kernels (the SDK before

@@ -16,8 +16,8 @@ followed by ``--idle`` plain steps. Per window, timed on the training thread:
 - *export*: ``export_chrome_trace`` (torch's JSON writer);
 - then the SDK worker's phases on the same window, one by one, without the training loop
   running: *load* (``json.load``), *shape* (``tracefile.shape_trace``), *write* (the shaped
-  trace, uncompressed), *events* (``analysis.events_from_trace``), *analyse*
-  (``analysis.analyze``), and *kineto* (``_torch.kineto_events`` + analyse, where this torch's
+  trace, uncompressed), *events* (``analysis.events_from_trace``), *analyze*
+  (``analysis.analyze``), and *kineto* (``_torch.kineto_events`` + analyze, where this torch's
   events carry activity types);
 - *after*: the median synchronised plain step after the window over the one before any window
   (CUPTI left attached slows every later launch).
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         row["events"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         analyze(evs, ())
-        row["analyse"] = time.perf_counter() - t0
+        row["analyze"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         kev = win.events()
         if kev is not None:

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     timed(_torch.ProfilerWindow, "start", "caller: profiler start")
     timed(_torch.ProfilerWindow, "stop", "caller: profiler stop")
     timed(ExportPipeline, "submit", "caller: hand-over")
-    timed(_sess_mod.Session, "_analyse", "worker: build report")
+    timed(_sess_mod.Session, "_analyze", "worker: build report")
     import instrument
 
     # the ambient session counts steps but never opens a window (no table during warm-up)

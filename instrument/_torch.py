@@ -543,7 +543,7 @@ class ProfilerWindow:
     def events(self) -> list[tuple] | None:
         """The stopped window's events as ``analysis.Event`` tuples, read straight from
         Kineto's results (no trace JSON, no ``key_averages()``); None where this torch's
-        events lack what that needs (then analyse the exported trace)."""
+        events lack what that needs (then analyze the exported trace)."""
         from .analysis import no_gc
 
         try:

@@ -1,7 +1,7 @@
 """A window's trace work in a helper process, off the program's GIL.
 
 Once a window stops, its report needs the trace JSON read, shaped (``tracefile.shape_trace``),
-written back and analysed: ~80 ms of pure-Python and ``json`` work per window of a GPU training
+written back and analyzed: ~80 ms of pure-Python and ``json`` work per window of a GPU training
 step (bench/stop_cost.py). Done on a thread of the profiled program, that work holds the GIL
 while the training thread wants it at every operator launch, and the training step slows by
 about twice the work (a GIL convoy; BENCHMARKS.md). So the export worker only has torch write
@@ -39,7 +39,7 @@ import time
 import warnings
 from typing import Any
 
-__all__ = ["SUPPORTED", "AnalysisProcess", "AnalysisProcessError", "shape_and_analyse",
+__all__ = ["SUPPORTED", "AnalysisProcess", "AnalysisProcessError", "shape_and_analyze",
            "shared"]
 
 START_TIMEOUT_S = 30.0
@@ -54,15 +54,15 @@ KILL_WAIT_S = 1.0
 _HEADER = struct.Struct(">Q")
 
 SUPPORTED = os.name == "posix"
-"""The helper needs POSIX pipes and sessions; elsewhere windows are analysed in-process."""
+"""The helper needs POSIX pipes and sessions; elsewhere windows are analyzed in-process."""
 
 
 class AnalysisProcessError(RuntimeError):
     """The helper could not do a window's work; the caller does it in-process."""
 
 
-def shape_and_analyse(raw: str, names: Any, dist: dict[str, Any]) -> Any:
-    """Shape the raw trace at ``raw`` in place and analyse it: the helper's work, and the
+def shape_and_analyze(raw: str, names: Any, dist: dict[str, Any]) -> Any:
+    """Shape the raw trace at ``raw`` in place and analyze it: the helper's work, and the
     in-process fallback's when torch's events cannot be read directly."""
     from .analysis import analyze, events_from_trace
     from .tracefile import shape_file
@@ -74,7 +74,7 @@ def shape_and_analyse(raw: str, names: Any, dist: dict[str, Any]) -> Any:
 
 
 class AnalysisProcess:
-    """The parent's handle on one helper process; ``analyse`` may be called from any thread
+    """The parent's handle on one helper process; ``analyze`` may be called from any thread
     (calls are serialised)."""
 
     def __init__(self) -> None:
@@ -90,9 +90,9 @@ class AnalysisProcess:
         proc = self._proc
         return proc.pid if proc is not None and proc.poll() is None else None
 
-    def analyse(self, raw: str, names: Any, dist: dict[str, Any],
+    def analyze(self, raw: str, names: Any, dist: dict[str, Any],
                 timeout: float = WINDOW_TIMEOUT_S) -> tuple[Any, list[str]]:
-        """``shape_and_analyse`` in the helper: (the Analysis, warnings it gave)."""
+        """``shape_and_analyze`` in the helper: (the Analysis, warnings it gave)."""
         with self._lock:
             if self.failed is not None:
                 raise AnalysisProcessError(self.failed)
@@ -102,7 +102,7 @@ class AnalysisProcess:
                 assert self._proc is not None and self._requests is not None
                 # the helper runs in "/": a relative path would name another file there
                 _send_frame(self._requests,
-                            ("analyse", os.path.abspath(raw), tuple(names), dict(dist)))
+                            ("analyze", os.path.abspath(raw), tuple(names), dict(dist)))
                 reply = _read_frame(self._proc.stdout, time.monotonic() + timeout)
                 if not (isinstance(reply, tuple) and len(reply) in (2, 3)
                         and reply[0] in ("ok", "error")):
@@ -161,14 +161,14 @@ class AnalysisProcess:
 
     def close(self, timeout: float = 2.0) -> None:
         """Ask the helper to leave, taking at most ``timeout`` seconds in all (waiting for a
-        window being analysed, for the helper's exit and for its end once killed): past it,
+        window being analyzed, for the helper's exit and for its end once killed): past it,
         or while it still works on a window then, the helper is killed. ``timeout <= 0``
         never blocks. A forked child never touches its parent's helper."""
         if os.getpid() != self._owner:
             return
         deadline = time.monotonic() + max(0.0, timeout)
         if not _acquire(self._lock, deadline):
-            # analyse() holds the lock while the helper works: end it; analyse() then gets
+            # analyze() holds the lock while the helper works: end it; analyze() then gets
             # end-of-file, gives the helper up and reaps it (on its own thread, not ours)
             proc = self._proc
             if proc is not None:
@@ -343,7 +343,7 @@ def _read_frame(pipe: Any, deadline: float | None) -> Any:
 
 
 def child_main() -> None:
-    """The helper's loop: answer ``analyse`` frames until ``exit``, end of input, or the
+    """The helper's loop: answer ``analyze`` frames until ``exit``, end of input, or the
     parent's death (it may be gone while a forked child of it still holds our input open)."""
     import signal
 
@@ -366,14 +366,14 @@ def child_main() -> None:
             request = _read_frame(stdin, None)
         except EOFError:
             return
-        if request[0] != "analyse":
+        if request[0] != "analyze":
             return
         _, raw, names, dist = request
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                analysis = shape_and_analyse(raw, frozenset(names), dist)
+                analysis = shape_and_analyze(raw, frozenset(names), dist)
                 reply: tuple = ("ok", analysis, [str(w.message) for w in caught])
             except Exception as exc:  # noqa: BLE001 - reported to the parent, which goes on
-                reply = ("error", f"the trace of this window could not be analysed ({exc!r})")
+                reply = ("error", f"the trace of this window could not be analyzed ({exc!r})")
         _write_frame(stdout, reply)

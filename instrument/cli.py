@@ -298,7 +298,7 @@ def report_from_trace(
     try:
         analysis = analyze_trace(trace, names, top=rows)
     except Exception as exc:  # noqa: BLE001 - a malformed event: bad input, not a crash
-        raise InputError(path, f"events could not be analysed ({type(exc).__name__}: {exc})",
+        raise InputError(path, f"events could not be analyzed ({type(exc).__name__}: {exc})",
                          EXPECT_TRACE) from None
 
     pid = 0
@@ -750,7 +750,7 @@ def _max_mb_option(parser: argparse.ArgumentParser) -> None:
         "--max-mb", type=_positive_int, default=DEFAULT_MAX_MB, metavar="MB",
         help=f"refuse a trace with more than MB megabytes (2^20 bytes) of JSON, for .json.gz "
              f"once decompressed, checked while reading (default {DEFAULT_MAX_MB}: real windows "
-             f"write up to ~200 MB, and a trace takes ~5x its size in memory to analyse)")
+             f"write up to ~200 MB, and a trace takes ~5x its size in memory to analyze)")
 
 
 def build_parser() -> argparse.ArgumentParser:

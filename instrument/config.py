@@ -112,7 +112,7 @@ PROFILED_TRACE_GZIP = "PROFILED_TRACE_GZIP"
 """``PROFILED_TRACE_GZIP`` [1]: write ``.pt.trace.json.gz`` (1) or ``.pt.trace.json`` (0)."""
 
 PROFILED_ANALYSIS_PROCESS = "PROFILED_ANALYSIS_PROCESS"
-"""``PROFILED_ANALYSIS_PROCESS`` [1]: read, shape and analyse each window's trace in a helper
+"""``PROFILED_ANALYSIS_PROCESS`` [1]: read, shape and analyze each window's trace in a helper
 process (1), off the program's GIL, or on the export thread (0). See
 ``instrument.analysis_process``."""
 

@@ -300,7 +300,7 @@ class ExportPipeline:
         self._build = build
         self._cleanup = cleanup
         self._lanes = [_Lane(e) for e in self.exporters]
-        self._analysis = _Worker("torch-profiled-analysis", self._analyse, "window analysis",
+        self._analysis = _Worker("torch-profiled-analysis", self._analyze, "window analysis",
                                  ANALYSIS_QUEUE_SIZE)
         self.exported = 0  # reports handed to the lanes
         self._closing = False
@@ -330,9 +330,9 @@ class ExportPipeline:
         for lane in self._lanes:
             lane.put(_Job("notice", message))
 
-    def _analyse(self, job: _Job) -> None:
+    def _analyze(self, job: _Job) -> None:
         report = self._build(job.payload)
-        job.payload = None  # free the profiler's results as soon as they are analysed
+        job.payload = None  # free the profiler's results as soon as they are analyzed
         if report is None:
             return
         if self._closed or not self._lanes:  # closed past its deadline: nobody waits

@@ -1,8 +1,8 @@
 """From a stopped window to its ``WindowReport``: the report room.
 
 Runs on the export pipeline's analysis worker. The window's events are read straight from
-Kineto's results where this torch allows it (then analysed on that worker), else its exported
-trace is read, shaped and analysed in the shared helper process (off the program's GIL; in this
+Kineto's results where this torch allows it (then analyzed on that worker), else its exported
+trace is read, shaped and analyzed in the shared helper process (off the program's GIL; in this
 process where the helper cannot). Also the one line a session without reports ends with.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from . import _torch, analysis_process, rawtraces, state
 from .analysis import analyze, drop_warmup
-from .analysis_process import shape_and_analyse
+from .analysis_process import shape_and_analyze
 from .config import Config
 from .report import WindowReport
 from .sampling import Schedule
@@ -60,7 +60,7 @@ class ReportBuilder:
         try:
             return self._build(ended)
         except Exception as exc:  # noqa: BLE001
-            self._warn(f"window {ended.index} could not be analysed ({exc!r}); its report is "
+            self._warn(f"window {ended.index} could not be analyzed ({exc!r}); its report is "
                        "lost")
             return None
 
@@ -84,12 +84,12 @@ class ReportBuilder:
                 del events
                 shape_file(raw, names, dist)  # the trace exporters get (tracefile.shape_trace)
             else:
-                # reading, shaping and analysing the trace: in the helper process, off this
+                # reading, shaping and analyzing the trace: in the helper process, off this
                 # program's GIL, unless it is off or cannot
                 analysis = (self._in_helper(raw, names, dist)
                             if self.config.analysis_process else None)
                 if analysis is None:
-                    analysis = shape_and_analyse(raw, names, dist)
+                    analysis = shape_and_analyze(raw, names, dist)
         except BaseException:
             rawtraces.remove(raw)  # no report will carry it: nobody else would remove it
             raise
@@ -111,14 +111,14 @@ class ReportBuilder:
         if helper.failed is not None:
             return None
         try:
-            analysis, said = helper.analyse(raw, names, dist)
+            analysis, said = helper.analyze(raw, names, dist)
         except analysis_process.AnalysisProcessError as exc:
             if helper.failed is not None:
                 if not state.helper_warned:
                     state.helper_warned = True
-                    self._warn(f"{exc}; windows are analysed in this process from now on")
+                    self._warn(f"{exc}; windows are analyzed in this process from now on")
             else:  # this window's trace only
-                self._warn(str(exc) + "; analysing it in this process instead")
+                self._warn(str(exc) + "; analyzing it in this process instead")
             return None
         for message in said:
             self._warn(message)

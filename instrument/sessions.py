@@ -43,7 +43,7 @@ __all__ = ["ProfilerWarning", "Session"]
 
 
 class ProfilerWarning(UserWarning):
-    """A profiler window could not be opened, ended or analysed; the program goes on."""
+    """A profiler window could not be opened, ended or analyzed; the program goes on."""
 
 
 class Session:

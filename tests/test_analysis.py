@@ -164,7 +164,7 @@ def _assert_agrees_with_key_averages(window, range_name, calls, tmp_path):
     from instrument.tracefile import load_trace
 
     events = window.events()
-    if events is None:  # torch < 2.13: the session analyses the exported trace instead
+    if events is None:  # torch < 2.13: the session analyzes the exported trace instead
         window.export_chrome_trace(str(tmp_path / "w.json"))
         events = events_from_trace(load_trace(str(tmp_path / "w.json")))
     ours = analyze(events, {range_name}, top=10_000)

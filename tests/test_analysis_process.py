@@ -19,7 +19,7 @@ import torch
 import instrument
 from exporters import InMemoryExporter
 from instrument import ProfilerWarning, analysis_process, profiled, session
-from instrument.analysis_process import AnalysisProcess, AnalysisProcessError, shape_and_analyse
+from instrument.analysis_process import AnalysisProcess, AnalysisProcessError, shape_and_analyze
 from instrument.tracefile import load_trace
 from tests.conftest import REPO
 
@@ -82,10 +82,10 @@ def test_helper_gives_the_in_process_analysis_and_shaped_trace(raw_trace, tmp_pa
     shutil.copy(raw_trace, here)
     shutil.copy(raw_trace, there)
     dist = {"rank": 0, "world_size": 1}
-    expected = shape_and_analyse(str(here), frozenset({"mm"}), dist)
+    expected = shape_and_analyze(str(here), frozenset({"mm"}), dist)
     helper = AnalysisProcess()
     try:
-        got, said = helper.analyse(str(there), {"mm"}, dist)
+        got, said = helper.analyze(str(there), {"mm"}, dist)
         assert helper.torch_in_child is False  # the helper never imports torch
         pid = helper.pid
         assert pid and pid != os.getpid()
@@ -105,10 +105,10 @@ def test_a_bad_trace_loses_that_window_only(tmp_path, raw_trace):
     bad.write_text("{not json")
     helper = AnalysisProcess()
     try:
-        with pytest.raises(AnalysisProcessError, match="could not be analysed"):
-            helper.analyse(str(bad), (), {"rank": 0, "world_size": 1})
+        with pytest.raises(AnalysisProcessError, match="could not be analyzed"):
+            helper.analyze(str(bad), (), {"rank": 0, "world_size": 1})
         assert helper.failed is None
-        got, _ = helper.analyse(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1})
+        got, _ = helper.analyze(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1})
         assert got.ranges["mm"].calls == 3
     finally:
         helper.close()
@@ -117,16 +117,16 @@ def test_a_bad_trace_loses_that_window_only(tmp_path, raw_trace):
 def test_a_hung_helper_times_out_and_is_killed(raw_trace):
     helper = AnalysisProcess()
     try:
-        helper.analyse(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1})
+        helper.analyze(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1})
         pid = helper.pid
         os.kill(pid, signal.SIGSTOP)  # hung
         t0 = time.monotonic()
         with pytest.raises(AnalysisProcessError, match="failed"):
-            helper.analyse(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1}, timeout=0.5)
+            helper.analyze(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1}, timeout=0.5)
         assert time.monotonic() - t0 < 5
         assert helper.failed and _gone(pid)
         with pytest.raises(AnalysisProcessError):  # given up for good, no new start
-            helper.analyse(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1})
+            helper.analyze(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1})
     finally:
         helper.close()
 
@@ -291,17 +291,17 @@ def test_a_dead_helper_never_kills_a_program_that_restored_sigpipe(run_python):
 
 
 def test_exit_never_waits_for_a_busy_helper(raw_trace):
-    """close() while a window is being analysed (here: a helper stopped mid-work) ends the
+    """close() while a window is being analyzed (here: a helper stopped mid-work) ends the
     helper within its timeout instead of waiting for the window's own deadline."""
     helper = AnalysisProcess()
-    helper.analyse(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1})
+    helper.analyze(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1})
     pid = helper.pid
     os.kill(pid, signal.SIGSTOP)
     errors = []
 
     def busy():
         try:
-            helper.analyse(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1}, timeout=120)
+            helper.analyze(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1}, timeout=120)
         except AnalysisProcessError as exc:
             errors.append(exc)
 
@@ -320,17 +320,17 @@ def test_exit_never_waits_for_a_busy_helper(raw_trace):
 def test_junk_from_the_helper_gives_it_up_and_the_window_is_kept(raw_trace, tmp_path):
     """Bytes that are no frame on the helper's output (written into its real pipe) make the
     parent give the helper up at once, not wait for a frame that never ends; the session
-    then analyses in-process."""
+    then analyzes in-process."""
     helper = AnalysisProcess()
     try:
-        helper.analyse(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1})
+        helper.analyze(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1})
         pid = helper.pid
         os.kill(pid, signal.SIGSTOP)  # it must not answer before our junk is read
         with open(f"/proc/{pid}/fd/1", "wb") as out:  # the helper's end of the reply pipe
             out.write(b"\xff" * 8 + b"junk")
         t0 = time.monotonic()
         with pytest.raises(AnalysisProcessError, match="corrupt"):
-            helper.analyse(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1}, timeout=30)
+            helper.analyze(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1}, timeout=30)
         assert time.monotonic() - t0 < 5
         assert helper.failed and _gone(pid)
     finally:
@@ -409,7 +409,7 @@ def _home_beside_the_real_one(tmp_path):
 def test_the_helper_imports_nothing_from_the_programs_surroundings(tmp_path, setup):
     """A program run from a directory full of modules named like the standard library's
     (``pickle.py``, ``json.py``, ``selectors.py``, ... ``sitecustomize.py``): after a real
-    window analysed in the helper, none of them ran, and the report is complete. Also when
+    window analyzed in the helper, none of them ran, and the report is complete. Also when
     the program sets PYTHONPATH (and PYTHONSTARTUP) to another such directory for its
     children; with PYTHONHOME set (the helper then takes its standard library from that same
     home, as the program did); and with the SDK in a directory that holds such modules too
@@ -444,7 +444,7 @@ def test_the_helper_imports_nothing_from_the_programs_surroundings(tmp_path, set
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert sorted(os.listdir(marks)) == []  # no planted module ran, in the helper or anywhere
-    assert got["failed"] is None and got["pid"]  # the window was analysed in the helper
+    assert got["failed"] is None and got["pid"]  # the window was analyzed in the helper
     assert got["calls"] == [3]
     assert got["dynload"]  # the helper's own extension modules (_socket, select, ...)
     if home is not None:
@@ -484,13 +484,13 @@ def fresh_shared():
 
 def _busy(helper: AnalysisProcess, raw_trace) -> tuple[int, object]:
     """The helper stopped in the middle of a window that a thread waits for."""
-    helper.analyse(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1})
+    helper.analyze(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1})
     pid = helper.pid
     os.kill(pid, signal.SIGSTOP)
 
     def work():
         try:
-            helper.analyse(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1}, timeout=60)
+            helper.analyze(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1}, timeout=60)
         except AnalysisProcessError:
             pass
 
@@ -542,11 +542,11 @@ def test_a_deadline_already_past_never_blocks(raw_trace, timeout, fresh_shared):
 
 def test_close_never_exceeds_its_timeout_in_all(raw_trace):
     """A window's work that ends just before the deadline (the handle held for 0.9 s, as
-    analyse() holds it while the helper works), then a helper that does not leave when asked
+    analyze() holds it while the helper works), then a helper that does not leave when asked
     (stopped): close(1.0) still returns about 1 s after it was called, not a second timeout
     later, and the helper is gone."""
     helper = AnalysisProcess()
-    helper.analyse(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1})
+    helper.analyze(str(raw_trace), {"mm"}, {"rank": 0, "world_size": 1})
     pid = helper.pid
     os.kill(pid, signal.SIGSTOP)
     held = threading.Event()

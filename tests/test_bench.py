@@ -53,7 +53,7 @@ def test_stop_cost_times_every_phase(tmp_path):
     assert out.returncode == 0, out.stderr
     doc = json.loads((tmp_path / "sc.json").read_text())
     assert len(doc["windows"]) == 2
-    phases = {"start", "drain", "stop", "export", "load", "shape", "write", "events", "analyse",
+    phases = {"start", "drain", "stop", "export", "load", "shape", "write", "events", "analyze",
               "after", "events_n"}
     assert phases <= set(doc["windows"][0])
     assert all(w["events_n"] > 0 for w in doc["windows"])

@@ -591,8 +591,8 @@ def test_steps_end_when_the_whole_step_function_is_compiled(backend):
 
 def test_report_from_trace_json_where_kineto_events_lack_categories(monkeypatch):
     """torch < 2.13 (2.11 on the GPU host): Kineto events have no activity_type(); the session
-    analyses the exported trace instead, with the same numbers. (The export-thread path: the
-    helper process always analyses the trace.)"""
+    analyzes the exported trace instead, with the same numbers. (The export-thread path: the
+    helper process always analyzes the trace.)"""
     from instrument import _torch
 
     with capture(schedule=Schedule(wait=0, warmup=1, active=2), analysis_process=False) as cap:
