@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from contextlib import contextmanager
 
 import pytest
 
 import instrument.testing
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests import _proc
 
 
 @contextmanager
@@ -46,21 +44,11 @@ def _fresh_sdk(tmp_path, monkeypatch):
 
 @pytest.fixture
 def run_python(tmp_path):
-    """Run a Python snippet in a fresh interpreter (real process, real exit)."""
-    import subprocess
+    """Run a Python snippet in a fresh interpreter (real process, real exit) in the test's
+    directory, with :func:`tests._proc.sdk_env` plus ``env``."""
 
     def run(code: str, env: dict[str, str] | None = None, timeout: float = 120):
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("PROFILED_")}
-        full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
-        full_env.update(env or {})
-        return subprocess.run(
-            [sys.executable, "-c", code],
-            cwd=tmp_path,
-            env=full_env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        return _proc.run("-c", code, env=_proc.sdk_env(env), cwd=tmp_path, timeout=timeout)
 
     return run
 

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -21,7 +20,8 @@ from exporters import InMemoryExporter
 from instrument import ProfilerWarning, analysis_process, profiled, session
 from instrument.analysis_process import AnalysisProcess, AnalysisProcessError, shape_and_analyze
 from instrument.tracefile import load_trace
-from tests.conftest import REPO
+from tests import _proc
+from tests._proc import REPO
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="the helper runs on POSIX only")
 
@@ -439,8 +439,7 @@ def test_the_helper_imports_nothing_from_the_programs_surroundings(tmp_path, set
     if setup == "pythonhome":
         home = _home_beside_the_real_one(tmp_path)
         env["PYTHONHOME"] = str(home)
-    proc = subprocess.run([sys.executable, str(program), *args], cwd=cwd, env=env, check=False,
-                          capture_output=True, text=True, timeout=180)
+    proc = _proc.run(str(program), *args, cwd=cwd, env=env, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert sorted(os.listdir(marks)) == []  # no planted module ran, in the helper or anywhere

@@ -10,24 +10,22 @@ from __future__ import annotations
 import getpass
 import json
 import os
-import subprocess
-import sys
 import tempfile
 
-from tests.conftest import REPO
+from tests import _proc
+from tests._proc import REPO
 
 
 def run_bench(name, tmp_path, *args, timeout=300):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROFILED_")}
-    env["PYTHONPATH"] = REPO
+    env = _proc.sdk_env()
     env["TMPDIR"] = str(tmp_path / "tmp")  # what a bench leaves in the temporary directory
     # torch's compile cache, which importing torch._dynamo creates under TMPDIR unless this is
     # set (it sets it in its own process, so children of a process that imported it inherit it)
     env.setdefault("TORCHINDUCTOR_CACHE_DIR",
                    os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
     os.makedirs(env["TMPDIR"], exist_ok=True)
-    return subprocess.run([sys.executable, os.path.join(REPO, "bench", name), *args],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    return _proc.run(os.path.join(REPO, "bench", name), *args, cwd=tmp_path, env=env,
+                     timeout=timeout)
 
 
 def test_e2e_overhead_runs_every_variant_and_writes_its_json(tmp_path):

@@ -17,17 +17,15 @@ import torch
 
 import instrument
 from instrument import cli
-from tests.conftest import REPO
+from tests._proc import REPO
+from tests import _proc
 
 ITERS = 10
 
 
 def _run(*args: str, cwd=None) -> subprocess.CompletedProcess:
     """``python -m instrument ARGS`` in a real process."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROFILED_")}
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-m", "instrument", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return _proc.run("-m", "instrument", *args, cwd=cwd)
 
 
 def _main(capsys, *args: str) -> tuple[int, str, str]:
@@ -459,10 +457,7 @@ def test_usage(capsys):
 
 
 def test_broken_pipe_prints_no_traceback(traces):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROFILED_")}
-    env["PYTHONPATH"] = REPO
-    proc = subprocess.Popen([sys.executable, "-m", "instrument", "summarize", traces["plain"]],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = _proc.start("-m", "instrument", "summarize", traces["plain"], text=False)
     proc.stdout.close()  # the reader is gone before the first write (`| head` that quit)
     err = proc.stderr.read().decode()
     proc.stderr.close()
@@ -490,10 +485,7 @@ def test_console_script_and_cheap_import():
     assert scripts["torch-profiled"] == "instrument.cli:main"
     code = ("import instrument, sys; before = set(sys.modules); import instrument.cli; "
             "print(sorted(set(sys.modules) - before))")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROFILED_")}
-    env["PYTHONPATH"] = REPO
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=120)
+    out = _proc.run("-c", code)
     assert out.returncode == 0, out.stderr
     assert eval(out.stdout) == ["instrument.cli"]  # nothing else: analysis loads on use
 

@@ -12,6 +12,7 @@ from instrument import Schedule, profiled
 from instrument.analysis import analyze_events
 from instrument.testing import capture
 from instrument.tracefile import load_trace
+from tests import _proc
 
 pytestmark = pytest.mark.cuda
 
@@ -164,8 +165,6 @@ def test_a_profiler_the_program_starts_while_a_cuda_window_drains_survives(tmp_p
     """The window ended and its stop waits for its kernels; the program starts its own torch
     profiler meanwhile: the session drops its window (stopping ours would end theirs) and
     the program's profiler stops and exports without crashing."""
-    import subprocess
-    import sys
     import textwrap
 
     script = textwrap.dedent("""
@@ -198,8 +197,7 @@ def test_a_profiler_the_program_starts_while_a_cuda_window_drains_survives(tmp_p
                                        for e in trace),
                           "kernels": sum(e.get("cat") == "kernel" for e in trace)}))
     """)
-    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "theirs.json")],
-                          capture_output=True, text=True, timeout=300)
+    proc = _proc.run("-c", script, str(tmp_path / "theirs.json"), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["windows"] == 0

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import os
 import queue
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -30,6 +28,7 @@ from instrument import Schedule, _torch, profiled
 from instrument.testing import InMemoryExporter, capture
 
 from instrument import state, stops as stops_mod  # noqa: E402
+from tests import _proc
 X = torch.randn(32, 32)
 
 
@@ -130,8 +129,10 @@ def test_a_program_that_stops_stepping_is_stopped_by_the_timer(stand_in, monkeyp
             work()
         assert sess._stops.draining is not None
         deadline = time.monotonic() + 30
-        while sess._stops.draining is not None and time.monotonic() < deadline:
-            time.sleep(0.02)  # no step ends: only the timer thread can stop it
+        # no step ends: only the timer thread can stop it (it clears the drain, then stops)
+        while (sess._stops.draining is not None or _torch.profiler_on()) \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert sess._stops.draining is None
         assert not _torch.profiler_on()
         assert sess.flush(30)
@@ -212,8 +213,7 @@ def test_a_profiler_the_program_starts_meanwhile_survives_the_windows_end(case, 
     # window's end, while its deferred stop waits (a stand-in event that never completes)
     script = textwrap.dedent(_PROGRAM).format(
         setup=_STAND_IN if case == "draining" else "", start_at=2 if case == "recording" else 4)
-    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "theirs.json")],
-                          capture_output=True, text=True, timeout=120)
+    proc = _proc.run("-c", script, str(tmp_path / "theirs.json"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
 
@@ -571,8 +571,6 @@ print("parent", records_cpu_ops(), "child", os.waitstatus_to_exitcode(status))
 def test_a_child_forked_while_the_thread_is_paused_records_cpu_ops():
     """A DataLoader worker forked during a drain inherits the thread's switch, off."""
     script = _FORK.format(stand_in=_STAND_IN)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROFILED_")}
-    proc = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c", script],
-                          capture_output=True, text=True, timeout=120, env=env)
+    proc = _proc.run("-W", "ignore::DeprecationWarning", "-c", script)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "parent False child 0"

@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 import warnings
@@ -22,6 +21,7 @@ import pytest
 from exporters import Exporter, ExporterWarning, ExportResult, InMemoryExporter, TraceFileExporter
 from instrument import Schedule, profiled
 from instrument.testing import capture
+from tests import _proc
 
 MIB = 1 << 20
 
@@ -255,10 +255,7 @@ KILLED_WRITER = textwrap.dedent("""
 
 def _writer(out, how: str) -> tuple[subprocess.Popen, str]:
     """A real process that opened one of our temporary files in ``out``."""
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(
-        __file__)))}
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(out), how], env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = _proc.start("-c", KILLED_WRITER, str(out), how, stdin=subprocess.PIPE, stderr=None)
     return proc, proc.stdout.readline().strip()
 
 
@@ -419,13 +416,8 @@ def test_full_disk_warns_once_and_leaves_no_partial_file(run_python, tmp_path):
                 cap.step()
         print(len(cap.reports), trace.lost, trace.last_path)
     """)
-    import subprocess
-
     out = tmp_path / "traces"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROFILED_")}
-    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    result = subprocess.run([sys.executable, "-c", child, str(out)], env=env, cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120)
+    result = _proc.run("-c", child, str(out), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["3", "3", "None"]
     assert result.stderr.count("was not written") == 1, result.stderr

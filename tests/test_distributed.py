@@ -9,8 +9,6 @@ import json
 import os
 import re
 import socket
-import subprocess
-import sys
 import warnings
 
 import pytest
@@ -28,6 +26,7 @@ from instrument.testing import capture
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = os.path.join(REPO, "tests", "_dist_job.py")
 from instrument import state  # noqa: E402
+from tests import _proc
 HTA_RANK = re.compile(r'"rank":\s+(\d+)')
 JOB_SCHEDULE = Schedule(wait=2, warmup=1, active=2, repeat=3)
 # the torchrun job samples: a window (1 warm-up + 2 recorded steps) may open every 4th step,
@@ -239,10 +238,8 @@ def free_port() -> int:
 
 
 def job_env(base, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("PROFILED_") and k not in config_mod.LAUNCHER_VARS}
+    env = {k: v for k, v in _proc.sdk_env().items() if k not in config_mod.LAUNCHER_VARS}
     env.update(
-        PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""),
         OMP_NUM_THREADS="1",
         PROFILED_ACTIVITIES="cpu",
         PROFILED_TRACE_DIR=str(base / "traces"),
@@ -288,9 +285,9 @@ def torchrun_job(tmp_path_factory):
         PROFILED_SAMPLE_RATE=str(SAMPLING.sample_rate),
         PROFILED_SEED=str(SAMPLING.seed),
     )
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-           "--master-addr=127.0.0.1", f"--master-port={free_port()}", JOB, str(STEPS)]
-    result = subprocess.run(cmd, env=env, cwd=base, capture_output=True, text=True, timeout=240)
+    result = _proc.run("-m", "torch.distributed.run", "--nproc-per-node=2",
+                       "--master-addr=127.0.0.1", f"--master-port={free_port()}", JOB, str(STEPS),
+                       env=env, cwd=base, timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
     return base
 
@@ -343,9 +340,9 @@ def test_holistic_trace_analysis_loads_the_directory_and_finds_both_ranks(torchr
 
 def test_summarize_shows_ranks_side_by_side_and_the_slowest_rank(torchrun_job):
     traces = str(torchrun_job / "traces")
-    run = [sys.executable, "-m", "instrument", "summarize", traces]
+    run = ["-m", "instrument", "summarize", traces]
     env = job_env(torchrun_job)
-    text = subprocess.run(run, env=env, capture_output=True, text=True, timeout=120)
+    text = _proc.run(*run, env=env)
     assert text.returncode == 0, text.stderr
     assert "rank 0/2" in text.stdout and "rank 1/2" in text.stdout
     side = text.stdout.split("ranks side by side")[1].splitlines()
@@ -355,8 +352,7 @@ def test_summarize_shows_ranks_side_by_side_and_the_slowest_rank(torchrun_job):
     assert row.split()[-4:-2] == ["rank", "1"]  # rank 1 waits 50 ms in each call
     row = next(line for line in side if line.startswith("allreduce "))
     assert row.split()[-4:-2] == ["rank", "0"]  # where rank 0 then waits for rank 1
-    doc = json.loads(subprocess.run(run + ["--json"], env=env, capture_output=True, text=True,
-                                    timeout=120).stdout)
+    doc = json.loads(_proc.run(*run, "--json", env=env).stdout)
     assert doc["ranks"]["ranks"] == [0, 1]
     assert doc["ranks"]["ranges"]["work"]["slowest_rank"] == 1
     assert doc["ranks"]["ranges"]["allreduce"]["slowest_rank"] == 0
@@ -379,9 +375,8 @@ def test_summarize_flags_ranks_that_recorded_different_steps(torchrun_job, tmp_p
                     ev["name"] = f"ProfilerStep#{int(ev['name'].split('#')[1]) + 10}"
         with gzip.open(out / name, "wt", encoding="utf-8") as f:
             json.dump(trace, f)
-    run = [sys.executable, "-m", "instrument", "summarize", str(out)]
-    result = subprocess.run(run, env=job_env(tmp_path), capture_output=True, text=True,
-                            timeout=120)
+    run = ["-m", "instrument", "summarize", str(out)]
+    result = _proc.run(*run, env=job_env(tmp_path))
     assert result.returncode == 0, result.stderr
     a, b = steps[0], steps[-1]
     side = result.stdout.split("ranks side by side")[1].splitlines()
@@ -389,8 +384,7 @@ def test_summarize_flags_ranks_that_recorded_different_steps(torchrun_job, tmp_p
         "note: the ranks recorded different steps; their times do not compare like with like",
         f"  steps: rank 0: {a}-{b}; rank 1: {a + 10}-{b + 10}",
     ]
-    doc = json.loads(subprocess.run(run + ["--json"], env=job_env(tmp_path),
-                                    capture_output=True, text=True, timeout=120).stdout)
+    doc = json.loads(_proc.run(*run, "--json", env=job_env(tmp_path)).stdout)
     assert doc["ranks"]["same_steps"] is False
     assert doc["ranks"]["steps_per_rank"] == {"0": steps, "1": [s + 10 for s in steps]}
 
@@ -403,10 +397,8 @@ def test_ranks_from_torch_distributed_select_who_profiles(tmp_path):
     env = job_env(tmp_path, PROFILED_EXPORTERS="console,trace,json", PROFILED_RANKS="1",
                   PROFILED_SCHEDULE=JOB_SCHEDULE.to_env())
     init = f"tcp://127.0.0.1:{free_port()}"
-    procs = [subprocess.Popen([sys.executable, JOB, "9", "--init", init, "--rank", str(r),
-                               "--world-size", "2"], env=env, cwd=tmp_path, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for r in (0, 1)]
+    procs = [_proc.start(JOB, "9", "--init", init, "--rank", str(r), "--world-size", "2",
+                         env=env, cwd=tmp_path) for r in (0, 1)]
     outs = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     err0, err1 = outs[0][1], outs[1][1]

@@ -13,25 +13,18 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests._proc import REPO
+from tests import _proc
 
 EXAMPLES = os.path.join(REPO, "examples")
 
 
 def run_example(name, cwd, *args, env=None, timeout=300):
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PROFILED_")}
-    full_env["PYTHONPATH"] = REPO
-    full_env.update(env or {})
-    out = subprocess.run(
-        [sys.executable, os.path.join(EXAMPLES, name), *args],
-        cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
-    )
-    return out
+    return _proc.run(os.path.join(EXAMPLES, name), *args, env=_proc.sdk_env(env), cwd=cwd,
+                     timeout=timeout)
 
 
 def table_rows(text, header):
@@ -135,11 +128,8 @@ def test_05_inference_otel_without_a_collector_says_so_and_finishes_at_once(tmp_
         if var.startswith("OTEL_"):
             monkeypatch.delenv(var)
     endpoint = closed_endpoint()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROFILED_")}
-    env.update(PYTHONPATH=REPO, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, os.path.join(EXAMPLES, "05_inference_otel.py")],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    env = _proc.sdk_env(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, PYTHONUNBUFFERED="1")
+    proc = _proc.start(os.path.join(EXAMPLES, "05_inference_otel.py"), cwd=tmp_path, env=env)
     lines, last_request = [], None
     for line in proc.stdout:
         lines.append(line.rstrip("\n"))
@@ -194,8 +184,7 @@ def test_06_training_loop_windows_open_in_tensorboard_and_hta(tmp_path):
 
     script = tmp_path / "tb_load.py"
     script.write_text(TB_LOAD)
-    tb = subprocess.run([sys.executable, str(script), str(run_dir)], capture_output=True,
-                        text=True, timeout=120)
+    tb = _proc.run(str(script), str(run_dir))
     assert tb.returncode == 0, tb.stderr
     (worker, spans), = json.loads(tb.stdout.strip().splitlines()[-1]).items()
     assert worker.endswith("_rank0") and len(spans) == 3

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,7 +11,7 @@ import torch
 from exporters import ExporterWarning, ExportResult, JsonLinesExporter, resolve_exporters
 from instrument import Schedule, profiled
 from instrument.testing import capture
-from tests.conftest import REPO
+from tests import _proc
 
 
 @profiled("mb")
@@ -72,7 +70,6 @@ def test_concurrent_processes_append_whole_lines(tmp_path):
     path = tmp_path / "shared.jsonl"
     code = f"""
 import sys
-sys.path.insert(0, {REPO!r})
 from exporters import JsonLinesExporter, ExportResult
 from instrument.report import WindowReport, RangeStats, FrozenMap
 ranges = FrozenMap({{f"r{{i}}": RangeStats(f"r{{i}}", i, 1.0, 1.0, 0.0, 0) for i in range(400)}})
@@ -82,7 +79,7 @@ for w in range(50):
                        world_size=4, host="h", pid=0, device="cpu", activities=("cpu",), ranges=ranges)
     assert exp.export(rep) is ExportResult.SUCCESS
 """
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(rank)]) for rank in range(4)]
+    procs = [_proc.start("-c", code, str(rank), stdout=None, stderr=None) for rank in range(4)]
     assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
     lines = path.read_bytes().split(b"\n")
     assert lines[-1] == b""

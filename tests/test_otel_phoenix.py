@@ -17,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import REPO
+from tests._proc import REPO
 from tests.test_otel import check_sampled_requests
 
 PHOENIX = os.environ.get("PROFILED_TEST_PHOENIX") or os.path.join(REPO, ".venv-phoenix", "bin",

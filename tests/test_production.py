@@ -4,15 +4,11 @@ deadlines at exit; fork and spawn; many threads through many windows; memory ove
 from __future__ import annotations
 
 import json
-import os
-import sys
 import threading
 import warnings
 
-import pytest
 import torch
 
-import instrument
 from exporters import Exporter, ExporterWarning, ExportResult, InMemoryExporter
 from instrument import Schedule, profiled, session
 from instrument.pipeline import QUEUE_SIZE

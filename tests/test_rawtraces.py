@@ -8,7 +8,6 @@ import re
 import signal
 import stat
 import subprocess
-import sys
 import tempfile
 import warnings
 
@@ -16,7 +15,7 @@ import pytest
 
 from exporters import ExporterWarning
 from instrument import rawtraces
-from tests.conftest import REPO
+from tests import _proc
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="stale directories are cleaned on "
                                 "POSIX only")
@@ -40,12 +39,11 @@ def tmp_base(tmp_path, monkeypatch):
 
 
 CHILD = """
-import os, sys, time
-sys.path.insert(0, {repo!r})
+import time
 from instrument import rawtraces
 path = rawtraces.new_path(3)
 with open(path, "w") as fh:
-    fh.write("{{}}")
+    fh.write("{}")
 print(path, flush=True)
 time.sleep(120)
 """
@@ -54,9 +52,7 @@ time.sleep(120)
 def _child_directory(base) -> tuple[subprocess.Popen, str]:
     """A real process that made its directory under ``base`` and wrote a raw trace there;
     it waits until killed."""
-    env = dict(os.environ, TMPDIR=str(base))
-    proc = subprocess.Popen([sys.executable, "-c", CHILD.format(repo=REPO)], env=env,
-                            stdout=subprocess.PIPE, text=True)
+    proc = _proc.start("-c", CHILD, env=_proc.sdk_env(TMPDIR=str(base)), stderr=None)
     trace = proc.stdout.readline().strip()
     assert trace, "the child made no raw trace"
     return proc, os.path.dirname(trace)

@@ -6,10 +6,9 @@ import gzip
 import json
 import os
 import re
-import subprocess
-import sys
 
-from tests.conftest import REPO
+from tests._proc import REPO
+from tests import _proc
 
 
 def _readme_commands() -> list[str]:
@@ -59,12 +58,8 @@ def test_every_env_variable_is_documented_in_the_readme():
 
 
 def test_seed_demo_runs_and_writes_loadable_traces(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROFILED_")}
-    env["PYTHONPATH"] = REPO
-    out = subprocess.run(
-        [sys.executable, os.path.join(REPO, "examples", "01_matmul_bias.py")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )
+    out = _proc.run(os.path.join(REPO, "examples", "01_matmul_bias.py"), cwd=tmp_path,
+                    timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("matmul_bias ") == 2  # the two sizes are announced on stdout
     tables = out.stderr.count("@profiled range")

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import warnings
@@ -17,7 +16,7 @@ import torch
 from exporters import InMemoryExporter
 from instrument import Schedule, profiled, session
 
-from .conftest import REPO
+from tests import _proc
 
 X = torch.randn(8, 8)
 
@@ -61,11 +60,9 @@ print(json.dumps({"steps": steps, "chained": len(chained)}), flush=True)
 
 
 def _start(env: dict[str, str], tmp_path) -> subprocess.Popen:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("PROFILED_")}
-    full.update({"PYTHONPATH": REPO, "PROFILED_SAMPLE_RATE": "0",
-                 "PROFILED_SCHEDULE": "warmup=1,active=2"}, **env)
-    proc = subprocess.Popen([sys.executable, "-c", PROGRAM], env=full, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    full = _proc.sdk_env({"PROFILED_SAMPLE_RATE": "0", "PROFILED_SCHEDULE": "warmup=1,active=2",
+                          **env})
+    proc = _proc.start("-c", PROGRAM, env=full, cwd=tmp_path)
     assert proc.stdout.readline() == "ready\n", proc.stderr.read()
     return proc
 
@@ -264,11 +261,9 @@ print(json.dumps({"steps": steps, "got": len(got), "untouched": untouched}), flu
 
 @pytest.mark.parametrize("name", ["SIGTERM", "SIGINT", "SIGHUP"])
 def test_a_signal_that_is_not_ours_to_take_is_refused(tmp_path, name):
-    full = {k: v for k, v in os.environ.items() if not k.startswith("PROFILED_")}
-    full.update({"PYTHONPATH": REPO, "PROFILED_SAMPLE_RATE": "0", "THE_SIGNAL": name,
-                 "PROFILED_SCHEDULE": "warmup=0,active=1", "PROFILED_TRIGGER": name})
-    proc = subprocess.Popen([sys.executable, "-c", REFUSED], env=full, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    full = _proc.sdk_env(PROFILED_SAMPLE_RATE="0", THE_SIGNAL=name,
+                         PROFILED_SCHEDULE="warmup=0,active=1", PROFILED_TRIGGER=name)
+    proc = _proc.start("-c", REFUSED, env=full, cwd=tmp_path)
     assert proc.stdout.readline() == "ready\n", proc.stderr.read()
     os.kill(proc.pid, getattr(signal, name))
     out, err = proc.communicate(timeout=90)
