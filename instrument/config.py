@@ -24,8 +24,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporters import otel_settings
-from exporters._settings import (QUOTE_CHARS, STRICT, ConfigWarning, Setting, boolean, integer,
-                                 number, refuse, reset_warnings)
+from exporters._settings import (
+    QUOTE_CHARS,
+    STRICT,
+    ConfigWarning,
+    Setting,
+    boolean,
+    integer,
+    number,
+    refuse,
+    reset_warnings,
+)
 
 from . import setting_kinds as kinds
 from .ranks import RankSet, launcher_ranks_from_env
@@ -33,17 +42,17 @@ from .sampling import Sampling, Schedule
 from .setting_kinds import KNOWN_ACTIVITIES
 
 __all__ = [
-    "Config",
-    "ConfigWarning",
     "ENV_VARS",
+    "FIELDS",
     "KNOWN_ACTIVITIES",
-    "SETTINGS",
-    "Setting",
-    # bounds
     "MAX_EXPORT_TIMEOUT_S",
     "MAX_MIN_INTERVAL_S",
     "MAX_TRACE_MAX_MB",
     "QUOTE_CHARS",
+    "SETTINGS",
+    "Config",
+    "ConfigWarning",
+    "Setting",
 ]
 
 MAX_EXPORT_TIMEOUT_S = 3600.0
@@ -181,7 +190,7 @@ class Config:
 
     enabled: bool = _default("enabled")
     exporters: tuple[Any, ...] = _default("exporters")
-    schedule: Schedule = _default("schedule")
+    schedule: Schedule = _default("schedule")  # noqa: RUF009 - immutable: shared safely
     activities: tuple[str, ...] | None = _default("activities")  # None: auto
     record_shapes: bool = _default("record_shapes")
     profile_memory: bool = _default("profile_memory")
@@ -201,7 +210,7 @@ class Config:
     export_timeout_s: float = _default("export_timeout_s")
     analysis_process: bool = _default("analysis_process")
     # distributed and disk
-    ranks: RankSet = _default("ranks")
+    ranks: RankSet = _default("ranks")  # noqa: RUF009 - immutable: shared safely
     trace_max_mb: float = _default("trace_max_mb")
     strict: bool = _default("strict")
 

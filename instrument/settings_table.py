@@ -45,7 +45,7 @@ def render(settings: Sequence[Setting] = SETTINGS) -> str:
 def replace_block(text: str, table: str) -> str:
     """``text`` with what lies between the markers replaced by ``table``."""
     head, start, rest = text.partition(START)
-    block, end, tail = rest.partition(END)
+    _block, end, tail = rest.partition(END)
     if not start or not end:
         raise ValueError(f"the README has no {START} ... {END} block")
     return f"{head}{START}\n{table}{END}{tail}"

@@ -20,8 +20,7 @@ from exporters import InMemoryExporter
 from instrument import Config, ConfigWarning, Schedule, profiled
 from instrument import _torch, decorator
 from instrument import config as config_mod
-from instrument.ranks import LAUNCHER_VARS, launcher_ranks_from_env
-from instrument.ranks import RankSet
+from instrument.ranks import LAUNCHER_VARS, RankSet, launcher_ranks_from_env
 from instrument.sampling import Sampling
 from instrument.testing import capture
 
