@@ -408,7 +408,7 @@ class OTelExporter(Exporter):
         detail: str | None = None,
         max_spans: int | None = None,
     ) -> None:
-        from instrument.config import OTEL_DETAILS, otel_settings_from_env
+        from .otel_settings import OTEL_DETAILS, otel_settings_from_env
 
         if detail is not None and detail not in OTEL_DETAILS:
             raise ValueError(f"detail must be one of {', '.join(OTEL_DETAILS)}, got {detail!r}")

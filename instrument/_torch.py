@@ -328,7 +328,7 @@ def distributed_info() -> dict[str, Any]:
         pass
     if _last_distributed is not None:
         return dict(_last_distributed)
-    from .config import launcher_ranks_from_env
+    from .ranks import launcher_ranks_from_env
 
     rank, world_size = launcher_ranks_from_env()
     return {"rank": rank, "world_size": world_size, "backend": None}

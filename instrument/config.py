@@ -1,4 +1,8 @@
-"""Configuration: one frozen ``Config``, every ``PROFILED_*`` variable parsed and validated here.
+"""Configuration: one frozen ``Config``, and one ``Setting`` per ``PROFILED_*`` variable.
+
+``SETTINGS`` declares every variable once (field, variable, default, parse, check, README
+line); ``Config``'s defaults and checks, ``Config.from_env``, ``configure()``'s validation,
+``ENV_VARS`` and the README's table (``instrument.settings_table``) are all read from it.
 
 Environment values are parsed tolerantly: a bad value warns once (naming the variable, the
 value and the default used) and the default applies; ``PROFILED_STRICT=1`` turns that into a
@@ -6,57 +10,49 @@ value and the default used) and the default applies; ``PROFILED_STRICT=1`` turns
 documented maximum (``MAX_*`` below; inf and nan are refused), so no value can crash a decorated
 call or the exit, and a message quotes at most ``QUOTE_CHARS`` characters of a value (a 1 MB
 environment value makes a one-line warning). Values given in code (``configure()``,
-``session()``) are checked strictly and raise ``TypeError``/``ValueError`` at once.
+``session()``) go through the same checks, strictly: ``TypeError``/``ValueError`` at once.
+Whether an exporter name is known is checked by the callers (``instrument.lifetime``): the
+exporter registry is a layer above this module.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from exporters._warn import warn
+from exporters import otel_settings
+from exporters._settings import (
+    QUOTE_CHARS,
+    STRICT,
+    ConfigWarning,
+    Setting,
+    boolean,
+    integer,
+    number,
+    refuse,
+    reset_warnings,
+)
 
-from .ranks import RankSet
+from . import setting_kinds as kinds
+from .ranks import RankSet, launcher_ranks_from_env
 from .sampling import Sampling, Schedule
-from .triggers import TRIGGER_SIGNALS
+from .setting_kinds import KNOWN_ACTIVITIES
 
 __all__ = [
-    "Config",
-    "ConfigWarning",
     "ENV_VARS",
+    "FIELDS",
     "KNOWN_ACTIVITIES",
-    "PROFILED_ACTIVITIES",
-    "PROFILED_ENABLED",
-    "PROFILED_EXPORTERS",
-    "PROFILED_PROFILE_MEMORY",
-    "PROFILED_ALL_THREADS",
-    "PROFILED_RECORD_SHAPES",
-    "PROFILED_SCHEDULE",
-    "PROFILED_STRICT",
-    "PROFILED_TRACE_DIR",
-    "PROFILED_TRACE_GZIP",
-    "PROFILED_ANALYSIS_PROCESS",
-    "PROFILED_TRACE_KEEP",
-    "PROFILED_JSON_PATH",
-    "PROFILED_OTEL_DETAIL",
-    "PROFILED_OTEL_MAX_SPANS",
-    "OTEL_DETAILS",
-    "PROFILED_WITH_FLOPS",
-    "PROFILED_WITH_STACK",
-    "otel_settings_from_env",
-    # distributed and disk
-    "PROFILED_RANKS",
-    "PROFILED_TRACE_MAX_MB",
-    "launcher_ranks_from_env",
-    # bounds
     "MAX_EXPORT_TIMEOUT_S",
     "MAX_MIN_INTERVAL_S",
     "MAX_TRACE_MAX_MB",
     "QUOTE_CHARS",
+    "SETTINGS",
+    "Config",
+    "ConfigWarning",
+    "Setting",
 ]
 
 MAX_EXPORT_TIMEOUT_S = 3600.0
@@ -68,213 +64,164 @@ MAX_MIN_INTERVAL_S = 7 * 86400.0
 MAX_TRACE_MAX_MB = 1048576.0
 """The largest ``PROFILED_TRACE_MAX_MB``: 1 TiB (0 means no limit at all)."""
 
-QUOTE_CHARS = 60
-"""Messages quote at most this many characters of a value, then ``...(N chars)``."""
+# ---------------------------------------------------------------- the declarations
 
-PROFILED_ENABLED = "PROFILED_ENABLED"
-"""``PROFILED_ENABLED`` [1]: ``0`` makes ``@profiled`` return the function itself (read when the
-decorator is applied), context forms do nothing and no profiler is ever started."""
+CHILDREN = Setting(
+    "children", "PROFILED_CHILDREN", False, **boolean(),
+    doc="`1`: processes a profiled process starts (DataLoader workers, `multiprocessing` spawn, "
+        "`subprocess`) profile themselves too; by default `@profiled` returns the function "
+        "itself there")
 
-PROFILED_EXPORTERS = "PROFILED_EXPORTERS"
-"""``PROFILED_EXPORTERS`` [console,trace]: comma-separated exporter names (built-ins ``console``,
-``trace``, ``memory``, ``json``, ``otel``, plus entry points in group ``torch_profiled.exporters``); empty or ``none``
-exports nothing."""
+PARENT_PID = Setting(
+    "parent_pid", "PROFILED_PARENT_PID", None, parse=None, check=lambda name, value: value,
+    shown="set by the SDK",
+    doc="the process id of a process whose profiling started, inherited by the processes it "
+        "starts; do not set it")
 
-PROFILED_SCHEDULE = "PROFILED_SCHEDULE"
-"""``PROFILED_SCHEDULE`` [wait=0,warmup=1,active=3,repeat=1,skip_first=0]: the ambient session's
-window schedule, as in ``torch.profiler.schedule``; missing keys keep their defaults."""
-
-PROFILED_ACTIVITIES = "PROFILED_ACTIVITIES"
-"""``PROFILED_ACTIVITIES`` [auto]: ``auto`` (CPU plus the accelerator torch sees) or a
-comma-separated subset of cpu, cuda, xpu, mtia, hpu, privateuse1."""
-
-PROFILED_RECORD_SHAPES = "PROFILED_RECORD_SHAPES"
-"""``PROFILED_RECORD_SHAPES`` [0]: record operator input shapes."""
-
-PROFILED_PROFILE_MEMORY = "PROFILED_PROFILE_MEMORY"
-"""``PROFILED_PROFILE_MEMORY`` [0]: record tensor allocations."""
-PROFILED_ALL_THREADS = "PROFILED_ALL_THREADS"
-"""``PROFILED_ALL_THREADS`` [0]: windows record every thread of the program, not only the one
-that opened the window. Unsafe where other threads run torch operators while a window starts
-or stops: torch's all-threads profiling can then crash the process (a torch limitation,
-reproduced with plain torch.profiler); not with ``PROFILED_PROFILE_MEMORY``."""
-
-PROFILED_WITH_STACK = "PROFILED_WITH_STACK"
-"""``PROFILED_WITH_STACK`` [0]: record Python stacks (costly)."""
-
-PROFILED_WITH_FLOPS = "PROFILED_WITH_FLOPS"
-"""``PROFILED_WITH_FLOPS`` [0]: estimate FLOPs of matrix multiplications and convolutions."""
-
-PROFILED_TRACE_DIR = "PROFILED_TRACE_DIR"
-"""``PROFILED_TRACE_DIR`` [./profiled_traces]: where the ``trace`` exporter writes trace files."""
-
-PROFILED_TRACE_GZIP = "PROFILED_TRACE_GZIP"
-"""``PROFILED_TRACE_GZIP`` [1]: write ``.pt.trace.json.gz`` (1) or ``.pt.trace.json`` (0)."""
-
-PROFILED_ANALYSIS_PROCESS = "PROFILED_ANALYSIS_PROCESS"
-"""``PROFILED_ANALYSIS_PROCESS`` [1]: read, shape and analyze each window's trace in a helper
-process (1), off the program's GIL, or on the export thread (0). See
-``instrument.analysis_process``."""
-
-PROFILED_TRACE_KEEP = "PROFILED_TRACE_KEEP"
-"""``PROFILED_TRACE_KEEP`` [20]: keep only the newest N trace files of this worker (0 = keep all)."""
-
-PROFILED_JSON_PATH = "PROFILED_JSON_PATH"
-"""``PROFILED_JSON_PATH`` [./profiled_reports.jsonl]: where the ``json`` exporter appends one
-line per window report (``-``: standard output)."""
-
-PROFILED_OTEL_DETAIL = "PROFILED_OTEL_DETAIL"
-"""``PROFILED_OTEL_DETAIL`` [ranges]: what the ``otel`` exporter sends per window besides the
-window span: ``ranges`` (a span per ``@profiled`` range occurrence), ``ops`` (also a span per
-CPU operator inside a range) or ``kernels`` (also a span per device kernel, memcpy, memset)."""
-
-PROFILED_OTEL_MAX_SPANS = "PROFILED_OTEL_MAX_SPANS"
-"""``PROFILED_OTEL_MAX_SPANS`` [1000]: at most this many spans per window (at least 1, the
-window span). Past it, detail spans are dropped first, then the occurrences of the most
-frequent ranges are folded into one aggregate span per name; the window span counts both."""
-
-# ---- sampling, triggers and export (production use)
-
-PROFILED_EVERY = "PROFILED_EVERY"
-"""``PROFILED_EVERY`` [unset]: open a window (the schedule's warm-up + active steps) every N
-steps, forever (``PROFILED_MAX_WINDOWS`` caps it); the schedule's ``wait`` and ``repeat`` then do
-not apply. N must be at least warm-up + active."""
-
-PROFILED_SAMPLE_RATE = "PROFILED_SAMPLE_RATE"
-"""``PROFILED_SAMPLE_RATE`` [1.0]: the probability that a step which may open a window (every
-``PROFILED_EVERY``-th step, or any idle step when that is unset) does. The draw is a pure
-function of ``(PROFILED_SEED, step)``: every rank of a job opens the same windows."""
-
-PROFILED_MAX_WINDOWS = "PROFILED_MAX_WINDOWS"
-"""``PROFILED_MAX_WINDOWS`` [unset]: at most this many windows per process (triggers too)."""
-
-PROFILED_MIN_INTERVAL_S = "PROFILED_MIN_INTERVAL_S"
-"""``PROFILED_MIN_INTERVAL_S`` [0]: at least this many seconds from the end of a window to the
-start of the next sampled one (per process clock: ranks may then diverge); at most 604800
-(one week)."""
-
-PROFILED_SEED = "PROFILED_SEED"
-"""``PROFILED_SEED`` [0]: seed of the sampling draw; give every rank of a job the same one."""
-
-PROFILED_TRIGGER = "PROFILED_TRIGGER"
-"""``PROFILED_TRIGGER`` [unset]: open a window on demand at the next step: a signal name
-(``SIGUSR2`` or ``SIGUSR1``, no other: the handler is installed from the main thread and chains
-any handler already there) or a file path (a regular file owned by the program's user, created
-at that path, opens a window and is removed when taken; anything else there is left alone)."""
-
-PROFILED_EXPORT_TIMEOUT_S = "PROFILED_EXPORT_TIMEOUT_S"
-"""``PROFILED_EXPORT_TIMEOUT_S`` [10]: at exit (and when a session ends), how long to wait for
-queued reports to be exported; past it the program goes on and says what was not exported.
-More than 0, at most 3600 (one hour)."""
-
-# ---- distributed and disk (issue 5, parts 3 and 6)
-
-PROFILED_RANKS = "PROFILED_RANKS"
-"""``PROFILED_RANKS`` [all]: which ranks of a distributed job profile: ``all``, ``0,3``, ``0-7``
-or a mix (``0,4-7``); ranks up to 2147483647, at most 1024 terms (held as runs, never one entry
-per rank). The rank comes from ``torch.distributed`` when it is initialised at the first
-decorated call, else from ``RANK`` (``LOCAL_RANK``; 0 without either). A rank not listed starts
-no profiler: its decorated calls cost what idle calls cost, and it says so in one line."""
-
-PROFILED_TRACE_MAX_MB = "PROFILED_TRACE_MAX_MB"
-"""``PROFILED_TRACE_MAX_MB`` [1024]: at most this many megabytes (MiB; fractions allowed) of
-torch-profiled trace files in the trace directory, every worker's together; after each write
-the oldest go first. Other files there are never touched. 0 = no limit; at most 1048576
-(1 TiB)."""
-
-PROFILED_STRICT = "PROFILED_STRICT"
-"""``PROFILED_STRICT`` [0]: raise ``ValueError`` on a bad ``PROFILED_*`` value instead of warning."""
-
-PROFILED_CHILDREN = "PROFILED_CHILDREN"
-"""``PROFILED_CHILDREN`` [0]: ``1``: processes a profiled process starts (DataLoader workers,
-``multiprocessing`` spawn, ``subprocess``) profile themselves too. By default they stay silent:
-there ``@profiled`` returns the function itself, as with ``PROFILED_ENABLED=0``."""
-
-PROFILED_PARENT_PID = "PROFILED_PARENT_PID"
-"""``PROFILED_PARENT_PID``: set by torch-profiled, not by you: the process id of a process
-whose profiling started, inherited by the processes it starts (``PROFILED_CHILDREN``)."""
-
-ENV_VARS: tuple[str, ...] = (
-    PROFILED_ENABLED,
-    PROFILED_EXPORTERS,
-    PROFILED_SCHEDULE,
-    PROFILED_ACTIVITIES,
-    PROFILED_RECORD_SHAPES,
-    PROFILED_PROFILE_MEMORY,
-    PROFILED_ALL_THREADS,
-    PROFILED_WITH_STACK,
-    PROFILED_WITH_FLOPS,
-    PROFILED_TRACE_DIR,
-    PROFILED_TRACE_GZIP,
-    PROFILED_TRACE_KEEP,
-    PROFILED_JSON_PATH,
-    PROFILED_OTEL_DETAIL,
-    PROFILED_OTEL_MAX_SPANS,
-    PROFILED_EVERY,
-    PROFILED_SAMPLE_RATE,
-    PROFILED_MAX_WINDOWS,
-    PROFILED_MIN_INTERVAL_S,
-    PROFILED_SEED,
-    PROFILED_TRIGGER,
-    PROFILED_EXPORT_TIMEOUT_S,
-    PROFILED_ANALYSIS_PROCESS,
-    PROFILED_RANKS,
-    PROFILED_TRACE_MAX_MB,
-    PROFILED_STRICT,
-    PROFILED_CHILDREN,
-    PROFILED_PARENT_PID,
+SETTINGS: tuple[Setting, ...] = (
+    Setting("enabled", "PROFILED_ENABLED", True, **boolean(),
+            doc="`0`: `@profiled` returns the function itself (read when the decorator is "
+                "applied), context forms do nothing, no profiler starts"),
+    Setting("exporters", "PROFILED_EXPORTERS", ("console", "trace"), **kinds.exporters(),
+            doc="comma-separated exporter names; empty or `none`: no exporters, and no "
+                "profiler window opens (nor when every name is unknown: one warning)"),
+    Setting("schedule", "PROFILED_SCHEDULE", Schedule(), **kinds.schedule(),
+            doc="the ambient session's schedule; missing keys keep their defaults"),
+    Setting("activities", "PROFILED_ACTIVITIES", None, **kinds.activities(), shown="auto",
+            doc="`auto` (CPU plus the accelerator torch sees) or a subset of "
+                f"`{','.join(KNOWN_ACTIVITIES)}`"),
+    Setting("record_shapes", "PROFILED_RECORD_SHAPES", False, **boolean(),
+            doc="record operator input shapes"),
+    Setting("profile_memory", "PROFILED_PROFILE_MEMORY", False, **boolean(),
+            doc="record tensor allocations"),
+    Setting("all_threads", "PROFILED_ALL_THREADS", False, **boolean(),
+            doc="`1`: windows record every thread, not only the one that started the window. "
+                "Unsafe where other threads run torch operators while a window starts or "
+                "stops (torch's all-threads profiling can then crash the process; see known "
+                "limits); `PROFILED_PROFILE_MEMORY=1` windows still record one thread"),
+    Setting("with_stack", "PROFILED_WITH_STACK", False, **boolean(),
+            doc="record Python stacks"),
+    Setting("with_flops", "PROFILED_WITH_FLOPS", False, **boolean(),
+            doc="estimate FLOPs of matrix multiplications and convolutions"),
+    Setting("trace_dir", "PROFILED_TRACE_DIR", "./profiled_traces", **kinds.path(),
+            doc="where the `trace` exporter writes"),
+    Setting("trace_gzip", "PROFILED_TRACE_GZIP", True, **boolean(),
+            doc="`.pt.trace.json.gz` (1) or `.pt.trace.json` (0)"),
+    Setting("trace_keep", "PROFILED_TRACE_KEEP", 20, **integer(0, note="0 keeps all"),
+            doc="newest trace files kept per worker (0: all)"),
+    Setting("trace_max_mb", "PROFILED_TRACE_MAX_MB", 1024.0,
+            **number(0.0, MAX_TRACE_MAX_MB, unit=" of MiB", note="1 TiB; 0: no limit"),
+            doc="MiB of trace files kept in the trace directory, all workers together, oldest "
+                "removed first; other files there are never touched (fractions allowed; 0: no "
+                "limit; at most 1048576)"),
+    Setting("ranks", "PROFILED_RANKS", RankSet(), **kinds.ranks(),
+            doc="ranks that profile: `all`, `0,3`, `0-7` or a mix (ranks up to 2147483647, at "
+                "most 1024 terms); other ranks start no profiler. A rank is torch.distributed's "
+                "when it is initialised at the first decorated call, else `RANK` (`LOCAL_RANK`; "
+                "0 without either)"),
+    Setting("json_path", "PROFILED_JSON_PATH", "./profiled_reports.jsonl", **kinds.path(),
+            doc="where the `json` exporter appends one line per window (`-`: standard "
+                "output); must be a regular file: a link, FIFO or directory there is refused "
+                "with one warning"),
+    *otel_settings.SETTINGS,
+    Setting("every", "PROFILED_EVERY", None, **integer(1, optional=True),
+            doc="open a window (the schedule's warm-up + active steps) every N steps, forever "
+                "(`PROFILED_MAX_WINDOWS` caps them); N >= warm-up + active; the schedule's "
+                "`wait`/`repeat` then do not apply"),
+    Setting("sample_rate", "PROFILED_SAMPLE_RATE", 1.0, **number(0.0, 1.0), shown="1.0",
+            doc="probability that a step which may open a window (every N-th, or any idle "
+                "step without `PROFILED_EVERY`) does"),
+    Setting("max_windows", "PROFILED_MAX_WINDOWS", None, **integer(1, optional=True),
+            doc="at most this many windows per process (triggered ones too)"),
+    Setting("min_interval_s", "PROFILED_MIN_INTERVAL_S", 0.0,
+            **number(0.0, MAX_MIN_INTERVAL_S, note="seconds, at most one week"),
+            doc="seconds from the end of a window to the next sampled one (per-process clock: "
+                "ranks may diverge; at most 604800)"),
+    Setting("seed", "PROFILED_SEED", 0, **integer(),
+            doc="seed of the sampling draw: the same seed opens the same windows on every rank"),
+    Setting("trigger", "PROFILED_TRIGGER", None, **kinds.trigger(),
+            doc="on-demand windows: `SIGUSR2` or `SIGUSR1` (no other signal), or a file path "
+                "(create it as a regular file of your own to open a window at the next step; "
+                "it is removed when taken; anything else there is left alone)"),
+    Setting("export_timeout_s", "PROFILED_EXPORT_TIMEOUT_S", 10.0,
+            **number(0.0, MAX_EXPORT_TIMEOUT_S, low_open=True,
+                     note="seconds, at most one hour"),
+            doc="how long the end of the sessions and the analysis helper together (and "
+                "interpreter exit) wait for queued reports before they go on and say what was "
+                "not exported (more than 0, at most 3600)"),
+    Setting("analysis_process", "PROFILED_ANALYSIS_PROCESS", True, **boolean(),
+            doc="`1`: each window's trace is read, shaped and analyzed in a helper process "
+                "(one per profiled process, no torch, started at the first window), off the "
+                "program's GIL; `0`: on the SDK's export thread (on an H200 training step a "
+                "sampled window then costs ~160 ms instead of ~47 ms, see BENCHMARKS.md). A "
+                "helper that fails or hangs is replaced by the export thread, with one "
+                "warning; on systems other than POSIX the export thread does the work"),
+    STRICT,
+    CHILDREN,
+    PARENT_PID,
 )
+"""Every ``PROFILED_*`` variable, in the README's order (the OTel exporter's are declared in
+``exporters.otel_settings``, beside it)."""
 
-OTEL_DETAILS: tuple[str, ...] = ("ranges", "ops", "kernels")  # each level adds to the last
+ENV_VARS: tuple[str, ...] = tuple(s.env for s in SETTINGS)
 
-KNOWN_ACTIVITIES: tuple[str, ...] = ("cpu", "cuda", "xpu", "mtia", "hpu", "privateuse1")
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
+_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 
 
-class ConfigWarning(UserWarning):
-    """A ``PROFILED_*`` environment value was invalid; the default was used instead."""
+def _default(name: str) -> Any:
+    return _BY_NAME[name].default
+
+
+# ---------------------------------------------------------------- the one cross-field rule
+
+
+def _window_if_every_too_short(every: int | None, schedule: Schedule) -> int | None:
+    """``every`` opens a window every N steps, so N must hold one window (warm-up + active
+    steps). Returns that window length when ``every`` is shorter, else None."""
+    window = schedule.warmup + schedule.active
+    return window if every is not None and every < window else None
 
 
 @dataclass(frozen=True)
 class Config:
-    """Everything the SDK can be told. Build with ``Config.from_env()`` or ``Config(**fields)``."""
+    """Everything the SDK can be told. Build with ``Config.from_env()`` or ``Config(**fields)``.
 
-    enabled: bool = True
-    exporters: tuple[Any, ...] = ("console", "trace")
-    schedule: Schedule = field(default_factory=Schedule)
-    activities: tuple[str, ...] | None = None  # None: auto
-    record_shapes: bool = False
-    profile_memory: bool = False
-    all_threads: bool = False
-    with_stack: bool = False
-    with_flops: bool = False
-    trace_dir: str = "./profiled_traces"
-    trace_gzip: bool = True
-    trace_keep: int = 20
-    json_path: str = "./profiled_reports.jsonl"
-    every: int | None = None
-    sample_rate: float = 1.0
-    max_windows: int | None = None
-    min_interval_s: float = 0.0
-    seed: int = 0
-    trigger: str | None = None
-    export_timeout_s: float = 10.0
-    analysis_process: bool = True
+    Each field's default and check come from its ``Setting`` in ``SETTINGS``."""
+
+    enabled: bool = _default("enabled")
+    exporters: tuple[Any, ...] = _default("exporters")
+    schedule: Schedule = _default("schedule")  # noqa: RUF009 - immutable: shared safely
+    activities: tuple[str, ...] | None = _default("activities")  # None: auto
+    record_shapes: bool = _default("record_shapes")
+    profile_memory: bool = _default("profile_memory")
+    all_threads: bool = _default("all_threads")
+    with_stack: bool = _default("with_stack")
+    with_flops: bool = _default("with_flops")
+    trace_dir: str = _default("trace_dir")
+    trace_gzip: bool = _default("trace_gzip")
+    trace_keep: int = _default("trace_keep")
+    json_path: str = _default("json_path")
+    every: int | None = _default("every")
+    sample_rate: float = _default("sample_rate")
+    max_windows: int | None = _default("max_windows")
+    min_interval_s: float = _default("min_interval_s")
+    seed: int = _default("seed")
+    trigger: str | None = _default("trigger")
+    export_timeout_s: float = _default("export_timeout_s")
+    analysis_process: bool = _default("analysis_process")
     # distributed and disk
-    ranks: RankSet = field(default_factory=RankSet)
-    trace_max_mb: float = 1024.0
-    strict: bool = False
+    ranks: RankSet = _default("ranks")  # noqa: RUF009 - immutable: shared safely
+    trace_max_mb: float = _default("trace_max_mb")
+    strict: bool = _default("strict")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            checked = _check_field(f.name, value)
+            checked = _BY_NAME[f.name].check(f.name, value)
             if checked is not value:
                 object.__setattr__(self, f.name, checked)
-        window = self.schedule.warmup + self.schedule.active
-        if self.every is not None and self.every < window:
+        window = _window_if_every_too_short(self.every, self.schedule)
+        if window is not None:
             raise ValueError(
                 f"every={self.every} is shorter than one window (warm-up {self.schedule.warmup} "
                 f"+ active {self.schedule.active} = {window} steps); use every >= {window}"
@@ -293,432 +240,47 @@ class Config:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Config":
         """Read every ``PROFILED_*`` variable; bad values warn once and use the default."""
         env = os.environ if environ is None else environ
-        default = cls()
-        strict = _env_value(env, PROFILED_STRICT, _parse_bool, False, strict=False)
-        values: dict[str, Any] = {"strict": strict}
-        for name, var in _FIELD_ENV.items():
-            if name == "strict":
-                continue
-            values[name] = _env_value(env, var, _ENV_PARSERS[name], getattr(default, name), strict)
-        window = values["schedule"].warmup + values["schedule"].active
-        if values["every"] is not None and values["every"] < window:
-            message = (
-                f"{PROFILED_EVERY}={values['every']} is shorter than one window (warm-up + active "
-                f"= {window} steps of {PROFILED_SCHEDULE}); using {PROFILED_EVERY}={window}"
-            )
-            if strict:
-                raise ValueError(message.replace("; using", "; PROFILED_STRICT=1 makes this an "
-                                                 "error instead of using"))
-            _warn_once(PROFILED_EVERY, str(values["every"]), message)
+        strict = STRICT.read(env, strict=False)
+        values = {name: _BY_NAME[name].read(env, strict) for name in FIELDS if name != "strict"}
+        values["strict"] = strict
+        window = _window_if_every_too_short(values["every"], values["schedule"])
+        if window is not None:
+            refuse("PROFILED_EVERY", str(values["every"]),
+                   f"PROFILED_EVERY={values['every']} is shorter than one window (warm-up + "
+                   f"active = {window} steps of PROFILED_SCHEDULE)",
+                   f"PROFILED_EVERY={window}", strict)
             values["every"] = window
         if values["enabled"] and child_of_profiled(env):
-            values["enabled"] = False  # a child of a profiled process: silent (see the variable)
+            values["enabled"] = False  # a child of a profiled process: silent (see CHILDREN)
         if strict:
             # a bad RANK/WORLD_SIZE raises here, when the session is built, and never later at
             # a window's end inside a decorated call (distributed_info() reads them tolerantly)
             launcher_ranks_from_env(env, strict=True)
-        if strict and values["exporters"]:
-            # Without strict, unknown names warn (ExporterWarning) when the exporters are
-            # resolved; strict turns them into an error here, with the other bad values.
-            from exporters import check_exporter_names
-
-            try:
-                check_exporter_names(values["exporters"])
-            except ValueError as exc:
-                raise ValueError(
-                    f"{PROFILED_EXPORTERS}={_quote(env.get(PROFILED_EXPORTERS, ''))} is invalid "
-                    f"({_reason(exc)}); "
-                    f"PROFILED_STRICT=1 makes this an error"
-                ) from None
         return cls(**values)
 
 
-# ---------------------------------------------------------------- field checks (code)
+FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Config))
+"""``Config``'s fields, in order; each is the name of a ``Setting``."""
 
-
-def _num(value: float) -> str:
-    """A bound as people write it: ``3600``, ``1048576``, ``0.5``."""
-    return str(int(value)) if float(value).is_integer() else repr(value)
-
-
-def _to_float(value: float, name: str) -> float:
-    """``float(value)``; an int too large for a float is a ValueError like any value out of
-    range (``float(10**400)`` raises OverflowError)."""
-    try:
-        return float(value)
-    except OverflowError:
-        raise ValueError(f"{name} is out of range, got an integer of {value.bit_length()} "
-                         "bits") from None
+_missing = set(FIELDS) - set(_BY_NAME)
+if _missing:  # a field without a declaration: Config and SETTINGS must say the same
+    raise ImportError(f"Config fields without a Setting in SETTINGS: {sorted(_missing)}")
 
 
 def _reject_unknown(fields: Mapping[str, Any]) -> None:
-    known = {f.name for f in dataclasses.fields(Config)}
     for name in fields:
-        if name not in known:
+        if name not in FIELDS:
             raise TypeError(
-                f"unknown configuration field {name!r}; known fields: {', '.join(sorted(known))}"
+                f"unknown configuration field {name!r}; known fields: {', '.join(sorted(FIELDS))}"
             )
-
-
-def _check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return value
-
-
-def _check_field(name: str, value: Any) -> Any:
-    if name in ("enabled", "record_shapes", "profile_memory", "all_threads", "with_stack",
-                "with_flops",
-                "trace_gzip", "analysis_process", "strict"):
-        return _check_bool(name, value)
-    if name == "schedule":
-        if not isinstance(value, Schedule):
-            raise TypeError(f"schedule must be a Schedule, got {type(value).__name__} {value!r}")
-        return value
-    if name == "trace_keep":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"trace_keep must be an int, got {type(value).__name__} {value!r}")
-        if value < 0:
-            raise ValueError(f"trace_keep must be >= 0 (0 keeps all), got {value}")
-        return value
-    if name in ("trace_dir", "json_path"):
-        if not isinstance(value, (str, os.PathLike)):
-            raise TypeError(f"{name} must be a path, got {type(value).__name__} {value!r}")
-        text = os.fspath(value)
-        if not text:
-            raise ValueError(f"{name} must not be empty")
-        return text
-    if name in ("every", "max_windows"):
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int or None, got {type(value).__name__} {value!r}")
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1 (None: unset), got {value}")
-        return value
-    if name == "seed":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"seed must be an int, got {type(value).__name__} {value!r}")
-        return value
-    if name in ("sample_rate", "min_interval_s", "export_timeout_s"):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-        value = _to_float(value, name)
-        if name == "sample_rate" and not 0.0 <= value <= 1.0:
-            raise ValueError(f"sample_rate must be between 0 and 1, got {value}")
-        if name == "min_interval_s" and not 0.0 <= value <= MAX_MIN_INTERVAL_S:
-            raise ValueError(
-                f"min_interval_s must be >= 0 and <= {_num(MAX_MIN_INTERVAL_S)} (one week), "
-                f"got {value}"
-            )
-        if name == "export_timeout_s" and not 0.0 < value <= MAX_EXPORT_TIMEOUT_S:
-            raise ValueError(
-                f"export_timeout_s must be > 0 and <= {_num(MAX_EXPORT_TIMEOUT_S)} (one hour), "
-                f"got {value}"
-            )
-        return value
-    if name == "trigger":
-        if value is None:
-            return None
-        if not isinstance(value, (str, os.PathLike)):
-            raise TypeError(f"trigger must be a signal name or a path, got {value!r}")
-        text = os.fspath(value).strip()
-        if not text:
-            raise ValueError("trigger must not be empty (None: no trigger)")
-        return _check_trigger(text)
-    if name == "activities":
-        if value is None:
-            return None
-        if isinstance(value, str):
-            if value.strip().lower() == "auto":
-                return None
-            value = (value,)
-        if not hasattr(value, "__iter__"):
-            raise TypeError(
-                f"activities must be 'auto', None or a sequence of names, got "
-                f"{type(value).__name__} {value!r}"
-            )
-        out = []
-        for item in value:
-            text = str(getattr(item, "name", item)).lower()  # accepts ProfilerActivity too
-            if text not in KNOWN_ACTIVITIES:
-                raise ValueError(
-                    f"activities: unknown activity {item!r}; expected 'auto' or some of "
-                    f"{', '.join(KNOWN_ACTIVITIES)}"
-                )
-            if text not in out:
-                out.append(text)
-        if not out:
-            raise ValueError("activities must name at least one of " + ", ".join(KNOWN_ACTIVITIES))
-        return tuple(out)
-    if name == "ranks":
-        return RankSet.of(value)
-    if name == "trace_max_mb":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(
-                f"trace_max_mb must be a number of MiB, got {type(value).__name__} {value!r}"
-            )
-        value = _to_float(value, name)
-        if not 0.0 <= value <= MAX_TRACE_MAX_MB:
-            raise ValueError(
-                f"trace_max_mb must be >= 0 and <= {_num(MAX_TRACE_MAX_MB)} MiB (1 TiB; "
-                f"0: no limit), got {value}"
-            )
-        return value
-    if name == "exporters":
-        if isinstance(value, str) or not hasattr(value, "__iter__"):
-            value = (value,)
-        items = tuple(value)
-        for item in items:
-            if isinstance(item, str):
-                if not item.strip():
-                    raise ValueError("exporters: exporter names must not be empty")
-            elif not (hasattr(item, "export") and hasattr(item, "shutdown")):
-                raise TypeError(
-                    f"exporters must be names or Exporter instances, got {type(item).__name__}"
-                )
-        return items
-    raise TypeError(f"unknown configuration field {name!r}")  # pragma: no cover
-
-
-# ---------------------------------------------------------------- environment parsing
-
-_warned: set[tuple[str, str]] = set()  # (variable, raw value) pairs already warned about
-_warned_lock = threading.Lock()
 
 
 def _reset_warnings() -> None:
     """Forget which bad values were warned about (``instrument.testing.reset()``)."""
-    with _warned_lock:
-        _warned.clear()
+    reset_warnings()
 
 
-def _parse_bool(text: str) -> bool:
-    low = text.strip().lower()
-    if low in _TRUE:
-        return True
-    if low in _FALSE:
-        return False
-    raise ValueError("expected one of 1/true/yes/on or 0/false/no/off")
-
-
-def _int_parser(minimum: int | None, *, optional: bool = False):
-    """A parser of integers ``>= minimum`` (any integer when None); ``optional``: an empty
-    value, ``none`` or ``unset`` reads as None."""
-    expected = "expected an integer" + (f" >= {minimum}" if minimum is not None else "")
-
-    def parse(text: str) -> int | None:
-        low = text.strip().lower()
-        if optional and low in ("", "none", "unset"):
-            return None
-        try:
-            value = int(low)
-        except ValueError:
-            raise ValueError(expected) from None
-        if minimum is not None and value < minimum:
-            raise ValueError(expected)
-        return value
-    return parse
-
-
-def _parse_names(text: str) -> tuple[str, ...]:
-    names = tuple(n.strip().lower() for n in text.split(",") if n.strip())
-    if names == ("none",):
-        return ()
-    return names
-
-
-def _parse_activities(text: str) -> tuple[str, ...] | None:
-    low = text.strip().lower()
-    if low in ("", "auto"):
-        return None
-    return _check_field("activities", _parse_names(low))
-
-
-def _parse_dir(text: str) -> str:
-    if not text.strip():
-        raise ValueError("expected a directory path")
-    return text
-
-
-def _check_trigger(text: str) -> str:
-    """A signal name (``SIGUSR2`` or ``USR2``) is normalised to ``SIGUSR2`` and must be one of
-    ``TRIGGER_SIGNALS``: every other signal belongs to the program, the terminal, the launcher
-    or the kernel (SIGTERM, SIGINT, SIGSEGV, SIGCHLD...), and a trigger that took one over
-    would change what the program does when it arrives. Anything with a path separator or a
-    dot is a file path."""
-    import signal
-
-    if "\0" in text:
-        raise ValueError("trigger must not contain a NUL character")
-    if os.sep in text or "/" in text or "." in text:
-        return text
-    name = text.upper()
-    if not name.startswith("SIG"):
-        name = "SIG" + name
-    allowed = ", ".join(TRIGGER_SIGNALS)
-    if name in TRIGGER_SIGNALS and isinstance(getattr(signal, name, None), signal.Signals):
-        return name
-    if isinstance(getattr(signal, name, None), signal.Signals):
-        raise ValueError(
-            f"trigger signal {name} is not one a trigger may take over (it belongs to the "
-            f"program, its launcher or the system); expected one of {allowed}, or a file path"
-        )
-    raise ValueError(
-        f"trigger {_quote(text)} is neither a signal a trigger may use ({allowed}) nor a file "
-        "path (a path contains '/' or '.')"
-    )
-
-
-def _float_parser(low: float, high: float, *, low_open: bool = False, what: str = ""):
-    """A parser of finite numbers in ``low..high`` (``> low`` when ``low_open``); ``what``
-    names the bound in the message (``"one hour"``)."""
-    bound = (f"> {_num(low)}" if low_open else f">= {_num(low)}") + f" and <= {_num(high)}"
-    expected = f"expected a number {bound}" + (f" ({what})" if what else "")
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text.strip())
-        except ValueError:
-            value = float("nan")
-        # nan fails every comparison, inf fails <= high
-        ok = (value > low if low_open else value >= low) and value <= high
-        if not ok:
-            raise ValueError(expected)
-        return value
-    return parse
-
-
-def _parse_trigger(text: str) -> str | None:
-    if not text.strip():
-        return None
-    return _check_trigger(text.strip())
-
-
-def _parse_max_mb(text: str) -> float:
-    expected = (f"expected a number of MiB >= 0 and <= {_num(MAX_TRACE_MAX_MB)} (1 TiB; "
-                "0: no limit)")
-    try:
-        value = float(text.strip())
-    except ValueError:
-        raise ValueError(expected) from None
-    if not 0.0 <= value <= MAX_TRACE_MAX_MB:  # nan and inf too
-        raise ValueError(expected)
-    return value
-
-
-_ENV_PARSERS = {
-    "enabled": _parse_bool,
-    "exporters": _parse_names,
-    "schedule": Schedule.parse,
-    "activities": _parse_activities,
-    "record_shapes": _parse_bool,
-    "profile_memory": _parse_bool,
-    "all_threads": _parse_bool,
-    "with_stack": _parse_bool,
-    "with_flops": _parse_bool,
-    "trace_dir": _parse_dir,
-    "trace_gzip": _parse_bool,
-    "analysis_process": _parse_bool,
-    "trace_keep": _int_parser(0),
-    "json_path": _parse_dir,
-    "every": _int_parser(1, optional=True),
-    "sample_rate": _float_parser(0.0, 1.0),
-    "max_windows": _int_parser(1, optional=True),
-    "min_interval_s": _float_parser(0.0, MAX_MIN_INTERVAL_S, what="seconds, at most one week"),
-    "seed": _int_parser(None),
-    "trigger": _parse_trigger,
-    "export_timeout_s": _float_parser(0.0, MAX_EXPORT_TIMEOUT_S, low_open=True,
-                                      what="seconds, at most one hour"),
-    "ranks": RankSet.parse,
-    "trace_max_mb": _parse_max_mb,
-    "strict": _parse_bool,
-}
-_FIELD_ENV = {
-    "enabled": PROFILED_ENABLED,
-    "exporters": PROFILED_EXPORTERS,
-    "schedule": PROFILED_SCHEDULE,
-    "activities": PROFILED_ACTIVITIES,
-    "record_shapes": PROFILED_RECORD_SHAPES,
-    "profile_memory": PROFILED_PROFILE_MEMORY,
-    "all_threads": PROFILED_ALL_THREADS,
-    "with_stack": PROFILED_WITH_STACK,
-    "with_flops": PROFILED_WITH_FLOPS,
-    "trace_dir": PROFILED_TRACE_DIR,
-    "trace_gzip": PROFILED_TRACE_GZIP,
-    "trace_keep": PROFILED_TRACE_KEEP,
-    "json_path": PROFILED_JSON_PATH,
-    "every": PROFILED_EVERY,
-    "sample_rate": PROFILED_SAMPLE_RATE,
-    "max_windows": PROFILED_MAX_WINDOWS,
-    "min_interval_s": PROFILED_MIN_INTERVAL_S,
-    "seed": PROFILED_SEED,
-    "trigger": PROFILED_TRIGGER,
-    "export_timeout_s": PROFILED_EXPORT_TIMEOUT_S,
-    "analysis_process": PROFILED_ANALYSIS_PROCESS,
-    "ranks": PROFILED_RANKS,
-    "trace_max_mb": PROFILED_TRACE_MAX_MB,
-    "strict": PROFILED_STRICT,
-}
-
-
-def _describe_default(value: Any, var: str = "") -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, Schedule):
-        return value.to_env()
-    if value is None:
-        return "auto" if var == PROFILED_ACTIVITIES else "unset"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    if isinstance(value, tuple):
-        return ",".join(map(str, value)) or "none"
-    return str(value)
-
-
-def _quote(raw: str) -> str:
-    """``repr(raw)``, cut to its first ``QUOTE_CHARS`` characters when longer: a message names
-    the value without repeating a huge one."""
-    if len(raw) <= QUOTE_CHARS:
-        return repr(raw)
-    return f"{raw[:QUOTE_CHARS]!r}...({len(raw)} chars)"
-
-
-def _reason(exc: BaseException) -> str:
-    """Why a value was refused, bounded like the value itself (a parser may quote a part)."""
-    text = str(exc)
-    limit = 4 * QUOTE_CHARS
-    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} chars)"
-
-
-def _env_value(env: Mapping[str, str], var: str, parse, default: Any, strict: bool) -> Any:
-    raw = env.get(var)
-    if raw is None:
-        return default
-    try:
-        return parse(raw)
-    except (TypeError, ValueError, OverflowError) as exc:
-        if strict:
-            raise ValueError(
-                f"{var}={_quote(raw)} is invalid ({_reason(exc)}); PROFILED_STRICT=1 makes this "
-                f"an error (without it the default {var}={_describe_default(default, var)} "
-                "would be used)"
-            ) from None
-        message = (
-            f"{var}={_quote(raw)} is invalid ({_reason(exc)}); using the default "
-            f"{var}={_describe_default(default, var)}"
-        )
-        _warn_once(var, raw, message)
-        return default
-
-
-def _warn_once(var: str, raw: str, message: str) -> None:
-    with _warned_lock:
-        first = (var, raw) not in _warned
-        _warned.add((var, raw))
-    if first:
-        warn(message, ConfigWarning)
-
+# ---------------------------------------------------------------- process-level variables
 
 _PID = str(os.getpid())  # this process's (kept, not asked for: Dynamo traces callers of this)
 
@@ -736,17 +298,20 @@ def child_of_profiled(environ: Mapping[str, str] | None = None) -> bool:
     """This process was started by a profiled one (``PROFILED_PARENT_PID`` names another
     process) and ``PROFILED_CHILDREN`` does not ask it to profile itself."""
     env = os.environ if environ is None else environ
-    parent = env.get(PROFILED_PARENT_PID)
+    parent = env.get(PARENT_PID.env)
     if not parent or parent == _PID:
         return False
-    return not _env_value(env, PROFILED_CHILDREN, _parse_bool, False, strict=False)
+    return not CHILDREN.read(env, strict=False)
 
 
 def mark_profiled_process() -> None:
     """Tell the processes this one starts from now on that it profiles
     (``PROFILED_PARENT_PID``); once per process, when its profiling starts."""
-    if os.environ.get(PROFILED_PARENT_PID) != _PID:
-        os.environ[PROFILED_PARENT_PID] = _PID
+    if os.environ.get(PARENT_PID.env) != _PID:
+        os.environ[PARENT_PID.env] = _PID
+
+
+_ENABLED = _BY_NAME["enabled"]
 
 
 def enabled_from_env(environ: Mapping[str, str] | None = None) -> bool:
@@ -755,58 +320,14 @@ def enabled_from_env(environ: Mapping[str, str] | None = None) -> bool:
     env = os.environ if environ is None else environ
     if child_of_profiled(env):
         return False
-    raw = env.get(PROFILED_ENABLED)
-    if raw is None:
+    if _ENABLED.env not in env:
         return True
-    strict = _env_value(env, PROFILED_STRICT, _parse_bool, False, strict=False)
-    return _env_value(env, PROFILED_ENABLED, _parse_bool, True, strict)
+    return _ENABLED.read(env, STRICT.read(env, strict=False))
 
 
-def _parse_otel_detail(text: str) -> str:
-    low = text.strip().lower()
-    if low not in OTEL_DETAILS:
-        raise ValueError("expected one of " + ", ".join(OTEL_DETAILS))
-    return low
-
-
-def otel_settings_from_env(environ: Mapping[str, str] | None = None) -> tuple[str, int]:
-    """``(PROFILED_OTEL_DETAIL, PROFILED_OTEL_MAX_SPANS)``, read when an ``otel`` exporter is
-    built (tolerant like every ``PROFILED_*`` value; ``PROFILED_STRICT=1`` raises)."""
-    env = os.environ if environ is None else environ
-    strict = _env_value(env, PROFILED_STRICT, _parse_bool, False, strict=False)
-    detail = _env_value(env, PROFILED_OTEL_DETAIL, _parse_otel_detail, "ranges", strict)
-    max_spans = _env_value(env, PROFILED_OTEL_MAX_SPANS, _int_parser(1), 1000, strict)
-    return detail, max_spans
-
-
-# ---------------------------------------------------------------- launcher variables (ranks)
-
-LAUNCHER_VARS: tuple[str, ...] = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-"""What ``torchrun`` (and most launchers) set for each process; read when torch.distributed
-is not initialised."""
-
-
-def launcher_ranks_from_env(
-    environ: Mapping[str, str] | None = None, *, strict: bool = False
-) -> tuple[int, int]:
-    """``(rank, world_size)`` from the launcher's variables: ``RANK`` and ``WORLD_SIZE``, else
-    ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``, else ``(0, 1)``. A bad value warns once (as for
-    ``PROFILED_*`` values) and its default applies; so does a rank outside the world size.
-    ``strict=True`` raises ``ValueError`` instead (``Config.from_env`` with
-    ``PROFILED_STRICT=1``)."""
-    env = os.environ if environ is None else environ
-    if "RANK" in env or "LOCAL_RANK" not in env:
-        rank_var, world_var = "RANK", "WORLD_SIZE"
-    else:
-        rank_var, world_var = "LOCAL_RANK", "LOCAL_WORLD_SIZE"
-    rank = _env_value(env, rank_var, _int_parser(0), 0, strict)
-    world = _env_value(env, world_var, _int_parser(1), max(rank + 1, 1), strict)
-    if rank >= world:
-        what = f"{rank_var}={rank} is not below {world_var}={world}"
-        if strict:
-            raise ValueError(f"{what}; PROFILED_STRICT=1 makes this an error (without it "
-                             f"the world size {rank + 1} would be used)")
-        _warn_once(f"{rank_var}/{world_var}", f"{rank}/{world}",
-                   f"{what}; using the world size {rank + 1}")
-        world = rank + 1
-    return rank, world
+def __getattr__(name: str) -> str:
+    """``config.PROFILED_ENABLED`` and the like still name their variable (each was a constant
+    here before the declarations; ``SETTINGS`` is where they are documented now)."""
+    if name in ENV_VARS:
+        return name
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from exporters import ExporterWarning, check_exporter_names, resolve_exporters
+from exporters._settings import quote, reason
 from exporters._warn import warn
 
 from . import _torch, analysis_process, state
@@ -24,9 +26,23 @@ __all__ = ["configure", "flush", "session", "shutdown", "step"]
 def ambient_config() -> Config:
     """The configuration the ambient session uses: the environment, then ``configure()``."""
     config = Config.from_env()
+    if config.strict and config.exporters:
+        _check_env_exporter_names(config.exporters)
     if state.overrides:
         config = config.replace(**state.overrides)
     return config
+
+
+def _check_env_exporter_names(names: Sequence[Any]) -> None:
+    """``PROFILED_STRICT=1``: an unknown name in ``PROFILED_EXPORTERS`` is an error with the
+    other bad values (without strict it warns, ``ExporterWarning``, when the exporters are
+    resolved). Here, not in ``Config.from_env``: the exporter registry is above the config."""
+    try:
+        check_exporter_names(names)
+    except ValueError as exc:
+        raw = os.environ.get("PROFILED_EXPORTERS", "")
+        raise ValueError(f"PROFILED_EXPORTERS={quote(raw)} is invalid ({reason(exc)}); "
+                         "PROFILED_STRICT=1 makes this an error") from None
 
 
 def _builtin_kwargs(config: Config) -> dict[str, dict[str, Any]]:

@@ -19,9 +19,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporters.otel_settings import OTEL_DETAILS as DETAILS
+
 from .analysis import (DUR, KIND, LINK, NAME, START, THREAD, _order, _union_ns,
                        events_from_trace, no_gc)
-from .config import OTEL_DETAILS as DETAILS
 
 __all__ = ["DETAILS", "Node", "Walk", "walk_trace"]
 

@@ -9,15 +9,23 @@ A selection is held as sorted, disjoint runs ``(first, last)``, never as one ent
 rank took seconds and gigabytes for ``0-20000000``). Both the ranks and the number of runs are
 bounded (``MAX_RANK``, ``MAX_TERMS``) so that no value, however written, makes a long message
 or a slow parse.
+
+The launcher's own variables (``RANK``, ``WORLD_SIZE`` and their ``LOCAL_`` forms) are read
+here too (``launcher_ranks_from_env``): a rank comes from them when torch.distributed is not
+initialised.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+import dataclasses
+import os
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["MAX_RANK", "MAX_TERMS", "RankSet"]
+from exporters._settings import Setting, integer, refuse
+
+__all__ = ["LAUNCHER_VARS", "MAX_RANK", "MAX_TERMS", "RankSet", "launcher_ranks_from_env"]
 
 MAX_RANK = 2**31 - 1
 """The largest rank accepted (torch.distributed ranks are 32-bit signed integers)."""
@@ -218,3 +226,46 @@ def _parse_term(part: str) -> Span:
     if hi < lo:
         raise ValueError(f"range {_clip(part)} ends before it starts")
     return (lo, hi)
+
+
+# ---------------------------------------------------------------- launcher variables
+
+_LAUNCHER = {
+    var: Setting(var.lower(), var, default, doc=f"set by the launcher: {what}",
+                 **integer(0 if "RANK" in var else 1))
+    for var, default, what in (
+        ("RANK", 0, "this process's rank"),
+        ("WORLD_SIZE", 1, "the job's number of processes"),
+        ("LOCAL_RANK", 0, "this process's rank on its host"),
+        ("LOCAL_WORLD_SIZE", 1, "the number of processes on this host"),
+    )
+}
+
+LAUNCHER_VARS: tuple[str, ...] = tuple(_LAUNCHER)
+"""What ``torchrun`` (and most launchers) set for each process; read when torch.distributed
+is not initialised."""
+
+
+def launcher_ranks_from_env(
+    environ: Mapping[str, str] | None = None, *, strict: bool = False
+) -> tuple[int, int]:
+    """``(rank, world_size)`` from the launcher's variables: ``RANK`` and ``WORLD_SIZE``, else
+    ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``, else ``(0, 1)``. A bad value warns once (as for
+    ``PROFILED_*`` values) and its default applies; so does a rank outside the world size.
+    ``strict=True`` raises ``ValueError`` instead (``Config.from_env`` with
+    ``PROFILED_STRICT=1``)."""
+    env = os.environ if environ is None else environ
+    if "RANK" in env or "LOCAL_RANK" not in env:
+        rank_var, world_var = "RANK", "WORLD_SIZE"
+    else:
+        rank_var, world_var = "LOCAL_RANK", "LOCAL_WORLD_SIZE"
+    rank = _LAUNCHER[rank_var].read(env, strict)
+    # an unset world size is one more than the rank: a lone RANK=3 is the last of 4
+    world_size = dataclasses.replace(_LAUNCHER[world_var], default=rank + 1)
+    world = world_size.read(env, strict)
+    if rank >= world:
+        refuse(f"{rank_var}/{world_var}", f"{rank}/{world}",
+               f"{rank_var}={rank} is not below {world_var}={world}",
+               f"the world size {rank + 1}", strict)
+        world = rank + 1
+    return rank, world

@@ -265,10 +265,15 @@ def test_strict_with_good_values_is_quiet():
     assert config.schedule == Schedule(active=2)
 
 
-def test_strict_rejects_unknown_exporter_names():
+def test_strict_rejects_unknown_exporter_names(monkeypatch):
+    """The name check is the session's (the exporter registry is above ``Config``): the ambient
+    configuration, which every session and decorated call starts from, raises."""
+    monkeypatch.setenv("PROFILED_STRICT", "1")
+    monkeypatch.setenv("PROFILED_EXPORTERS", "console,bogus")
     with pytest.raises(ValueError) as info:
-        Config.from_env({"PROFILED_STRICT": "1", "PROFILED_EXPORTERS": "console,bogus"})
+        instrument.session()
     message = str(info.value)
+    assert "PROFILED_EXPORTERS='console,bogus' is invalid" in message
     assert "PROFILED_EXPORTERS" in message and "bogus" in message
     assert all(name in message for name in ("console", "memory", "trace"))
     # without strict the name is kept: resolving the exporters warns and skips it

@@ -18,8 +18,7 @@ from exporters import InMemoryExporter
 from instrument import Config, ConfigWarning, Schedule, profiled
 from instrument import _torch, decorator
 from instrument import config as config_mod
-from instrument.config import launcher_ranks_from_env
-from instrument.ranks import RankSet
+from instrument.ranks import LAUNCHER_VARS, RankSet, launcher_ranks_from_env
 from instrument.sampling import Sampling
 from instrument.testing import capture
 
@@ -38,7 +37,7 @@ SAMPLING = Sampling(every=4, sample_rate=0.5, seed=4)
 
 @pytest.fixture(autouse=True)
 def _no_launcher_variables(monkeypatch):
-    for var in config_mod.LAUNCHER_VARS:
+    for var in LAUNCHER_VARS:
         monkeypatch.delenv(var, raising=False)
     config_mod._reset_warnings()
     yield
@@ -238,7 +237,7 @@ def free_port() -> int:
 
 
 def job_env(base, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in _proc.sdk_env().items() if k not in config_mod.LAUNCHER_VARS}
+    env = {k: v for k, v in _proc.sdk_env().items() if k not in LAUNCHER_VARS}
     env.update(
         OMP_NUM_THREADS="1",
         PROFILED_ACTIVITIES="cpu",

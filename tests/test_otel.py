@@ -23,8 +23,9 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from exporters import ExporterWarning, ExportResult, InMemoryExporter, resolve_exporters
 from exporters.otel import OTelExporter, plan_spans
+from exporters.otel_settings import otel_settings_from_env
 from instrument import Schedule, profiled, session
-from instrument.config import ConfigWarning, otel_settings_from_env
+from instrument.config import ConfigWarning
 from instrument.occurrences import Node
 from tests.otlp_receiver import (
     GrpcReceiver,

@@ -1,0 +1,272 @@
+"""Settings read from ``PROFILED_*`` variables: the ``Setting`` declaration, the tolerant read
+and how a bad value is reported.
+
+Both packages declare settings (``instrument.config`` the SDK's, ``exporters.otel_settings``
+the OTel exporter's beside it), and an exporter must not import ``instrument``; so this lives
+in the lower package and imports nothing but ``_warn``: a leaf, like ``_warn``.
+
+One ``Setting`` says everything about one variable: the name of its field, the variable, the
+default, a ``parse`` of environment text and a strict ``check`` of a value (the same check for a
+value given in code and for a parsed environment value, so both accept the same values), and
+the line the README's table shows. Environment values are read tolerantly: a bad one warns once
+per (variable, value), naming the variable, the value (cut to ``QUOTE_CHARS`` characters) and
+the default used, and the default applies; ``PROFILED_STRICT=1`` raises ``ValueError`` instead.
+Values in code raise ``TypeError``/``ValueError`` at once.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ._warn import warn
+
+__all__ = [
+    "QUOTE_CHARS",
+    "STRICT",
+    "ConfigWarning",
+    "Refused",
+    "Setting",
+    "boolean",
+    "integer",
+    "number",
+    "one_of",
+    "quote",
+    "reason",
+    "refuse",
+    "reset_warnings",
+]
+
+QUOTE_CHARS = 60
+"""Messages quote at most this many characters of a value, then ``...(N chars)``."""
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+class ConfigWarning(UserWarning):
+    """A ``PROFILED_*`` environment value was invalid; the default was used instead."""
+
+
+class Refused(ValueError):
+    """A value of the right type outside what a setting accepts. ``expected`` says what it
+    accepts, so that one check phrases both refusals: in code ``trace_keep must be an integer
+    >= 0, got -1``, from the environment ``expected an integer >= 0``."""
+
+    def __init__(self, name: str, expected: str, value: Any) -> None:
+        super().__init__(f"{name} must be {expected}, got {value!r}")
+        self.expected = expected
+
+
+Parse = Callable[[str], Any]
+Check = Callable[[str, Any], Any]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting, declared once: everything else (the ``Config`` field's default and check,
+    the environment's parsing, ``ENV_VARS``, the README's table) is read from here."""
+
+    name: str
+    """The ``Config`` field (for a variable that is no field, its name in messages)."""
+    env: str
+    """The environment variable."""
+    default: Any
+    """The value when the variable is unset or bad."""
+    parse: Parse | None
+    """Environment text -> a value for ``check``; raises ``ValueError``. None: a variable the
+    SDK sets for itself, never parsed as a setting."""
+    check: Check
+    """``check(name, value)`` -> the value kept (normalised); ``TypeError``/``ValueError``
+    (``Refused``) for a value it does not accept."""
+    doc: str
+    """One line for the README's table: what the variable does and the values it takes."""
+    shown: str | None = None
+    """The default as messages and the README spell it, where ``default_text`` would not."""
+
+    @property
+    def default_text(self) -> str:
+        """The default spelled as the variable's value (``1``, ``console,trace``, ``unset``)."""
+        if self.shown is not None:
+            return self.shown
+        value = self.default
+        if isinstance(value, bool):
+            return "1" if value else "0"
+        if value is None:
+            return "unset"
+        if hasattr(value, "to_env"):  # Schedule, RankSet
+            return str(value.to_env())
+        if isinstance(value, float) and value.is_integer():
+            return str(int(value))
+        if isinstance(value, tuple):
+            return ",".join(map(str, value)) or "none"
+        return str(value)
+
+    def value(self, text: str) -> Any:
+        """An environment value: parsed, then checked like a value given in code."""
+        if self.parse is None:
+            raise ValueError(f"{self.env} is set by torch-profiled, not read as a setting")
+        return self.check(self.name, self.parse(text))
+
+    def read(self, env: Mapping[str, str], strict: bool) -> Any:
+        """The variable's value in ``env``; unset: the default; bad: the default, after one
+        warning per (variable, value) (``strict``: ``ValueError``)."""
+        raw = env.get(self.env)
+        if raw is None:
+            return self.default
+        try:
+            return self.value(raw)
+        except (TypeError, ValueError, OverflowError) as exc:
+            why = f"expected {exc.expected}" if isinstance(exc, Refused) else reason(exc)
+            refuse(self.env, raw, f"{self.env}={quote(raw)} is invalid ({why})",
+                   f"the default {self.env}={self.default_text}", strict)
+            return self.default
+
+
+# ---------------------------------------------------------------- reporting a bad value
+
+_warned: set[tuple[str, str]] = set()  # (variable, raw value) pairs already warned about
+_warned_lock = threading.Lock()
+
+
+def reset_warnings() -> None:
+    """Forget which bad values were warned about (``instrument.testing.reset()``)."""
+    with _warned_lock:
+        _warned.clear()
+
+
+def quote(raw: str) -> str:
+    """``repr(raw)``, cut to its first ``QUOTE_CHARS`` characters when longer: a message names
+    the value without repeating a huge one."""
+    if len(raw) <= QUOTE_CHARS:
+        return repr(raw)
+    return f"{raw[:QUOTE_CHARS]!r}...({len(raw)} chars)"
+
+
+def reason(exc: BaseException) -> str:
+    """Why a value was refused, bounded like the value itself (a parser may quote a part)."""
+    text = str(exc)
+    limit = 4 * QUOTE_CHARS
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} chars)"
+
+
+def refuse(var: str, raw: str, problem: str, fallback: str, strict: bool) -> None:
+    """Report a bad environment value: ``problem``, then what is used instead (``fallback``).
+    Warns once per ``(var, raw)``; ``strict`` (``PROFILED_STRICT=1``): raises ``ValueError``."""
+    if strict:
+        raise ValueError(f"{problem}; PROFILED_STRICT=1 makes this an error (without it "
+                         f"{fallback} would be used)")
+    with _warned_lock:
+        first = (var, raw) not in _warned
+        _warned.add((var, raw))
+    if first:
+        warn(f"{problem}; using {fallback}", ConfigWarning)
+
+
+# ---------------------------------------------------------------- kinds: parse and check
+
+
+def _num(value: float) -> str:
+    """A bound as people write it: ``3600``, ``1048576``, ``0.5``."""
+    return str(int(value)) if float(value).is_integer() else repr(value)
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError("expected one of 1/true/yes/on or 0/false/no/off")
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def boolean() -> dict[str, Any]:
+    """``1/true/yes/on`` or ``0/false/no/off`` in any case; in code a ``bool``, nothing else."""
+    return {"parse": _parse_bool, "check": _check_bool}
+
+
+def integer(minimum: int | None = None, *, optional: bool = False,
+            note: str = "") -> dict[str, Any]:
+    """Integers ``>= minimum`` (any integer when None); ``optional``: None too (in the
+    environment an empty value, ``none`` or ``unset``). ``note`` explains the bound."""
+    expected = "an integer" + (f" >= {minimum}" if minimum is not None else "")
+    expected += f" ({note})" if note else ""
+
+    def parse(text: str) -> int | None:
+        low = text.strip().lower()
+        if optional and low in ("", "none", "unset"):
+            return None
+        try:
+            return int(low)
+        except ValueError:  # also past int()'s limit on digits
+            raise ValueError(f"expected {expected}") from None
+
+    def check(name: str, value: Any) -> int | None:
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int{' or None' if optional else ''}, got "
+                            f"{type(value).__name__} {value!r}")
+        if minimum is not None and value < minimum:
+            raise Refused(name, expected, value)
+        return value
+
+    return {"parse": parse, "check": check}
+
+
+def number(low: float, high: float, *, low_open: bool = False, unit: str = "",
+           note: str = "") -> dict[str, Any]:
+    """Finite numbers in ``low..high`` (``> low`` when ``low_open``): inf, nan and anything
+    past the bound are refused, so no value can make a wait or a size absurd. ``unit`` follows
+    "a number" (``" of MiB"``), ``note`` explains the bound (``"seconds, at most one hour"``)."""
+    bound = (f"> {_num(low)}" if low_open else f">= {_num(low)}") + f" and <= {_num(high)}"
+    expected = f"a number{unit} {bound}" + (f" ({note})" if note else "")
+
+    def parse(text: str) -> float:
+        try:
+            return float(text.strip())
+        except ValueError:
+            return math.nan  # refused by check, which says what was expected
+
+    def check(name: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a number{unit}, got {type(value).__name__} "
+                            f"{value!r}")
+        try:
+            value = float(value)
+        except OverflowError:  # an int too large for a float
+            raise ValueError(f"{name} is out of range, got an integer of "
+                             f"{value.bit_length()} bits") from None
+        # nan fails every comparison, inf fails <= high
+        if not ((value > low if low_open else value >= low) and value <= high):
+            raise Refused(name, expected, value)
+        return value
+
+    return {"parse": parse, "check": check}
+
+
+def one_of(choices: tuple[str, ...]) -> dict[str, Any]:
+    """One of ``choices`` (the environment's in any case)."""
+    expected = "one of " + ", ".join(choices)
+
+    def check(name: str, value: Any) -> str:
+        if value not in choices:
+            raise Refused(name, expected, value)
+        return value
+
+    return {"parse": lambda text: text.strip().lower(), "check": check}
+
+
+STRICT = Setting("strict", "PROFILED_STRICT", False,
+                 doc="bad values raise `ValueError` instead of warning", **boolean())
+"""Declared here, not with the SDK's other settings: every reader of settings (the OTel
+exporter's too) needs it, and reads it tolerantly (a bad value of it is never strict)."""
