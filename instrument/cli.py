@@ -51,6 +51,8 @@ import zlib
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from exporters._format import WIDTH, fit, format_delta_us, format_time_us, row
+
 if TYPE_CHECKING:
     from .report import WindowReport
 
@@ -69,7 +71,6 @@ __all__ = [
 ]
 
 PROG = "torch-profiled"
-WIDTH = 100
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -405,15 +406,8 @@ def _reports(paths: Sequence[str], *, rows: int, range_names: Iterable[str] = ()
 
 
 def _t(us: float | None) -> str:
-    from exporters.console import format_time_us
-
+    """A time, or ``-`` for a name missing on one side (diff) or on one rank."""
     return "-" if us is None else format_time_us(us)
-
-
-def _delta(us: float) -> str:
-    from exporters.console import format_time_us
-
-    return ("-" if us < 0 else "+") + format_time_us(abs(us))
 
 
 def _ratio_text(ratio: float | None) -> str:
@@ -424,15 +418,6 @@ def _ratio(after: float | None, before: float | None) -> float | None:
     if after is None or before is None or before <= 0:
         return None
     return after / before
-
-
-def _fit(name: str, width: int) -> str:
-    return name if len(name) <= width else name[: width - 3] + "..."
-
-
-def _row(name: str, rest: str) -> str:
-    width = max(WIDTH - len(rest), 8)
-    return f"{_fit(name, width):<{width}}{rest}"
 
 
 # ---------------------------------------------------------------- ranks side by side
@@ -492,14 +477,14 @@ def format_rank_summary(summary: dict[str, Any], rows: int) -> str:
     if counts != {1}:
         title += f" | {counts.pop()} traces each, summed" if len(counts) == 1 \
             else " | each rank's traces summed"
-    lines = [_fit(title, WIDTH)]
+    lines = [fit(title, WIDTH)]
     if not summary["same_steps"]:
         # the failure this section exists to catch: ranks that profiled different steps
         listed = "; ".join(f"rank {r}: {_runs(v) or 'none'}"
                            for r, v in summary["steps_per_rank"].items())
         lines.append("note: the ranks recorded different steps; their times do not compare "
                      "like with like")
-        lines.append(_fit(f"  steps: {listed}", WIDTH))
+        lines.append(fit(f"  steps: {listed}", WIDTH))
     lines.append("-" * WIDTH)
     if each:
         cols = "".join(f"{'rank ' + str(r):>12}" for r in ranks)
@@ -508,7 +493,7 @@ def format_rank_summary(summary: dict[str, Any], rows: int) -> str:
         cols = f"{'min':>12}{'median':>12}{'max':>12}"
         extra = f"{'ranks':>8}"
     tail = f"{'slowest':>10}{'spread':>12}{'max/min':>9}"
-    lines.append(_row("range", cols + tail + extra))
+    lines.append(row("range", cols + tail + extra))
 
     def line(name: str, s: dict[str, Any]) -> str:
         by_rank = s["by_rank_us"]
@@ -520,7 +505,7 @@ def format_rank_summary(summary: dict[str, Any], rows: int) -> str:
             more = f"{str(len(by_rank)) + '/' + str(len(ranks)):>8}"
         rest = (f"{'rank ' + str(s['slowest_rank']):>10}{_t(s['spread_us']):>12}"
                 f"{_ratio_text(s['ratio']):>9}")
-        return _row(name, vals + rest + more)
+        return row(name, vals + rest + more)
 
     if summary["ranges"]:
         for name, s in list(summary["ranges"].items())[:rows]:
@@ -622,6 +607,12 @@ def _calls(b: int | None, a: int | None) -> str:
     return f"{b}->{a}"
 
 
+def _change(item: dict[str, Any]) -> str:
+    """A diff row's numbers: before, after, delta and after/before, aligned."""
+    return (f"{_t(item['before_us']):>12}{_t(item['after_us']):>12}"
+            f"{format_delta_us(item['delta_us']):>13}{_ratio_text(item['ratio']):>9}")
+
+
 def format_diff(d: dict[str, Any]) -> str:
     rule = "-" * WIDTH
     n_b, n_a = len(d["before"]["traces"]), len(d["after"]["traces"])
@@ -633,18 +624,15 @@ def format_diff(d: dict[str, Any]) -> str:
 
     def section(title: str, items: list[dict[str, Any]], empty: str) -> None:
         lines.append(rule)
-        lines.append(_row(title, f"{'before':>12}{'after':>12}{'delta':>13}{'ratio':>9}"
+        lines.append(row(title, f"{'before':>12}{'after':>12}{'delta':>13}{'ratio':>9}"
                                  f"{'calls':>14}"))
         if not items:
             lines.append(empty)
         for it in items:
             name = it["name"] if "kind" not in it or it["kind"] == "kernel" \
                 else f"{it['name']} [{it['kind']}]"
-            lines.append(_row(
-                name,
-                f"{_t(it['before_us']):>12}{_t(it['after_us']):>12}{_delta(it['delta_us']):>13}"
-                f"{_ratio_text(it['ratio']):>9}{_calls(it['calls_before'], it['calls_after']):>14}",
-            ))
+            lines.append(row(
+                name, _change(it) + f"{_calls(it['calls_before'], it['calls_after']):>14}"))
 
     section("range (CPU total)", d["ranges"], "(no range on either side)")
     if d["range_device_time"]:
@@ -659,9 +647,7 @@ def format_diff(d: dict[str, Any]) -> str:
         labels.append(("self_device_time_total_us", "Self CUDA time total"))
     for key, label in labels:
         t = d["totals"][key]
-        lines.append(_row(label, f"{_t(t['before_us']):>12}{_t(t['after_us']):>12}"
-                                 f"{_delta(t['delta_us']):>13}{_ratio_text(t['ratio']):>9}"
-                                 f"{'':>14}"))
+        lines.append(row(label, _change(t) + f"{'':>14}"))
     return "\n".join(line.rstrip() for line in lines) + "\n"
 
 
