@@ -295,30 +295,64 @@ def report_from_trace(
     from .report import FrozenMap, WindowReport
 
     names = frozenset(range_names)
-    events = trace["traceEvents"]
     try:
         analysis = analyze_trace(trace, names, top=rows)
     except Exception as exc:  # noqa: BLE001 - a malformed event: bad input, not a crash
         raise InputError(path, f"events could not be analyzed ({type(exc).__name__}: {exc})",
                          EXPECT_TRACE) from None
+    facts = _scan_events(trace["traceEvents"])
+    start_ns, end_ns = _wall_clock_ns(trace, facts.first_us, facts.last_us)
+    rank, world_size = _rank_of(trace)
+    ranges = analysis.ranges
+    if names and only_named:
+        ranges = FrozenMap({n: r for n, r in ranges.items() if n in names})
+    host = trace.get("host_name")
+    return WindowReport(
+        window=window,
+        steps=tuple(sorted(facts.steps)),
+        partial=False,
+        start_ns=start_ns,
+        end_ns=end_ns,
+        rank=rank,
+        world_size=world_size,
+        host=host if isinstance(host, str) else "",
+        pid=facts.pid,
+        device=_device_name(trace) if facts.device else "cpu",
+        activities=("cpu", "cuda") if facts.device else ("cpu",),
+        trace_file=path,
+        **analysis.report_fields(ranges=ranges),
+    )
 
-    pid = 0
+
+@dataclasses.dataclass
+class _EventFacts:
+    """What a trace's events say about its window beyond the analysis: the first process id,
+    the recorded steps, whether any device work ran, and the span of its complete events."""
+
+    pid: int = 0
+    steps: set[int] = dataclasses.field(default_factory=set)
+    device: bool = False
+    first_us: float | None = None  # earliest start of an "X" event (trace microseconds)
+    last_us: float | None = None  # latest end of one
+
+
+def _scan_events(events: list[dict[str, Any]]) -> _EventFacts:
+    """One pass over the events for ``_EventFacts``; malformed fields are skipped."""
+    facts = _EventFacts()
     lo = hi = None
-    steps: set[int] = set()
-    device = False
     for ev in events:
-        if not pid:
+        if not facts.pid:
             p = ev.get("pid")
             if isinstance(p, int) and not isinstance(p, bool):
-                pid = p
+                facts.pid = p
         name = ev.get("name")
         if isinstance(name, str) and name.startswith(STEP_PREFIX):
             try:
-                steps.add(int(name[len(STEP_PREFIX):]))
+                facts.steps.add(int(name[len(STEP_PREFIX):]))
             except ValueError:
                 pass
         if ev.get("cat") in DEVICE_CATEGORIES:
-            device = True
+            facts.device = True
         if ev.get("ph") == "X":
             ts = _number(ev.get("ts"))
             if ts is None:
@@ -326,45 +360,41 @@ def report_from_trace(
             end = ts + (_number(ev.get("dur")) or 0.0)
             lo = ts if lo is None or ts < lo else lo
             hi = end if hi is None or end > hi else hi
+    facts.first_us, facts.last_us = lo, hi
+    return facts
 
-    start_ns = end_ns = 0
+
+def _wall_clock_ns(trace: dict[str, Any], lo: float | None, hi: float | None
+                   ) -> tuple[int, int]:
+    """The window's start and end in epoch nanoseconds, or ``(0, 0)`` when the trace cannot
+    tell: ``baseTimeNanoseconds + ts * 1000``, or, from older torch, absolute ``ts``."""
+    if lo is None or hi is None:
+        return 0, 0
     base = trace.get("baseTimeNanoseconds")
-    if lo is not None and hi is not None:
-        if isinstance(base, int) and not isinstance(base, bool):
-            start_ns, end_ns = base + round(lo * 1000), base + round(hi * 1000)
-        elif lo >= 1e15:  # older torch: absolute epoch microseconds, no baseTimeNanoseconds
-            start_ns, end_ns = round(lo * 1000), round(hi * 1000)
+    if isinstance(base, int) and not isinstance(base, bool):
+        return base + round(lo * 1000), base + round(hi * 1000)
+    if lo >= 1e15:  # older torch: absolute epoch microseconds, no baseTimeNanoseconds
+        return round(lo * 1000), round(hi * 1000)
+    return 0, 0
 
+
+def _rank_of(trace: dict[str, Any]) -> tuple[int, int]:
+    """``(rank, world_size)`` from ``distributedInfo``; ``(0, 1)`` without it."""
     dist = trace.get("distributedInfo")
-    rank, world_size = 0, 1
-    if isinstance(dist, dict):
-        rank = _int(dist.get("rank"), 0)
-        world_size = _int(dist.get("world_size"), max(1, rank + 1))
-    props = trace.get("deviceProperties")
-    device_name = "cpu"
-    if (device and isinstance(props, list) and props and isinstance(props[0], dict)
-            and props[0].get("name")):  # torch lists the GPUs even in CPU-only traces
-        device_name = str(props[0]["name"])
+    if not isinstance(dist, dict):
+        return 0, 1
+    rank = _int(dist.get("rank"), 0)
+    return rank, _int(dist.get("world_size"), max(1, rank + 1))
 
-    ranges = analysis.ranges
-    if names and only_named:
-        ranges = FrozenMap({n: r for n, r in ranges.items() if n in names})
-    host = trace.get("host_name")
-    return WindowReport(
-        window=window,
-        steps=tuple(sorted(steps)),
-        partial=False,
-        start_ns=start_ns,
-        end_ns=end_ns,
-        rank=rank,
-        world_size=world_size,
-        host=host if isinstance(host, str) else "",
-        pid=pid,
-        device=device_name,
-        activities=("cpu", "cuda") if device else ("cpu",),
-        trace_file=path,
-        **analysis.report_fields(ranges=ranges),
-    )
+
+def _device_name(trace: dict[str, Any]) -> str:
+    """The first device's name from ``deviceProperties``, for a trace with device work only
+    (torch lists the GPUs even in CPU-only traces); ``cpu`` when it names none."""
+    props = trace.get("deviceProperties")
+    if isinstance(props, list) and props and isinstance(props[0], dict) \
+            and props[0].get("name"):
+        return str(props[0]["name"])
+    return "cpu"
 
 
 def _collect(paths: Sequence[str]) -> list[str]:
