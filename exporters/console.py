@@ -93,10 +93,11 @@ def _range_lines(report: "WindowReport", rows: int) -> list[str]:
     shown = list(report.ranges.values())[:rows]
     # module paths (instrument_module) run long: the column grows as far as 100 columns allow
     name_w = max(30, min(max((len(r.name) for r in shown), default=0), WIDTH - 64))
-    lines = [
+    header = (
         f"{'@profiled range':<{name_w}} {'calls':>6} {'CPU total':>11} {'device':>11} "
         f"{'dev/CPU':>8} {'busy':>5}  {'verdict':<16}"
-    ]
+    )
+    lines = [header]
     if not shown:
         lines.append("(no @profiled or record_function range ran in this window)")
         return lines
@@ -126,10 +127,11 @@ def _range_lines(report: "WindowReport", rows: int) -> list[str]:
 def _operator_lines(report: "WindowReport", rows: int) -> list[str]:
     """The top operators by self CPU time, each with its share of the window's total."""
     name_w = 56
-    lines = [
+    header = (
         f"{'top operators by self CPU time':<{name_w}} {'calls':>7} {'self CPU':>11} "
         f"{'CPU total':>11} {'self %':>10}"
-    ]
+    )
+    lines = [header]
     total = report.self_cpu_time_total_us or 1.0
     for op in report.top_ops[:rows]:
         lines.append(row(
@@ -145,10 +147,11 @@ def _operator_lines(report: "WindowReport", rows: int) -> list[str]:
 def _kernel_lines(report: "WindowReport", rows: int) -> list[str]:
     """The top device kernels (and memcpy/memset) by device time, with their share."""
     name_w = 60
-    lines = [
+    header = (
         f"{'top device kernels':<{name_w}} {'kind':>7} {'calls':>7} {'device':>11} "
         f"{'share':>10}"
-    ]
+    )
+    lines = [header]
     total = report.self_device_time_total_us or 1.0
     for k in report.top_kernels[:rows]:
         lines.append(row(

@@ -120,7 +120,7 @@ def test_widths_too_small_for_the_ellipsis_cut_without_one():
 
 def test_no_cut_ever_passes_its_width():
     name = "x" * 50
-    for width in range(0, 60):
+    for width in range(60):
         for middle in (False, True):
             assert len(fit(name, width, middle)) == min(width, 50)
 
