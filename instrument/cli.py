@@ -26,8 +26,9 @@ Bad input (a missing file, a file that is not a trace, a directory with no trace
 of only whitespace, a trace larger than ``--max-mb``) ends with one line on standard error,
 ``torch-profiled: error: PATH: what was wrong; expected ...``, and exit status 2, as do usage
 errors and a ``--range`` that names no range in the traces (that line lists the ranges there and
-the closest name). Importing this module is cheap: the analysis and the console formatting are
-imported when a command runs.
+the closest name). Importing this module is cheap: the analysis and the console table are
+imported when a command runs (times and columns come from the small ``exporters._format``,
+shared with the console table).
 
 Size bound: ``--max-mb`` (default ``DEFAULT_MAX_MB``) caps a trace's JSON text, for ``.json.gz``
 its decompressed size. A plain file is refused from its size on disk before it is read; a
