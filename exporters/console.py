@@ -17,39 +17,12 @@ import threading
 from typing import TYPE_CHECKING, TextIO
 
 from . import Exporter, ExportResult
+from ._format import WIDTH, fit, format_time_us, row
 
 if TYPE_CHECKING:
     from instrument.report import WindowReport
 
 __all__ = ["ConsoleExporter", "format_report", "format_time_us"]
-
-WIDTH = 100
-
-
-def format_time_us(us: float) -> str:
-    """torch's table formatting: ``37.550ms``, ``23.000us``, ``1.250s``."""
-    if us >= 1e6:
-        return f"{us / 1e6:.3f}s"
-    if us >= 1e3:
-        return f"{us / 1e3:.3f}ms"
-    return f"{us:.3f}us"
-
-
-def _fit(name: str, width: int, middle: bool = False) -> str:
-    """``name`` cut to ``width``: its end dropped, or its middle (module paths such as
-    ``model.layers.1.post_attention_layernorm`` keep their layer index and their leaf)."""
-    if len(name) <= width:
-        return name
-    if middle:
-        head = (width - 3) // 2
-        return name[:head] + "..." + name[len(name) - (width - 3 - head):]
-    return name[: width - 3] + "..."
-
-
-def _row(name: str, name_w: int, rest: str, middle: bool = False) -> str:
-    """A table row: the name column shrinks when wide numbers would pass ``WIDTH``."""
-    width = max(min(name_w, WIDTH - len(rest)), 8)
-    return f"{_fit(name, width, middle):<{width}}{rest}"
 
 
 def _pct(share: float) -> str:
@@ -82,82 +55,117 @@ def _steps(steps: tuple[int, ...]) -> str:
 
 
 def format_report(report: "WindowReport", rows: int = 15) -> str:
-    lines: list[str] = []
+    """The window's table as text (at most ``WIDTH`` columns but for a long trace path), in
+    the order a person reads it: title, verdict, ranges, top operators and kernels, totals."""
+    rule = "-" * WIDTH
+    lines = [_title(report), rule]
+    verdict = getattr(report, "verdict", None)
+    if verdict is not None and verdict.reason:
+        lines.extend(_wrap(f"window: {verdict}: {verdict.reason}"))
+        lines.append(rule)
+    lines.extend(_range_lines(report, rows))
+    if report.top_ops:
+        lines.append(rule)
+        lines.extend(_operator_lines(report, rows))
+    if report.top_kernels:
+        lines.append(rule)
+        lines.extend(_kernel_lines(report, rows))
+    lines.append(rule)
+    lines.extend(_total_lines(report))
+    if report.trace_file:
+        lines.extend(_trace_lines(report.trace_file))
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def _title(report: "WindowReport") -> str:
+    """One line saying which window this is: its steps, device, rank and wall time."""
     title = (
         f"torch-profiled | window {report.window} | {_steps(report.steps)}"
         f"{' (partial)' if report.partial else ''} | {report.device} | "
         f"rank {report.rank}/{report.world_size} | {format_time_us(report.duration_us)} wall"
     )
-    lines.append(_fit(title, WIDTH))
-    rule = "-" * WIDTH
-    lines.append(rule)
+    return fit(title, WIDTH)
 
-    verdict = getattr(report, "verdict", None)
-    if verdict is not None and verdict.reason:
-        lines.extend(_wrap(f"window: {verdict}: {verdict.reason}"))
-        lines.append(rule)
 
+def _range_lines(report: "WindowReport", rows: int) -> list[str]:
+    """The ``@profiled`` ranges: a header, one row per range (the first ``rows``), then their
+    FLOPs and the calls still running when the window ended."""
     shown = list(report.ranges.values())[:rows]
     # module paths (instrument_module) run long: the column grows as far as 100 columns allow
     name_w = max(30, min(max((len(r.name) for r in shown), default=0), WIDTH - 64))
-    lines.append(
-        f"{'@profiled range':<{name_w}} {'calls':>6} {'CPU total':>11} {'device':>11} {'dev/CPU':>8} "
-        f"{'busy':>5}  {'verdict':<16}"
+    header = (
+        f"{'@profiled range':<{name_w}} {'calls':>6} {'CPU total':>11} {'device':>11} "
+        f"{'dev/CPU':>8} {'busy':>5}  {'verdict':<16}"
     )
-    if shown:
-        for r in shown:
-            lines.append(_row(
-                r.name, name_w,
-                f" {r.calls:>6} {format_time_us(r.cpu_time_us):>11} "
-                f"{format_time_us(r.device_time_us):>11} {_pct(r.device_to_cpu_ratio):>8} "
-                f"{_pct(r.device_busy_share) if r.device_time_us else '-':>5}  "
-                f"{str(r.verdict) if r.verdict.reason else '':<16}",
-                middle=True,
-            ))
-        for r in shown:
-            if r.flops:
-                per_call = r.flops / r.calls if r.calls else 0.0
-                rate = f", {_si(r.flops_per_s)}FLOP/s on the device" if r.flops_per_s else ""
-                lines.append(_fit(f"  {r.name}: {_si(per_call)}FLOP per call{rate}", WIDTH))
-        for r in shown:
-            if r.open_calls:
-                lines.extend(_wrap(
-                    f"  {r.name}: {r.open_calls} of {r.calls} call(s) still running when the "
-                    "window ended, counted up to its end"))
-    else:
+    lines = [header]
+    if not shown:
         lines.append("(no @profiled or record_function range ran in this window)")
+        return lines
+    for r in shown:
+        lines.append(row(
+            r.name,
+            f" {r.calls:>6} {format_time_us(r.cpu_time_us):>11} "
+            f"{format_time_us(r.device_time_us):>11} {_pct(r.device_to_cpu_ratio):>8} "
+            f"{_pct(r.device_busy_share) if r.device_time_us else '-':>5}  "
+            f"{str(r.verdict) if r.verdict.reason else '':<16}",
+            name_w,
+            middle=True,
+        ))
+    for r in shown:
+        if r.flops:
+            per_call = r.flops / r.calls if r.calls else 0.0
+            rate = f", {_si(r.flops_per_s)}FLOP/s on the device" if r.flops_per_s else ""
+            lines.append(fit(f"  {r.name}: {_si(per_call)}FLOP per call{rate}", WIDTH))
+    for r in shown:
+        if r.open_calls:
+            lines.extend(_wrap(
+                f"  {r.name}: {r.open_calls} of {r.calls} call(s) still running when the "
+                "window ended, counted up to its end"))
+    return lines
 
-    if report.top_ops:
-        lines.append(rule)
-        name_w = 56
-        lines.append(
-            f"{'top operators by self CPU time':<{name_w}} {'calls':>7} {'self CPU':>11} "
-            f"{'CPU total':>11} {'self %':>10}"
-        )
-        total = report.self_cpu_time_total_us or 1.0
-        for op in report.top_ops[:rows]:
-            lines.append(_row(
-                op.name, name_w,
-                f" {op.calls:>7} "
-                f"{format_time_us(op.self_cpu_time_us):>11} {format_time_us(op.cpu_time_us):>11} "
-                f"{100.0 * op.self_cpu_time_us / total:>9.1f}%",
-            ))
-    if report.top_kernels:
-        lines.append(rule)
-        name_w = 60
-        lines.append(
-            f"{'top device kernels':<{name_w}} {'kind':>7} {'calls':>7} {'device':>11} "
-            f"{'share':>10}"
-        )
-        total = report.self_device_time_total_us or 1.0
-        for k in report.top_kernels[:rows]:
-            lines.append(_row(
-                k.name, name_w,
-                f" {k.kind:>7} {k.calls:>7} "
-                f"{format_time_us(k.device_time_us):>11} {100.0 * k.device_time_us / total:>9.1f}%",
-            ))
-    lines.append(rule)
-    lines.append(f"Self CPU time total: {format_time_us(report.self_cpu_time_total_us)}")
+
+def _operator_lines(report: "WindowReport", rows: int) -> list[str]:
+    """The top operators by self CPU time, each with its share of the window's total."""
+    name_w = 56
+    header = (
+        f"{'top operators by self CPU time':<{name_w}} {'calls':>7} {'self CPU':>11} "
+        f"{'CPU total':>11} {'self %':>10}"
+    )
+    lines = [header]
+    total = report.self_cpu_time_total_us or 1.0
+    for op in report.top_ops[:rows]:
+        lines.append(row(
+            op.name,
+            f" {op.calls:>7} "
+            f"{format_time_us(op.self_cpu_time_us):>11} {format_time_us(op.cpu_time_us):>11} "
+            f"{100.0 * op.self_cpu_time_us / total:>9.1f}%",
+            name_w,
+        ))
+    return lines
+
+
+def _kernel_lines(report: "WindowReport", rows: int) -> list[str]:
+    """The top device kernels (and memcpy/memset) by device time, with their share."""
+    name_w = 60
+    header = (
+        f"{'top device kernels':<{name_w}} {'kind':>7} {'calls':>7} {'device':>11} "
+        f"{'share':>10}"
+    )
+    lines = [header]
+    total = report.self_device_time_total_us or 1.0
+    for k in report.top_kernels[:rows]:
+        lines.append(row(
+            k.name,
+            f" {k.kind:>7} {k.calls:>7} "
+            f"{format_time_us(k.device_time_us):>11} {100.0 * k.device_time_us / total:>9.1f}%",
+            name_w,
+        ))
+    return lines
+
+
+def _total_lines(report: "WindowReport") -> list[str]:
+    """The totals the way torch's own table ends, then the profiler's own cost if known."""
+    lines = [f"Self CPU time total: {format_time_us(report.self_cpu_time_total_us)}"]
     accelerators = [a for a in report.activities if a != "cpu"]
     if accelerators:
         label = accelerators[0].upper()  # torch's table: "Self CUDA time total", "Self XPU ..."
@@ -169,14 +177,16 @@ def format_report(report: "WindowReport", rows: int = 15) -> str:
             f"Profiler bookkeeping (not in the totals): "
             f"{format_time_us(report.profiler_overhead_us)}"
         )
-    if report.trace_file:
-        shown = _display_path(report.trace_file)
-        if len("Trace: ") + len(shown) <= WIDTH:
-            lines.append(f"Trace: {shown}")
-        else:  # a path is never cut (it must stay usable); it gets a line of its own
-            lines.append("Trace:")
-            lines.append(shown)
-    return "\n".join(line.rstrip() for line in lines) + "\n"
+    return lines
+
+
+def _trace_lines(trace_file: str) -> list[str]:
+    """Where the trace file is. A path is never cut (it must stay usable): one too long for
+    the ``Trace:`` line gets a line of its own."""
+    shown = _display_path(trace_file)
+    if len("Trace: ") + len(shown) <= WIDTH:
+        return [f"Trace: {shown}"]
+    return ["Trace:", shown]
 
 
 def _display_path(path: str) -> str:

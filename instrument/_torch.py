@@ -677,28 +677,18 @@ def kineto_events(results: Any, with_flops: bool = True) -> list[tuple]:
     its ``correlation_id()``; runtime calls and device work point at it through
     ``linked_correlation_id()``; runtime calls take the thread of the operator they belong to
     (Kineto reports them with the OS thread id, operators with torch's own).
-    """
-    from .analysis import (
-        CPU_OP_CATEGORIES,
-        DEVICE_CATEGORIES,
-        FILTERED_NAMES,
-        RUNTIME_CATEGORIES,
-        UNFINISHED,
-        USER_ANNOTATION,
-        input_bytes,
-        is_bookkeeping,
-    )
 
-    raw = results.events() if results is not None else []
-    if raw and not hasattr(raw[0], "activity_type"):
-        # torch < 2.13 (2.11 on the H200 host): no category per event; the caller reads the
-        # trace JSON instead (slower, same numbers)
-        raise NotImplementedError("this torch's Kineto events carry no activity_type()")
+    One loop over every event of a window (~140k in a big one): the classes stay integer
+    literals and the per-event work inline; only a new (name, category) pair calls out.
+    """
+    from .analysis import DEVICE_CATEGORIES, UNFINISHED, USER_ANNOTATION, input_bytes
+
+    raw = _kineto_raw_events(results)
     op_thread: dict[int, Any] = {}
     out: list[tuple] = []
     runtime: list[tuple] = []
     append = out.append
-    # per (name, category): 0 skip, 1 operator, 2 bookkeeping, 3 runtime, 4 device, 5 other
+    # per (name, category): 0 skip, 1 operator, 2 bookkeeping, 3 runtime, 4 device
     classes: dict[tuple[str, str], int] = {}
     threads: dict[int, tuple[str, int]] = {}
     for e in raw:
@@ -706,17 +696,7 @@ def kineto_events(results: Any, with_flops: bool = True) -> list[tuple]:
         cat = e.activity_type()
         cls = classes.get((name, cat))
         if cls is None:
-            if name in FILTERED_NAMES:
-                cls = 0
-            elif cat in CPU_OP_CATEGORIES or cat in RUNTIME_CATEGORIES:
-                cls = 2 if is_bookkeeping(name) else (1 if cat in CPU_OP_CATEGORIES else 3)
-            elif cat in DEVICE_CATEGORIES:
-                cls = 4
-            elif cat == "overhead" or is_bookkeeping(name):
-                cls = 2
-            else:
-                cls = 0
-            classes[(name, cat)] = cls
+            cls = classes[(name, cat)] = _kineto_class(name, cat)
         if cls == 1:
             if e.is_hidden_event():
                 continue
@@ -742,7 +722,47 @@ def kineto_events(results: Any, with_flops: bool = True) -> list[tuple]:
         elif cls == 2:
             append(("overhead", name, e.start_ns(), e.duration_ns(), ("os", e.start_thread_id()),
                     0, 0, 0, 0, False))
+    _append_runtime_calls(out, runtime, op_thread)
+    return out
+
+
+def _kineto_raw_events(results: Any) -> list[Any]:
+    """``results.events()``, refusing a torch whose events carry no category."""
+    raw = results.events() if results is not None else []
+    if raw and not hasattr(raw[0], "activity_type"):
+        # torch < 2.13 (2.11 on the H200 host): no category per event; the caller reads the
+        # trace JSON instead (slower, same numbers)
+        raise NotImplementedError("this torch's Kineto events carry no activity_type()")
+    return raw
+
+
+def _kineto_class(name: str, cat: str) -> int:
+    """How ``kineto_events`` handles events of this name and category: 0 skip, 1 operator,
+    2 bookkeeping (the profiler's own), 3 runtime call, 4 device work."""
+    from .analysis import (
+        CPU_OP_CATEGORIES,
+        DEVICE_CATEGORIES,
+        FILTERED_NAMES,
+        RUNTIME_CATEGORIES,
+        is_bookkeeping,
+    )
+
+    if name in FILTERED_NAMES:
+        return 0
+    if cat in CPU_OP_CATEGORIES or cat in RUNTIME_CATEGORIES:
+        return 2 if is_bookkeeping(name) else (1 if cat in CPU_OP_CATEGORIES else 3)
+    if cat in DEVICE_CATEGORIES:
+        return 4
+    if cat == "overhead" or is_bookkeeping(name):
+        return 2
+    return 0
+
+
+def _append_runtime_calls(out: list[tuple], runtime: list[tuple],
+                          op_thread: dict[int, Any]) -> None:
+    """Runtime calls, each on the thread of the operator that made it (its OS thread when
+    that operator is not in the window), after every operator has been seen."""
+    append = out.append
     for name, start, dur, tid, link in runtime:
         thread = op_thread.get(link, ("os", tid))
         append(("cpu", name, start, dur, thread, 0, link, 0, 0, False))
-    return out

@@ -26,8 +26,9 @@ Bad input (a missing file, a file that is not a trace, a directory with no trace
 of only whitespace, a trace larger than ``--max-mb``) ends with one line on standard error,
 ``torch-profiled: error: PATH: what was wrong; expected ...``, and exit status 2, as do usage
 errors and a ``--range`` that names no range in the traces (that line lists the ranges there and
-the closest name). Importing this module is cheap: the analysis and the console formatting are
-imported when a command runs.
+the closest name). Importing this module is cheap: the analysis and the console table are
+imported when a command runs (times and columns come from the small ``exporters._format``,
+shared with the console table).
 
 Size bound: ``--max-mb`` (default ``DEFAULT_MAX_MB``) caps a trace's JSON text, for ``.json.gz``
 its decompressed size. A plain file is refused from its size on disk before it is read; a
@@ -51,6 +52,8 @@ import zlib
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from exporters._format import WIDTH, fit, format_delta_us, format_time_us, row
+
 if TYPE_CHECKING:
     from .report import WindowReport
 
@@ -69,7 +72,6 @@ __all__ = [
 ]
 
 PROG = "torch-profiled"
-WIDTH = 100
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -294,30 +296,64 @@ def report_from_trace(
     from .report import FrozenMap, WindowReport
 
     names = frozenset(range_names)
-    events = trace["traceEvents"]
     try:
         analysis = analyze_trace(trace, names, top=rows)
     except Exception as exc:  # noqa: BLE001 - a malformed event: bad input, not a crash
         raise InputError(path, f"events could not be analyzed ({type(exc).__name__}: {exc})",
                          EXPECT_TRACE) from None
+    facts = _scan_events(trace["traceEvents"])
+    start_ns, end_ns = _wall_clock_ns(trace, facts.first_us, facts.last_us)
+    rank, world_size = _rank_of(trace)
+    ranges = analysis.ranges
+    if names and only_named:
+        ranges = FrozenMap({n: r for n, r in ranges.items() if n in names})
+    host = trace.get("host_name")
+    return WindowReport(
+        window=window,
+        steps=tuple(sorted(facts.steps)),
+        partial=False,
+        start_ns=start_ns,
+        end_ns=end_ns,
+        rank=rank,
+        world_size=world_size,
+        host=host if isinstance(host, str) else "",
+        pid=facts.pid,
+        device=_device_name(trace) if facts.device else "cpu",
+        activities=("cpu", "cuda") if facts.device else ("cpu",),
+        trace_file=path,
+        **analysis.report_fields(ranges=ranges),
+    )
 
-    pid = 0
+
+@dataclasses.dataclass
+class _EventFacts:
+    """What a trace's events say about its window beyond the analysis: the first process id,
+    the recorded steps, whether any device work ran, and the span of its complete events."""
+
+    pid: int = 0
+    steps: set[int] = dataclasses.field(default_factory=set)
+    device: bool = False
+    first_us: float | None = None  # earliest start of an "X" event (trace microseconds)
+    last_us: float | None = None  # latest end of one
+
+
+def _scan_events(events: list[dict[str, Any]]) -> _EventFacts:
+    """One pass over the events for ``_EventFacts``; malformed fields are skipped."""
+    facts = _EventFacts()
     lo = hi = None
-    steps: set[int] = set()
-    device = False
     for ev in events:
-        if not pid:
+        if not facts.pid:
             p = ev.get("pid")
             if isinstance(p, int) and not isinstance(p, bool):
-                pid = p
+                facts.pid = p
         name = ev.get("name")
         if isinstance(name, str) and name.startswith(STEP_PREFIX):
             try:
-                steps.add(int(name[len(STEP_PREFIX):]))
+                facts.steps.add(int(name[len(STEP_PREFIX):]))
             except ValueError:
                 pass
         if ev.get("cat") in DEVICE_CATEGORIES:
-            device = True
+            facts.device = True
         if ev.get("ph") == "X":
             ts = _number(ev.get("ts"))
             if ts is None:
@@ -325,45 +361,41 @@ def report_from_trace(
             end = ts + (_number(ev.get("dur")) or 0.0)
             lo = ts if lo is None or ts < lo else lo
             hi = end if hi is None or end > hi else hi
+    facts.first_us, facts.last_us = lo, hi
+    return facts
 
-    start_ns = end_ns = 0
+
+def _wall_clock_ns(trace: dict[str, Any], lo: float | None, hi: float | None
+                   ) -> tuple[int, int]:
+    """The window's start and end in epoch nanoseconds, or ``(0, 0)`` when the trace cannot
+    tell: ``baseTimeNanoseconds + ts * 1000``, or, from older torch, absolute ``ts``."""
+    if lo is None or hi is None:
+        return 0, 0
     base = trace.get("baseTimeNanoseconds")
-    if lo is not None and hi is not None:
-        if isinstance(base, int) and not isinstance(base, bool):
-            start_ns, end_ns = base + round(lo * 1000), base + round(hi * 1000)
-        elif lo >= 1e15:  # older torch: absolute epoch microseconds, no baseTimeNanoseconds
-            start_ns, end_ns = round(lo * 1000), round(hi * 1000)
+    if isinstance(base, int) and not isinstance(base, bool):
+        return base + round(lo * 1000), base + round(hi * 1000)
+    if lo >= 1e15:  # older torch: absolute epoch microseconds, no baseTimeNanoseconds
+        return round(lo * 1000), round(hi * 1000)
+    return 0, 0
 
+
+def _rank_of(trace: dict[str, Any]) -> tuple[int, int]:
+    """``(rank, world_size)`` from ``distributedInfo``; ``(0, 1)`` without it."""
     dist = trace.get("distributedInfo")
-    rank, world_size = 0, 1
-    if isinstance(dist, dict):
-        rank = _int(dist.get("rank"), 0)
-        world_size = _int(dist.get("world_size"), max(1, rank + 1))
-    props = trace.get("deviceProperties")
-    device_name = "cpu"
-    if (device and isinstance(props, list) and props and isinstance(props[0], dict)
-            and props[0].get("name")):  # torch lists the GPUs even in CPU-only traces
-        device_name = str(props[0]["name"])
+    if not isinstance(dist, dict):
+        return 0, 1
+    rank = _int(dist.get("rank"), 0)
+    return rank, _int(dist.get("world_size"), max(1, rank + 1))
 
-    ranges = analysis.ranges
-    if names and only_named:
-        ranges = FrozenMap({n: r for n, r in ranges.items() if n in names})
-    host = trace.get("host_name")
-    return WindowReport(
-        window=window,
-        steps=tuple(sorted(steps)),
-        partial=False,
-        start_ns=start_ns,
-        end_ns=end_ns,
-        rank=rank,
-        world_size=world_size,
-        host=host if isinstance(host, str) else "",
-        pid=pid,
-        device=device_name,
-        activities=("cpu", "cuda") if device else ("cpu",),
-        trace_file=path,
-        **analysis.report_fields(ranges=ranges),
-    )
+
+def _device_name(trace: dict[str, Any]) -> str:
+    """The first device's name from ``deviceProperties``, for a trace with device work only
+    (torch lists the GPUs even in CPU-only traces); ``cpu`` when it names none."""
+    props = trace.get("deviceProperties")
+    if isinstance(props, list) and props and isinstance(props[0], dict) \
+            and props[0].get("name"):
+        return str(props[0]["name"])
+    return "cpu"
 
 
 def _collect(paths: Sequence[str]) -> list[str]:
@@ -405,15 +437,8 @@ def _reports(paths: Sequence[str], *, rows: int, range_names: Iterable[str] = ()
 
 
 def _t(us: float | None) -> str:
-    from exporters.console import format_time_us
-
+    """A time, or ``-`` for a name missing on one side (diff) or on one rank."""
     return "-" if us is None else format_time_us(us)
-
-
-def _delta(us: float) -> str:
-    from exporters.console import format_time_us
-
-    return ("-" if us < 0 else "+") + format_time_us(abs(us))
 
 
 def _ratio_text(ratio: float | None) -> str:
@@ -424,15 +449,6 @@ def _ratio(after: float | None, before: float | None) -> float | None:
     if after is None or before is None or before <= 0:
         return None
     return after / before
-
-
-def _fit(name: str, width: int) -> str:
-    return name if len(name) <= width else name[: width - 3] + "..."
-
-
-def _row(name: str, rest: str) -> str:
-    width = max(WIDTH - len(rest), 8)
-    return f"{_fit(name, width):<{width}}{rest}"
 
 
 # ---------------------------------------------------------------- ranks side by side
@@ -492,14 +508,14 @@ def format_rank_summary(summary: dict[str, Any], rows: int) -> str:
     if counts != {1}:
         title += f" | {counts.pop()} traces each, summed" if len(counts) == 1 \
             else " | each rank's traces summed"
-    lines = [_fit(title, WIDTH)]
+    lines = [fit(title, WIDTH)]
     if not summary["same_steps"]:
         # the failure this section exists to catch: ranks that profiled different steps
         listed = "; ".join(f"rank {r}: {_runs(v) or 'none'}"
                            for r, v in summary["steps_per_rank"].items())
         lines.append("note: the ranks recorded different steps; their times do not compare "
                      "like with like")
-        lines.append(_fit(f"  steps: {listed}", WIDTH))
+        lines.append(fit(f"  steps: {listed}", WIDTH))
     lines.append("-" * WIDTH)
     if each:
         cols = "".join(f"{'rank ' + str(r):>12}" for r in ranks)
@@ -508,7 +524,7 @@ def format_rank_summary(summary: dict[str, Any], rows: int) -> str:
         cols = f"{'min':>12}{'median':>12}{'max':>12}"
         extra = f"{'ranks':>8}"
     tail = f"{'slowest':>10}{'spread':>12}{'max/min':>9}"
-    lines.append(_row("range", cols + tail + extra))
+    lines.append(row("range", cols + tail + extra))
 
     def line(name: str, s: dict[str, Any]) -> str:
         by_rank = s["by_rank_us"]
@@ -520,7 +536,7 @@ def format_rank_summary(summary: dict[str, Any], rows: int) -> str:
             more = f"{str(len(by_rank)) + '/' + str(len(ranks)):>8}"
         rest = (f"{'rank ' + str(s['slowest_rank']):>10}{_t(s['spread_us']):>12}"
                 f"{_ratio_text(s['ratio']):>9}")
-        return _row(name, vals + rest + more)
+        return row(name, vals + rest + more)
 
     if summary["ranges"]:
         for name, s in list(summary["ranges"].items())[:rows]:
@@ -622,6 +638,12 @@ def _calls(b: int | None, a: int | None) -> str:
     return f"{b}->{a}"
 
 
+def _change(item: dict[str, Any]) -> str:
+    """A diff row's numbers: before, after, delta and after/before, aligned."""
+    return (f"{_t(item['before_us']):>12}{_t(item['after_us']):>12}"
+            f"{format_delta_us(item['delta_us']):>13}{_ratio_text(item['ratio']):>9}")
+
+
 def format_diff(d: dict[str, Any]) -> str:
     rule = "-" * WIDTH
     n_b, n_a = len(d["before"]["traces"]), len(d["after"]["traces"])
@@ -633,18 +655,15 @@ def format_diff(d: dict[str, Any]) -> str:
 
     def section(title: str, items: list[dict[str, Any]], empty: str) -> None:
         lines.append(rule)
-        lines.append(_row(title, f"{'before':>12}{'after':>12}{'delta':>13}{'ratio':>9}"
+        lines.append(row(title, f"{'before':>12}{'after':>12}{'delta':>13}{'ratio':>9}"
                                  f"{'calls':>14}"))
         if not items:
             lines.append(empty)
         for it in items:
             name = it["name"] if "kind" not in it or it["kind"] == "kernel" \
                 else f"{it['name']} [{it['kind']}]"
-            lines.append(_row(
-                name,
-                f"{_t(it['before_us']):>12}{_t(it['after_us']):>12}{_delta(it['delta_us']):>13}"
-                f"{_ratio_text(it['ratio']):>9}{_calls(it['calls_before'], it['calls_after']):>14}",
-            ))
+            lines.append(row(
+                name, _change(it) + f"{_calls(it['calls_before'], it['calls_after']):>14}"))
 
     section("range (CPU total)", d["ranges"], "(no range on either side)")
     if d["range_device_time"]:
@@ -659,9 +678,7 @@ def format_diff(d: dict[str, Any]) -> str:
         labels.append(("self_device_time_total_us", "Self CUDA time total"))
     for key, label in labels:
         t = d["totals"][key]
-        lines.append(_row(label, f"{_t(t['before_us']):>12}{_t(t['after_us']):>12}"
-                                 f"{_delta(t['delta_us']):>13}{_ratio_text(t['ratio']):>9}"
-                                 f"{'':>14}"))
+        lines.append(row(label, _change(t) + f"{'':>14}"))
     return "\n".join(line.rstrip() for line in lines) + "\n"
 
 

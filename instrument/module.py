@@ -210,6 +210,19 @@ def instrument_module(
     Instrument before ``torch.compile``: inside compiled code the hooks add no graph break and
     record nothing, like ``@profiled`` calls.
     """
+    _check_arguments(model, prefix, depth, step)
+    inc = _patterns(include, "include")
+    exc = _patterns(exclude, "exclude")
+    if not enabled_from_env():
+        return ModuleHandle([], [])  # PROFILED_ENABLED=0: no hooks, torch's fast path stays
+    selected = _select(model, prefix, depth, inc, exc)
+    if step:
+        state.declare_steps()
+    return _add_hooks(selected, step)
+
+
+def _check_arguments(model: Any, prefix: Any, depth: Any, step: Any) -> None:
+    """Bad arguments raise at once (``include``/``exclude`` are checked by ``_patterns``)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(
             f"instrument_module() takes an nn.Module, got {type(model).__name__} {model!r}; "
@@ -221,11 +234,17 @@ def instrument_module(
         raise ValueError(f"depth must be an int >= 0 or None (all levels), got {depth!r}")
     if not isinstance(step, bool):
         raise TypeError(f"step must be a bool, got {type(step).__name__} {step!r}")
-    inc = _patterns(include, "include")
-    exc = _patterns(exclude, "exclude")
-    if not enabled_from_env():
-        return ModuleHandle([], [])  # PROFILED_ENABLED=0: no hooks, torch's fast path stays
 
+
+def _select(
+    model: torch.nn.Module,
+    prefix: str | None,
+    depth: int | None,
+    inc: tuple[Any, ...] | None,
+    exc: tuple[Any, ...] | None,
+) -> list[tuple[torch.nn.Module, str, bool]]:
+    """``(module, range name, is the model itself)`` for the model and every submodule that
+    ``depth``, ``include`` and ``exclude`` keep, in ``named_modules()`` order."""
     selected: list[tuple[torch.nn.Module, str, bool]] = []
     for path, module in model.named_modules():
         if not path:
@@ -238,11 +257,14 @@ def instrument_module(
         if exc is not None and _matches(path, module, exc):
             continue
         selected.append((module, f"{prefix}.{path}" if prefix else path, False))
+    return selected
 
+
+def _add_hooks(selected: list[tuple[torch.nn.Module, str, bool]], step: bool) -> ModuleHandle:
+    """Hooks on each selected module not instrumented already (those are named in the handle's
+    skipped list), under the lock so that two threads cannot instrument one module twice."""
     added: list[tuple[Any, _Hooks]] = []
     skipped: list[str] = []
-    if step:
-        state.declare_steps()
     with _LOCK:
         for module, name, root in selected:
             if module in _INSTRUMENTED:

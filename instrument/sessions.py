@@ -37,7 +37,7 @@ from .planner import WindowPlanner
 from .reporting import ReportBuilder, remove_raw, why_no_report
 from .sampling import Action, Schedule
 from .stops import Stops
-from .window import TRANSITIONS, Windows
+from .window import Windows
 
 __all__ = ["ProfilerWarning", "Session"]
 
@@ -201,7 +201,7 @@ class Session:
                     self._trigger = triggers.arm(self.config.trigger, self._planner.triggered)
                 with atomic():
                     first = self._planner.advance(0)
-                    self._transition(Action.NONE, first, 0)
+                    self._windows.transition(Action.NONE, first, 0)
                     self._action = first
                     self._check_finished()
             elif self._skip_reason and self.config.trigger and not any(
@@ -264,25 +264,9 @@ class Session:
             windows.steps.append(self.step_index)
         self.step_index += 1
         cur = self._planner.advance(self.step_index, window_open=windows.window is not None)
-        self._transition(prev, cur, self.step_index, lazy=self._lazy_start)
+        windows.transition(prev, cur, self.step_index, lazy=self._lazy_start)
         self._action = cur
         self._check_finished()
-
-    def _transition(self, prev: Action, cur: Action, step: int, *, lazy: bool = False) -> None:
-        """Do what ``window.TRANSITIONS`` names for (prev, cur)."""
-        windows = self._windows
-        for what in TRANSITIONS[(prev, cur)]:
-            if what == "save":
-                if windows.window is not None:
-                    windows.end(partial=False)
-            elif what == "discard":
-                if windows.window is not None:
-                    windows.discard()
-            elif what == "open":
-                if windows.window is None and not windows.open():
-                    return
-            else:  # "begin"
-                windows.begin(cur, step, lazy=lazy)
 
     def _check_finished(self) -> None:
         if self._windows.window is not None or self._planner.in_cycle():

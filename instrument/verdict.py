@@ -15,12 +15,15 @@ Every threshold lives here. The words are the seed's ("Profiling in PyTorch"):
   bf16 ridge points of an A100, ~150, and the fp32 ones of current GPUs, ~15) count as
   compute-heavy; below, the kernels mostly move memory.
 
-No torch imports: the CLI applies the same verdicts to saved traces.
+No torch imports: the CLI applies the same verdicts to saved traces. Times in the reasons
+are formatted as in the tables (``exporters._format``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from exporters._format import format_time_us
 
 __all__ = [
     "COMPUTE_BOUND",
@@ -66,15 +69,6 @@ class Verdict:
         return base
 
 
-def _t(us: float) -> str:
-    """torch's table units: ``23.104us``, ``2.314ms``, ``1.250s``."""
-    if us >= 1e6:
-        return f"{us / 1e6:.3f}s"
-    if us >= 1e3:
-        return f"{us / 1e3:.3f}ms"
-    return f"{us:.3f}us"
-
-
 def judge(
     *,
     device_us: float,
@@ -86,11 +80,11 @@ def judge(
 ) -> Verdict:
     """The verdict for a range or a window from its numbers (µs, FLOPs, bytes)."""
     if device_us <= 0.0:
-        return Verdict(CPU_ONLY, f"no device work in {_t(cpu_us)} of CPU time")
+        return Verdict(CPU_ONLY, f"no device work in {format_time_us(cpu_us)} of CPU time")
     share = busy_us / wall_us if wall_us > 0 else 1.0
     numbers = (
-        f"device busy {_t(busy_us)} of {_t(wall_us)} wall ({100 * share:.0f}%), "
-        f"CPU {_t(cpu_us)}"
+        f"device busy {format_time_us(busy_us)} of {format_time_us(wall_us)} wall "
+        f"({100 * share:.0f}%), CPU {format_time_us(cpu_us)}"
     )
     detail = ""
     if flops > 0 and input_bytes > 0:

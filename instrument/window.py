@@ -7,7 +7,8 @@ deferred until its kernels have run, by its owner thread (``stops``), and handed
 session's pipeline.
 
 Every method runs under the session's lock, in an ``atomic()`` block where it starts or stops a
-profiler. ``Session._transition`` calls them through the table ``TRANSITIONS``.
+profiler. The session calls ``transition`` at each step boundary, which calls them through
+the table ``TRANSITIONS``.
 """
 
 from __future__ import annotations
@@ -60,6 +61,21 @@ class Windows:
     active_started: bool = False  # the open window has begun its recorded steps
     told: bool = False  # the exporters' window_started hooks were called
     start_due: bool = False  # its profiler waits for the step's first decorated call
+
+    def transition(self, prev: Action, cur: Action, step: int, *, lazy: bool = False) -> None:
+        """Do what ``TRANSITIONS`` names for (prev, cur) at the boundary into ``step``."""
+        for what in TRANSITIONS[(prev, cur)]:
+            if what == "save":
+                if self.window is not None:
+                    self.end(partial=False)
+            elif what == "discard":
+                if self.window is not None:
+                    self.discard()
+            elif what == "open":
+                if self.window is None and not self.open():
+                    return
+            else:  # "begin"
+                self.begin(cur, step, lazy=lazy)
 
     # ------------------------------------------------------------ open and begin
 
