@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 import warnings
+from types import FrameType
 
 __all__ = ["warn"]
 
@@ -45,7 +46,7 @@ def _skipped(filename: str) -> bool:
 def warn(message: str, category: type[Warning]) -> None:
     """Issue ``message`` as a ``category`` warning that never raises (see the module)."""
     try:
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         level = 2  # warnings.warn's stacklevel for warn()'s caller
         while frame is not None and _skipped(os.path.abspath(frame.f_code.co_filename)):
             frame = frame.f_back

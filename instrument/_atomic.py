@@ -68,8 +68,9 @@ def _install() -> None:
 
 def _restore() -> None:
     for signum, stand_in in list(_stand_ins.items()):
+        original = stand_in.original
         if signal.getsignal(signum) is stand_in:
-            signal.signal(signum, stand_in.original)  # may run a noted handler: see above
+            signal.signal(signum, original)  # may run a noted handler: see above
         del _stand_ins[signum]
 
 

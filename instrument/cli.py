@@ -50,7 +50,7 @@ import os
 import sys
 import zlib
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, Protocol
 
 from exporters._format import WIDTH, fit, format_delta_us, format_time_us, row
 
@@ -167,7 +167,11 @@ def _too_large(path: str, what: str, limit_mb: int, suggest: int) -> InputError:
                                   f"to read it, raise the limit, e.g. --max-mb {suggest}")
 
 
-def _read_capped(f: BinaryIO, limit: int) -> bytearray | None:
+class _Readable(Protocol):
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
+def _read_capped(f: _Readable, limit: int) -> bytearray | None:
     """All of ``f`` if it holds at most ``limit`` bytes, else None, having read (and, for a
     gzip stream, decompressed) at most one chunk past the limit: a bomb stops there."""
     buf = bytearray()
@@ -597,7 +601,7 @@ def _compare(before: dict[str, list[Any]], after: dict[str, list[Any]], index: i
         b, a = before.get(name), after.get(name)
         bv = b[index] if b is not None else None
         av = a[index] if a is not None else None
-        row = {
+        row: dict[str, Any] = {
             "name": name,
             "before_us": bv,
             "after_us": av,

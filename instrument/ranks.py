@@ -98,6 +98,8 @@ class RankSet:
     """
 
     __slots__ = ("_spans", "_starts")
+    _spans: tuple[Span, ...] | None  # None: every rank
+    _starts: list[int] | None  # each run's first rank, for bisect
 
     def __init__(self, ranks: Iterable[int] | None = None) -> None:
         spans = None if ranks is None else _spans_of(ranks)
@@ -136,7 +138,7 @@ class RankSet:
 
     def selects(self, rank: int) -> bool:
         """True when ``rank`` profiles (a binary search over the runs)."""
-        if self._spans is None:
+        if self._spans is None or self._starts is None:
             return True
         i = bisect.bisect_right(self._starts, rank) - 1
         return i >= 0 and rank <= self._spans[i][1]
