@@ -22,22 +22,28 @@ import gc
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from . import _torch
 from .analysis import gc_paused
 
+if TYPE_CHECKING:
+    from .sessions import Session
+
+Hook = Callable[[], None]
+"""The first-call hook: run by the next decorated call (see ``window.Windows.first_call``)."""
+
 __all__ = ["RANGE_NAMES", "cpu_ops", "refresh_idle", "reset"]
 
 lock = threading.RLock()
-ambient: Any = None
-explicit: Any = None
-current: Any = None  # explicit or ambient: what decorated calls report to
+ambient: Session | None = None
+explicit: Session | None = None
+current: Session | None = None  # explicit or ambient: what decorated calls report to
 shut_down = False
 overrides: dict[str, Any] = {}
-PENDING: list[Any] = []
+PENDING: list[Session] = []
 """Sessions whose window's stop waits for the thread that started it."""
 atexit_registered = False
 exporter_warnings_seen: set[str] = set()
@@ -59,21 +65,21 @@ def _no_session() -> None:
     return None
 
 
-session_for_calls: Callable[[], Any] = _no_session
+session_for_calls: Callable[[], Session | None] = _no_session
 """The session a decorated call reports to (building the ambient one on first use), or None:
 bound by ``instrument.sessions`` at import."""
-enter_explicit: Callable[[Any], None] = lambda session: None  # noqa: E731
-exit_explicit: Callable[[Any], None] = lambda session: None  # noqa: E731
+enter_explicit: Callable[[Session], None] = lambda session: None  # noqa: E731
+exit_explicit: Callable[[Session], None] = lambda session: None  # noqa: E731
 """``with session(...)``'s entry and exit: bound by ``instrument.lifetime`` at import."""
-_mirror: Callable[[bool, Any, Any], None] = lambda idle, session, hook: None  # noqa: E731
+_mirror: Callable[[bool, Session | None, Hook | None], None] = lambda idle, session, hook: None  # noqa: E731
 _idle = False
-_session: Any = None
-_hook: Any = None
+_session: Session | None = None
+_hook: Hook | None = None
 
 
-def bind(*, calls: Callable[[], Any] | None = None,
-         explicit: tuple[Callable[[Any], None], Callable[[Any], None]] | None = None,
-         mirror: Callable[[bool, Any, Any], None] | None = None) -> None:
+def bind(*, calls: Callable[[], Session | None] | None = None,
+         explicit: tuple[Callable[[Session], None], Callable[[Session], None]] | None = None,
+         mirror: Callable[[bool, Session | None, Hook | None], None] | None = None) -> None:
     """What the upper layers give: ``calls``, the lifetime module's ``session_for_calls``;
     ``explicit``, its (enter, exit) of a ``with session(...)`` block; ``mirror``, the
     decorator's writer of its hot-path globals (idle, session, first-call hook)."""
@@ -87,18 +93,18 @@ def bind(*, calls: Callable[[], Any] | None = None,
         mirror(_idle, _session, _hook)
 
 
-def _write(idle: bool, session: Any, hook: Any) -> None:
+def _write(idle: bool, session: Session | None, hook: Hook | None) -> None:
     global _idle, _session, _hook
     _idle, _session, _hook = idle, session, hook
     _mirror(idle, session, hook)
 
 
-def set_first_call_hook(hook: Any) -> None:
+def set_first_call_hook(hook: Hook | None) -> None:
     """Called at the next decorated call (``None`` clears it): see ``window.Windows.first_call``."""
     _write(_idle, _session, hook)
 
 
-def first_call_hook() -> Any:
+def first_call_hook() -> Hook | None:
     return _hook
 
 
@@ -225,7 +231,7 @@ def resume_idle_thread() -> None:
         refresh_idle()
 
 
-def take_sessions() -> list[Any]:
+def take_sessions() -> list[Session]:
     """Under ``lock``: forget every session (they are the caller's to close) and shut down."""
     global ambient, explicit, current, shut_down
     sessions = [s for s in (explicit, ambient) if s is not None]
