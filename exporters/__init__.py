@@ -1,7 +1,10 @@
 """Where window reports go: the ``Exporter`` interface, the built-ins and the registry.
 
 Exporters receive a ``WindowReport`` (plain data; ``report.raw_trace_path`` names the window's
-trace JSON while exporters run) and never import torch or see a profiler object.
+trace JSON while exporters run) and never import torch or see a profiler object. Of
+``instrument`` they import only ``instrument.report`` (the contract) and ``instrument.spans``
+(torch-free helpers for span budgets); what they need per call comes in the report
+(``report.occurrences``, when an exporter asks for it with ``occurrence_budget``).
 
 Names resolve through built-ins (``console``, ``trace``, ``memory``, ``json``, ``otel``) and the
 entry-point group ``torch_profiled.exporters`` (an entry point names a class or a
@@ -19,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from . import _warn
 
 if TYPE_CHECKING:
-    from instrument.report import WindowReport
+    from instrument.report import OccurrenceBudget, WindowReport
 
 __all__ = [
     "ConsoleExporter",
@@ -56,7 +59,13 @@ class Exporter(abc.ABC):
     """
 
     #: exporters that write the window's trace file run first, so that the others can name it
+    #: (``last_path``)
     writes_trace_file: bool = False
+
+    #: The per-call occurrences this exporter needs in each report (``report.occurrences``),
+    #: as a span budget; None (the default): none. The session's analysis makes them once per
+    #: window, off the program's GIL, fitted to the widest budget its exporters ask for.
+    occurrence_budget: "OccurrenceBudget | None" = None
 
     #: Optional hook ``window_started(window: int) -> None``. When an exporter defines it, the
     #: session calls it once per window at the first ``@profiled`` call (or ``with profiled``
@@ -70,6 +79,13 @@ class Exporter(abc.ABC):
     @abc.abstractmethod
     def export(self, report: "WindowReport") -> ExportResult:
         """Handle one window's report."""
+
+    @property
+    def last_path(self) -> str | None:
+        """The file the last successful ``export`` wrote, for an exporter that
+        ``writes_trace_file`` (the other exporters' reports carry it as ``trace_file``);
+        None otherwise."""
+        return None
 
     def shutdown(self) -> None:  # noqa: B027 - optional hook
         """Release resources; called once at the end of the session."""
