@@ -4,14 +4,16 @@ Spans. Per window one span ``profiled.window``; under it one span per recorded o
 each ``@profiled`` range (span name: the range name), with its real start and end (the trace's
 ``baseTimeNanoseconds`` + ``ts``), nested as the ranges nested on their thread. The session's
 analysis makes those occurrences (``report.occurrences``, asked for with this exporter's
-``occurrence_budget``), off the program's GIL: this exporter reads no trace. ``PROFILED_OTEL_DETAIL=ops|kernels`` adds operator and device-work spans. The
-top kernels of an occurrence are span events. Every attribute is under ``profiled.`` (plus
-the semantic convention ``thread.id``); ``ATTRIBUTES`` lists them.
+``occurrence_budget``), off the program's GIL: this exporter reads no trace.
+``PROFILED_OTEL_DETAIL=ops|kernels`` adds operator and device-work spans. The top kernels of
+an occurrence are span events. Every attribute is under ``profiled.`` (plus the semantic
+convention ``thread.id``); ``ATTRIBUTES`` lists them.
 
 Budget. At most ``PROFILED_OTEL_MAX_SPANS`` spans per window, never more: detail spans go
 first, then the occurrences of the most frequent ranges are folded into one aggregate span per
 name (``profiled.range.folded``, with counts); the window span counts what was folded and
-dropped.
+dropped. The analysis fits the occurrences to the widest budget of the session's exporters
+(``instrument.spans``); an exporter with a smaller one fits them again.
 
 Parent. ``window_started`` (called by the session on the thread, and in the context, of the
 first ``@profiled`` call of a window) keeps the OpenTelemetry context current then; the window
