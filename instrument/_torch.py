@@ -678,17 +678,7 @@ def kineto_events(results: Any, with_flops: bool = True) -> list[Any]:
     ``linked_correlation_id()``; runtime calls take the thread of the operator they belong to
     (Kineto reports them with the OS thread id, operators with torch's own).
     """
-    from .analysis import (
-        CPU_OP_CATEGORIES,
-        DEVICE_CATEGORIES,
-        FILTERED_NAMES,
-        RUNTIME_CATEGORIES,
-        UNFINISHED,
-        USER_ANNOTATION,
-        Event,
-        input_bytes,
-        is_bookkeeping,
-    )
+    from .analysis import DEVICE_CATEGORIES, UNFINISHED, USER_ANNOTATION, Event, input_bytes
 
     raw = results.events() if results is not None else []
     if raw and not hasattr(raw[0], "activity_type"):
@@ -700,7 +690,7 @@ def kineto_events(results: Any, with_flops: bool = True) -> list[Any]:
     runtime: list[tuple] = []
     append = out.append
     new = tuple.__new__  # Event(...) costs ~300 ns, this ~120 (see analysis.new_event)
-    # per (name, category): 0 skip, 1 operator, 2 bookkeeping, 3 runtime, 4 device, 5 other
+    # per (name, category): 0 skip, 1 operator, 2 bookkeeping, 3 runtime, 4 device
     classes: dict[tuple[str, str], int] = {}
     threads: dict[int, tuple[str, int]] = {}
     for e in raw:
@@ -708,17 +698,7 @@ def kineto_events(results: Any, with_flops: bool = True) -> list[Any]:
         cat = e.activity_type()
         cls = classes.get((name, cat))
         if cls is None:
-            if name in FILTERED_NAMES:
-                cls = 0
-            elif cat in CPU_OP_CATEGORIES or cat in RUNTIME_CATEGORIES:
-                cls = 2 if is_bookkeeping(name) else (1 if cat in CPU_OP_CATEGORIES else 3)
-            elif cat in DEVICE_CATEGORIES:
-                cls = 4
-            elif cat == "overhead" or is_bookkeeping(name):
-                cls = 2
-            else:
-                cls = 0
-            classes[(name, cat)] = cls
+            cls = classes[(name, cat)] = _kineto_class(name, cat)
         if cls == 1:
             if e.is_hidden_event():
                 continue
@@ -749,3 +729,20 @@ def kineto_events(results: Any, with_flops: bool = True) -> list[Any]:
         thread = op_thread.get(link, ("os", tid))
         append(new(Event, ("cpu", name, start, dur, thread, 0, link, 0, 0, 0)))
     return out
+
+
+def _kineto_class(name: str, cat: str) -> int:
+    """What ``kineto_events`` makes of an event of this name and category: 0 skip,
+    1 operator, 2 bookkeeping, 3 runtime call, 4 device work."""
+    from .analysis import (CPU_OP_CATEGORIES, DEVICE_CATEGORIES, FILTERED_NAMES,
+                           RUNTIME_CATEGORIES, is_bookkeeping)
+
+    if name in FILTERED_NAMES:
+        return 0
+    if cat in CPU_OP_CATEGORIES or cat in RUNTIME_CATEGORIES:
+        return 2 if is_bookkeeping(name) else (1 if cat in CPU_OP_CATEGORIES else 3)
+    if cat in DEVICE_CATEGORIES:
+        return 4
+    if cat == "overhead" or is_bookkeeping(name):
+        return 2
+    return 0

@@ -439,6 +439,12 @@ class _Host:
         self.first: int | None = None
         self.last: int | None = None
 
+    def add(self, self_ns: int, overhead_ns: int, work_ns: int, flops: int) -> None:
+        self.self_ns += self_ns
+        self.overhead_ns += overhead_ns
+        self.work_ns += work_ns
+        self.flops += flops
+
     def span(self, first: int, last: int) -> None:
         if self.first is None or first < self.first:
             self.first = first
@@ -456,7 +462,7 @@ def _walk_thread(host: _Host, evs: list[Event]) -> None:
     inlined; ``_CLOSE_ALL`` ends the thread by closing what is still open, in the same code.
     Stack entries: [end, name, child_ns, dur, agg], agg a _Range, an op list or None."""
     evs.sort(key=_order)
-    names, ranges, ops, op_ranges = host.names, host.ranges, host.ops, host.op_ranges
+    names, ops, op_ranges = host.names, host.ops, host.op_ranges
     self_total = overhead_ns = work_ns = total_flops = last = 0
     stack: list[list[Any]] = []
     depth: dict[str, int] = {}
@@ -500,16 +506,8 @@ def _walk_thread(host: _Host, evs: list[Event]) -> None:
         d = depth.get(name, 0)
         depth[name] = d + 1
         if annotation & USER_ANNOTATION or name in names:
-            agg = ranges.get(name)
-            if agg is None:
-                agg = ranges[name] = _Range()
-            agg.calls += 1
-            if annotation & UNFINISHED:
-                agg.open_calls += 1
+            agg = _open_range(host, outer, name, start, end, d == 0, annotation)
             if d == 0:
-                occ = [start, end, 0, 0]
-                agg.occurrences.append(occ)
-                outer[name] = (agg, occ)
                 open_ranges = tuple(outer.values())
         else:
             agg = ops.get(name)
@@ -517,18 +515,37 @@ def _walk_thread(host: _Host, evs: list[Event]) -> None:
                 agg = ops[name] = [0, 0, 0]
         if flops:
             total_flops += flops
-            for rng, _occ in open_ranges:
-                rng.flops += flops
-                rng.nbytes += nbytes
+            _add_flops(open_ranges, flops, nbytes)
         if open_ranges and (ext or link):
             op_ranges[ext or link] = open_ranges
         stack.append([end, name, 0, dur, agg])
-    host.self_ns += self_total
-    host.overhead_ns += overhead_ns
-    host.work_ns += work_ns
-    host.flops += total_flops
+    host.add(self_total, overhead_ns, work_ns, total_flops)
     if evs:
         host.span(evs[0].start, last)
+
+
+def _open_range(host: _Host, outer: dict[str, tuple[_Range, list[int]]], name: str,
+                start: int, end: int, outermost: bool, annotation: int) -> _Range:
+    """A range call begins: count it; an outermost one (no call of the name open around it)
+    opens an occurrence, [start, end, last device end, profiler work inside], in ``outer``."""
+    agg = host.ranges.get(name)
+    if agg is None:
+        agg = host.ranges[name] = _Range()
+    agg.calls += 1
+    if annotation & UNFINISHED:
+        agg.open_calls += 1
+    if outermost:
+        occ = [start, end, 0, 0]
+        agg.occurrences.append(occ)
+        outer[name] = (agg, occ)
+    return agg
+
+
+def _add_flops(open_ranges: tuple[tuple[_Range, list[int]], ...], flops: int,
+               nbytes: int) -> None:
+    for rng, _occ in open_ranges:
+        rng.flops += flops
+        rng.nbytes += nbytes
 
 
 @dataclass
