@@ -102,7 +102,7 @@ from .trace_file import TraceFileExporter  # noqa: E402
 
 def _otel(**kwargs: Any) -> Exporter:
     """``OTelExporter``, imported only when asked for (OpenTelemetry's SDK is not free to
-    import, and it imports ``instrument``)."""
+    import)."""
     from .otel import OTelExporter
 
     return OTelExporter(**kwargs)

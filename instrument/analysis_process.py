@@ -6,7 +6,8 @@ step (bench/stop_cost.py). Done on a thread of the profiled program, that work h
 while the training thread wants it at every operator launch, and the training step slows by
 about twice the work (a GIL convoy; BENCHMARKS.md). So the export worker only has torch write
 its trace (``export_chrome_trace``, which needs the profiler's results in this process) and
-hands the file's path to this helper; the helper sends back the ``Analysis``.
+hands the file's path to this helper; the helper sends back the ``Analysis`` (with the
+window's per-call occurrences when an exporter asked for them: ``report.OccurrenceBudget``).
 
 The helper is one ``python -I -S`` process per profiled process (the program's own
 interpreter), started at the first window that needs it and shared by every session. It
