@@ -62,6 +62,11 @@ class Exporter(abc.ABC):
     #: (``last_path``)
     writes_trace_file: bool = False
 
+    #: The file the last successful ``export`` of a trace writer (``writes_trace_file``)
+    #: wrote; the other exporters' reports carry it as ``trace_file``. None: no file (an
+    #: instance attribute or a property in a subclass overrides it).
+    last_path: str | None = None
+
     #: The per-call occurrences this exporter needs in each report (``report.occurrences``),
     #: as a span budget; None (the default): none. The session's analysis makes them once per
     #: window, off the program's GIL, fitted to the widest budget its exporters ask for.
@@ -79,13 +84,6 @@ class Exporter(abc.ABC):
     @abc.abstractmethod
     def export(self, report: "WindowReport") -> ExportResult:
         """Handle one window's report."""
-
-    @property
-    def last_path(self) -> str | None:
-        """The file the last successful ``export`` wrote, for an exporter that
-        ``writes_trace_file`` (the other exporters' reports carry it as ``trace_file``);
-        None otherwise."""
-        return None
 
     def shutdown(self) -> None:  # noqa: B027 - optional hook
         """Release resources; called once at the end of the session."""

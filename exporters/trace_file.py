@@ -129,18 +129,14 @@ class TraceFileExporter(Exporter):
         self.gzip = gzip
         self.keep = keep
         self.max_bytes = int(max_mb * MIB)
-        self._last_path: str | None = None
+        self.last_path: str | None = None
         self.lost = 0
         self._lock = threading.Lock()
         self._warned: set[tuple[object, ...]] = set()
 
-    @property
-    def last_path(self) -> str | None:
-        return self._last_path
-
     def export(self, report: "WindowReport") -> ExportResult:
         with self._lock:
-            self._last_path = None
+            self.last_path = None
             if not report.raw_trace_path:
                 self.lost += 1
                 self._warn_once(
@@ -168,7 +164,7 @@ class TraceFileExporter(Exporter):
                 self.lost += 1
                 return ExportResult.FAILURE
             self._warned.clear()  # written: the next failure is news again
-            self._last_path = path
+            self.last_path = path
         return ExportResult.SUCCESS
 
     def _warn_write_failed(self, exc: OSError, directory: str, window: int) -> None:

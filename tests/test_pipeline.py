@@ -415,8 +415,7 @@ class _Writer(Exporter):
 
 
 def test_the_trace_file_path_is_part_of_the_exporter_interface():
-    assert Exporter.last_path.fget(InMemoryExporter()) is None  # None by default
-    assert InMemoryExporter().last_path is None
+    assert Exporter.last_path is None and InMemoryExporter().last_path is None  # by default
     memory = InMemoryExporter()
     final = export_report(_report(0), [memory, _Writer("/traces/w0.pt.trace.json.gz")])
     assert final.trace_file == "/traces/w0.pt.trace.json.gz"
