@@ -339,57 +339,6 @@ def _global_meter_provider() -> Any:
     return None if type(provider).__name__ == "_ProxyMeterProvider" else provider
 
 
-# ---------------------------------------------------------------- delivery to its own sinks
-
-
-class _Delivery:
-    """Sends a window's spans or metrics to one of the exporter's own sinks: counts what was
-    lost (``lost``), warns once per failing destination until a delivery there succeeds, and
-    checks an OTLP endpoint that has not answered yet before sending (``_send``)."""
-
-    def __init__(self) -> None:
-        self.lost = {"windows": 0, "spans": 0, "metric_exports": 0}
-        self._failing: set[str] = set()  # destinations whose last delivery failed
-        self._answering: set[tuple[str, int]] = set()  # OTLP addresses: last delivery succeeded
-
-    def deliver(self, sink: _Sink, report: "WindowReport", what: str, send, spans: int) -> bool:
-        began = time.monotonic()
-        good, why = self._send(sink, send)
-        key = f"{sink.signal} via {sink.label}"
-        if sink.address is not None and good:
-            self._answering.add(sink.address)
-        elif sink.address is not None:
-            self._answering.discard(sink.address)  # checked again before the next delivery
-        if good:
-            self._failing.discard(key)
-            return True
-        self.lost["windows" if spans else "metric_exports"] += 1
-        self.lost["spans"] += spans
-        if key not in self._failing:
-            self._failing.add(key)
-            warn(f"otel exporter: window {report.window}: {what} were not delivered via "
-                 f"{sink.label} ({why}; gave up after {time.monotonic() - began:.1f} s) and are "
-                 "lost; the program goes on. Further failures there are counted in "
-                 "OTelExporter.lost and not repeated until a delivery succeeds",
-                 ExporterWarning)
-        return False
-
-    def _send(self, sink: _Sink, send) -> tuple[bool, str]:
-        """Run ``send``; (delivered, why not). An OTLP endpoint that has not answered yet is
-        first checked with one TCP connect: when nothing answers, ``send`` (and the OTLP
-        exporter's retries until its timeout) is skipped."""
-        if sink.address is not None and sink.address not in self._answering:
-            silent = _unanswered(sink.address)
-            if silent is not None:
-                return False, silent
-        try:
-            result = send()
-        except Exception as exc:  # noqa: BLE001 - telemetry never breaks the program
-            return False, f"the exporter raised {exc!r}"
-        return (getattr(result, "name", "") == "SUCCESS",
-                "the backend is down, slow or refused them")
-
-
 # ---------------------------------------------------------------- the exporter
 
 
@@ -410,7 +359,6 @@ class OTelExporter(Exporter):
         max_spans: int | None = None,
     ) -> None:
         from instrument.config import OTEL_DETAILS, otel_settings_from_env
-        from instrument.report import OccurrenceBudget
 
         if detail is not None and detail not in OTEL_DETAILS:
             raise ValueError(f"detail must be one of {', '.join(OTEL_DETAILS)}, got {detail!r}")
@@ -423,7 +371,7 @@ class OTelExporter(Exporter):
         self.detail: str = detail
         self.max_spans: int = max_spans
         # what the session's analysis makes for each window: the spans this exporter sends
-        self.occurrence_budget = OccurrenceBudget(max_spans, detail, TOP_KERNEL_EVENTS)
+        self.occurrence_budget = _budget(max_spans, detail)
         self.disabled = sdk_disabled()
         self._delivery = _Delivery()
         self.lost = self._delivery.lost
@@ -543,6 +491,63 @@ class OTelExporter(Exporter):
         if key not in self._warned:
             self._warned.add(key)
             warn("otel exporter: " + message, ExporterWarning)
+
+
+# ---------------------------------------------------------------- delivery to its own sinks
+
+
+class _Delivery:
+    """Sends a window's spans or metrics to one of the exporter's own sinks: counts what was
+    lost (``lost``), warns once per failing destination until a delivery there succeeds, and
+    checks an OTLP endpoint that has not answered yet before sending (``_send``)."""
+
+    def __init__(self) -> None:
+        self.lost = {"windows": 0, "spans": 0, "metric_exports": 0}
+        self._failing: set[str] = set()  # destinations whose last delivery failed
+        self._answering: set[tuple[str, int]] = set()  # OTLP addresses: last delivery succeeded
+
+    def deliver(self, sink: _Sink, report: "WindowReport", what: str, send, spans: int) -> bool:
+        began = time.monotonic()
+        good, why = self._send(sink, send)
+        key = f"{sink.signal} via {sink.label}"
+        if sink.address is not None and good:
+            self._answering.add(sink.address)
+        elif sink.address is not None:
+            self._answering.discard(sink.address)  # checked again before the next delivery
+        if good:
+            self._failing.discard(key)
+            return True
+        self.lost["windows" if spans else "metric_exports"] += 1
+        self.lost["spans"] += spans
+        if key not in self._failing:
+            self._failing.add(key)
+            warn(f"otel exporter: window {report.window}: {what} were not delivered via "
+                 f"{sink.label} ({why}; gave up after {time.monotonic() - began:.1f} s) and are "
+                 "lost; the program goes on. Further failures there are counted in "
+                 "OTelExporter.lost and not repeated until a delivery succeeds",
+                 ExporterWarning)
+        return False
+
+    def _send(self, sink: _Sink, send) -> tuple[bool, str]:
+        """Run ``send``; (delivered, why not). An OTLP endpoint that has not answered yet is
+        first checked with one TCP connect: when nothing answers, ``send`` (and the OTLP
+        exporter's retries until its timeout) is skipped."""
+        if sink.address is not None and sink.address not in self._answering:
+            silent = _unanswered(sink.address)
+            if silent is not None:
+                return False, silent
+        try:
+            result = send()
+        except Exception as exc:  # noqa: BLE001 - telemetry never breaks the program
+            return False, f"the exporter raised {exc!r}"
+        return (getattr(result, "name", "") == "SUCCESS",
+                "the backend is down, slow or refused them")
+
+
+def _budget(max_spans: int, detail: str) -> "OccurrenceBudget":
+    from instrument.report import OccurrenceBudget
+
+    return OccurrenceBudget(max_spans, detail, TOP_KERNEL_EVENTS)
 
 
 def _version() -> str:
