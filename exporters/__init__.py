@@ -1,7 +1,10 @@
 """Where window reports go: the ``Exporter`` interface, the built-ins and the registry.
 
 Exporters receive a ``WindowReport`` (plain data; ``report.raw_trace_path`` names the window's
-trace JSON while exporters run) and never import torch or see a profiler object.
+trace JSON while exporters run) and never import torch or see a profiler object. Of
+``instrument`` they import only ``instrument.report`` (the contract) and ``instrument.spans``
+(torch-free helpers for span budgets); what they need per call comes in the report
+(``report.occurrences``, when an exporter asks for it with ``occurrence_budget``).
 
 Names resolve through built-ins (``console``, ``trace``, ``memory``, ``json``, ``otel``) and the
 entry-point group ``torch_profiled.exporters`` (an entry point names a class or a
@@ -10,16 +13,16 @@ zero-argument factory). An unknown name warns and lists the names that are known
 
 from __future__ import annotations
 
-import abc
-import enum
 from collections.abc import Callable, Iterable
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import _warn
-
-if TYPE_CHECKING:
-    from instrument.report import WindowReport
+from ._base import Exporter, ExporterWarning, ExportResult
+from .console import ConsoleExporter
+from .json_lines import JsonLinesExporter
+from .memory import InMemoryExporter
+from .trace_file import TraceFileExporter
 
 __all__ = [
     "ConsoleExporter",
@@ -38,55 +41,11 @@ __all__ = [
 ENTRY_POINT_GROUP = "torch_profiled.exporters"
 
 
-class ExportResult(enum.Enum):
-    SUCCESS = 0
-    FAILURE = 1
-
-
-class ExporterWarning(UserWarning):
-    """An exporter could not be found, built, or failed to export a report."""
-
-
-class Exporter(abc.ABC):
-    """Receives each finished window's report, once.
-
-    ``export`` runs off the program's hot path after a window ends; it should return
-    ``ExportResult.FAILURE`` rather than raise, but an exception is caught, reported as a
-    warning, and never reaches the program. ``shutdown`` is called once when the session ends.
-    """
-
-    #: exporters that write the window's trace file run first, so that the others can name it
-    writes_trace_file: bool = False
-
-    #: Optional hook ``window_started(window: int) -> None``. When an exporter defines it, the
-    #: session calls it once per window at the first ``@profiled`` call (or ``with profiled``
-    #: entry) that begins while the window records: on that call's thread and in its
-    #: ``contextvars`` context, so the exporter can capture what is current there (the
-    #: OpenTelemetry span of the request being profiled). ``window`` is the ``report.window`` the
-    #: window's report will carry. It runs on the program's hot path: keep it to a dictionary
-    #: store. Not called for a window in which no decorated call begins.
-    window_started: Callable[[int], None] | None = None
-
-    @abc.abstractmethod
-    def export(self, report: "WindowReport") -> ExportResult:
-        """Handle one window's report."""
-
-    def shutdown(self) -> None:  # noqa: B027 - optional hook
-        """Release resources; called once at the end of the session."""
-
-    def notice(self, message: str) -> None:  # noqa: B027 - optional hook
-        """A human-readable line about the session (for example why no report was made)."""
-
-
-from .console import ConsoleExporter  # noqa: E402
-from .json_lines import JsonLinesExporter  # noqa: E402
-from .memory import InMemoryExporter  # noqa: E402
-from .trace_file import TraceFileExporter  # noqa: E402
 
 
 def _otel(**kwargs: Any) -> Exporter:
     """``OTelExporter``, imported only when asked for (OpenTelemetry's SDK is not free to
-    import, and it imports ``instrument``)."""
+    import)."""
     from .otel import OTelExporter
 
     return OTelExporter(**kwargs)

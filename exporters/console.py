@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, TextIO
 
-from . import Exporter, ExportResult
+from ._base import Exporter, ExportResult
 from ._format import WIDTH, fit, format_time_us, row
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from . import Exporter, ExporterWarning, ExportResult
+from ._base import Exporter, ExporterWarning, ExportResult
 from ._warn import warn
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
-from . import Exporter, ExportResult
+from ._base import Exporter, ExportResult
 
 if TYPE_CHECKING:
     from instrument.report import WindowReport

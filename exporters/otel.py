@@ -2,15 +2,18 @@
 
 Spans. Per window one span ``profiled.window``; under it one span per recorded occurrence of
 each ``@profiled`` range (span name: the range name), with its real start and end (the trace's
-``baseTimeNanoseconds`` + ``ts``; see ``instrument.occurrences``), nested as the ranges nested
-on their thread. ``PROFILED_OTEL_DETAIL=ops|kernels`` adds operator and device-work spans. The
-top kernels of an occurrence are span events. Every attribute is under ``profiled.`` (plus
-the semantic convention ``thread.id``); ``ATTRIBUTES`` lists them.
+``baseTimeNanoseconds`` + ``ts``), nested as the ranges nested on their thread. The session's
+analysis makes those occurrences (``report.occurrences``, asked for with this exporter's
+``occurrence_budget``), off the program's GIL: this exporter reads no trace.
+``PROFILED_OTEL_DETAIL=ops|kernels`` adds operator and device-work spans. The top kernels of
+an occurrence are span events. Every attribute is under ``profiled.`` (plus the semantic
+convention ``thread.id``); ``ATTRIBUTES`` lists them.
 
 Budget. At most ``PROFILED_OTEL_MAX_SPANS`` spans per window, never more: detail spans go
 first, then the occurrences of the most frequent ranges are folded into one aggregate span per
 name (``profiled.range.folded``, with counts); the window span counts what was folded and
-dropped.
+dropped. The analysis fits the occurrences to the widest budget of the session's exporters
+(``instrument.spans``); an exporter with a smaller one fits them again.
 
 Parent. ``window_started`` (called by the session on the thread, and in the context, of the
 first ``@profiled`` call of a window) keeps the OpenTelemetry context current then; the window
@@ -51,27 +54,30 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.trace import SpanProcessor
 
-from . import Exporter, ExporterWarning, ExportResult
+from ._base import Exporter, ExporterWarning, ExportResult
 from ._warn import warn
 
 if TYPE_CHECKING:
-    from instrument.occurrences import Node, Walk
-    from instrument.report import WindowReport
+    from instrument.report import (
+        Occurrence,
+        OccurrenceBudget,
+        Occurrences,
+        WindowReport,
+    )
 
-__all__ = ["ATTRIBUTES", "DEFAULT_TIMEOUT_S", "PROBE_TIMEOUT_S", "OTelExporter", "SpanPlan",
-           "plan_spans"]
+# SpanPlan and plan_spans still import from here (see __getattr__), but live in instrument.spans
+__all__ = ["ATTRIBUTES", "DEFAULT_TIMEOUT_S", "PROBE_TIMEOUT_S", "OTelExporter"]
 
 DEFAULT_TIMEOUT_S = 4.0  # per signal: traces + metrics stay under the export deadline (10 s)
 PROBE_TIMEOUT_S = 1.0  # the TCP connect to an OTLP endpoint that has not answered yet
-TOP_KERNEL_EVENTS = 5  # span events per occurrence
+TOP_KERNEL_EVENTS = 5  # span events per range occurrence (its heaviest kernels)
 _MAX_PENDING_PARENTS = 64  # contexts kept for windows not exported yet
 _SCOPE = "torch-profiled"
 # Histogram buckets for per-call times: 1 µs .. 100 s, three per decade (seconds).
@@ -114,66 +120,15 @@ ATTRIBUTES: dict[str, str] = {
 # ---------------------------------------------------------------- the span budget
 
 
-@dataclass
-class SpanPlan:
-    """Which nodes of a ``Walk`` become spans within ``max_spans`` (window span included)."""
+def __getattr__(name: str) -> Any:
+    """``SpanPlan`` and ``plan_spans`` live in ``instrument.spans`` (the analysis fits each
+    window there, in the helper process); imported on first use, so that importing this
+    module imports nothing of ``instrument``."""
+    if name in ("SpanPlan", "plan_spans"):
+        from instrument import spans
 
-    kept: list[bool]
-    folded: dict[str, list[int]] = field(default_factory=dict)  # name -> folded node indices
-    folded_occurrences: int = 0
-    dropped: int = 0  # detail nodes and (past every fold) whole range names left out
-
-    @property
-    def span_count(self) -> int:
-        return 1 + sum(self.kept) + len(self.folded)
-
-
-def plan_spans(nodes: Sequence["Node"], max_spans: int) -> SpanPlan:
-    """Fit a window into ``max_spans`` spans (see the module docstring).
-
-    Ranges come before detail; when the ranges alone do not fit, the names with the most
-    occurrences are folded first (one aggregate span each) until they do. Detail nodes are
-    kept shallowest first and only under a kept parent, so no kept span loses its parent.
-    """
-    budget = max_spans - 1
-    ranges = [i for i, n in enumerate(nodes) if n.kind == "range"]
-    by_name: dict[str, list[int]] = {}
-    for i in ranges:
-        by_name.setdefault(nodes[i].name, []).append(i)
-    individual = len(ranges)
-    folded: list[str] = []
-    if individual > budget:
-        for name in sorted(by_name, key=lambda n: (-len(by_name[n]), n)):
-            folded.append(name)
-            individual -= len(by_name[name])
-            if individual + len(folded) <= budget:
-                break
-    omitted: list[str] = []
-    if individual + len(folded) > budget:  # every name folded, still more names than room
-        cost = {n: sum(nodes[i].duration_ns for i in by_name[n]) for n in folded}
-        folded.sort(key=lambda n: (-cost[n], n))
-        folded, omitted = folded[:budget], folded[budget:]
-    out = set(folded) | set(omitted)
-    kept = [False] * len(nodes)
-    for i in ranges:
-        kept[i] = nodes[i].name not in out
-    plan = SpanPlan(
-        kept=kept,
-        folded={name: by_name[name] for name in folded},
-        folded_occurrences=sum(len(by_name[name]) for name in folded),
-        dropped=sum(len(by_name[name]) for name in omitted),
-    )
-    room = budget - (len(ranges) - plan.folded_occurrences - plan.dropped) - len(folded)
-    details = sorted((i for i, n in enumerate(nodes) if n.kind != "range"),
-                     key=lambda i: (nodes[i].depth, nodes[i].start_ns))
-    for i in details:
-        parent = nodes[i].parent
-        if room > 0 and parent >= 0 and kept[parent]:
-            kept[i] = True
-            room -= 1
-        else:
-            plan.dropped += 1
-    return plan
+        return getattr(spans, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------- providers from the environment
@@ -357,7 +312,9 @@ def _sinks(signal: str, warn) -> list[_Sink]:
             if signal == "traces":
                 from opentelemetry.sdk.trace.export import ConsoleSpanExporter as cls
             else:
-                from opentelemetry.sdk.metrics.export import ConsoleMetricExporter as cls
+                from opentelemetry.sdk.metrics.export import (
+                    ConsoleMetricExporter as cls,
+                )
             out.append(_Sink(cls(), "the console (standard output)", signal))
         else:
             warn(f"{var}:{name}", f"{var}={_env(var)!r}: {name!r} is not supported by the "
@@ -420,18 +377,19 @@ class OTelExporter(Exporter):
             detail, max_spans = detail or env_detail, max_spans or env_max
         self.detail: str = detail
         self.max_spans: int = max_spans
+        # what the session's analysis makes for each window: the spans this exporter sends
+        self.occurrence_budget = _budget(max_spans, detail)
         self.disabled = sdk_disabled()
-        self.lost = {"windows": 0, "spans": 0, "metric_exports": 0}
+        self._delivery = _Delivery()
+        self.lost = self._delivery.lost
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
         self._own: _OwnPipeline | None = None
-        self._instruments: dict[int, tuple[Any, Any, Any]] = {}
+        self._metrics = _Metrics()
         self._parents: dict[int, Any] = {}
         self._parents_lock = threading.Lock()
         self._lock = threading.Lock()
         self._warned: set[str] = set()
-        self._failing: set[str] = set()  # destinations whose last delivery failed
-        self._answering: set[tuple[str, int]] = set()  # OTLP addresses: last delivery succeeded
 
     # ------------------------------------------------------------ hooks
 
@@ -450,14 +408,14 @@ class OTelExporter(Exporter):
             return ExportResult.SUCCESS
         with self._parents_lock:
             parent = self._parents.pop(report.window, None)
-        walk = self._walk(report)
+        occurrences = self._occurrences(report)
         if not self._lock.acquire(timeout=4 * DEFAULT_TIMEOUT_S):
             self._warn("busy", f"window {report.window} was not exported: the previous "
                                "window's export is still waiting on its backend; it is lost")
             self.lost["windows"] += 1
             return ExportResult.FAILURE
         try:
-            ok = self._export_locked(report, walk, parent)
+            ok = self._export_locked(report, occurrences, parent)
         finally:
             self._lock.release()
         return ExportResult.SUCCESS if ok else ExportResult.FAILURE
@@ -474,19 +432,21 @@ class OTelExporter(Exporter):
 
     # ------------------------------------------------------------ internals
 
-    def _walk(self, report: "WindowReport") -> "Walk | None":
-        from instrument.occurrences import walk_trace
-        from instrument.tracefile import load_trace
+    def _occurrences(self, report: "WindowReport") -> "Occurrences | None":
+        """The report's occurrences, fitted to this exporter's budget where they were made
+        for a wider one (another exporter's in the same session)."""
+        occurrences = report.occurrences
+        if occurrences is None:
+            self._warn("no occurrences", f"window {report.window}'s report carries no per-call "
+                       "occurrences (it was not made by a session this exporter belongs to, or "
+                       "its analysis made none): only the window span is sent, without range "
+                       "spans or per-call metrics")
+            return None
+        if occurrences.budget == self.occurrence_budget:
+            return occurrences
+        from instrument.spans import fit
 
-        if not report.raw_trace_path:
-            return None
-        try:
-            return walk_trace(load_trace(report.raw_trace_path), detail=self.detail)
-        except (OSError, ValueError) as exc:
-            self._warn("trace", f"window {report.window}: its trace {report.raw_trace_path!r} "
-                                f"could not be read ({exc}); only the window span is sent, "
-                                "without range spans or per-call metrics")
-            return None
+        return fit(occurrences, self.occurrence_budget)
 
     def _pipeline(self, report: "WindowReport") -> _OwnPipeline:
         if self._own is None:
@@ -503,7 +463,8 @@ class OTelExporter(Exporter):
     def _meter_source(self) -> Any:
         return self._meter_provider or _global_meter_provider()
 
-    def _export_locked(self, report: "WindowReport", walk: "Walk | None", parent: Any) -> bool:
+    def _export_locked(self, report: "WindowReport", occurrences: "Occurrences | None",
+                       parent: Any) -> bool:
         tracer_provider = self._tracer_source()
         meter_provider = self._meter_source()
         own = None
@@ -512,28 +473,47 @@ class OTelExporter(Exporter):
             tracer_provider = tracer_provider or own.tracer_provider
             meter_provider = meter_provider or own.meter_provider
         ok = True
+        deliver = self._delivery.deliver
         if tracer_provider is not None:
             tracer = tracer_provider.get_tracer(_SCOPE, _version())
-            count = self._emit_spans(tracer, report, walk, parent)
+            count = _emit_spans(tracer, report, occurrences, parent, self.occurrence_budget)
             if own is not None and tracer_provider is own.tracer_provider:
                 spans = own.collector.take()
                 for sink in own.span_sinks:
-                    ok &= self._deliver(sink, report, f"{count} spans",
-                                        lambda s=sink: s.exporter.export(spans), len(spans))
+                    ok &= deliver(sink, report, f"{count} spans",
+                                  lambda s=sink: s.exporter.export(spans), len(spans))
         if meter_provider is not None:
-            self._record_metrics(meter_provider, report, walk)
+            self._metrics.record(meter_provider, report, occurrences)
             if own is not None and meter_provider is own.meter_provider:
                 for sink in own.metric_sinks:
                     data = sink.reader.get_metrics_data()
                     if data is None:
                         continue
-                    ok &= self._deliver(
-                        sink, report, "its metrics",
-                        lambda s=sink, d=data: s.exporter.export(
-                            d, timeout_millis=DEFAULT_TIMEOUT_S * 1000), 0)
+                    ok &= deliver(sink, report, "its metrics",
+                                  lambda s=sink, d=data: s.exporter.export(
+                                      d, timeout_millis=DEFAULT_TIMEOUT_S * 1000), 0)
         return ok
 
-    def _deliver(self, sink: _Sink, report: "WindowReport", what: str, send, spans: int) -> bool:
+    def _warn(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warn("otel exporter: " + message, ExporterWarning)
+
+
+# ---------------------------------------------------------------- delivery to its own sinks
+
+
+class _Delivery:
+    """Sends a window's spans or metrics to one of the exporter's own sinks: counts what was
+    lost (``lost``), warns once per failing destination until a delivery there succeeds, and
+    checks an OTLP endpoint that has not answered yet before sending (``_send``)."""
+
+    def __init__(self) -> None:
+        self.lost = {"windows": 0, "spans": 0, "metric_exports": 0}
+        self._failing: set[str] = set()  # destinations whose last delivery failed
+        self._answering: set[tuple[str, int]] = set()  # OTLP addresses: last delivery succeeded
+
+    def deliver(self, sink: _Sink, report: "WindowReport", what: str, send, spans: int) -> bool:
         began = time.monotonic()
         good, why = self._send(sink, send)
         key = f"{sink.signal} via {sink.label}"
@@ -570,105 +550,11 @@ class OTelExporter(Exporter):
         return (getattr(result, "name", "") == "SUCCESS",
                 "the backend is down, slow or refused them")
 
-    # ------------------------------------------------------------ spans
 
-    def _emit_spans(self, tracer: Any, report: "WindowReport", walk: "Walk | None",
-                    parent: Any) -> int:
-        from instrument.occurrences import Node
+def _budget(max_spans: int, detail: str) -> "OccurrenceBudget":
+    from instrument.report import OccurrenceBudget
 
-        nodes: list[Node] = walk.nodes if walk is not None else []
-        plan = plan_spans(nodes, self.max_spans)
-        start, end = report.start_ns, report.end_ns
-        if nodes:
-            first = min(n.start_ns for n in nodes)
-            # The profiler starts at the end of the step before: with a parent (the request
-            # of the window's first call) the span starts at that call, inside the parent.
-            start = first if parent is not None else min(start, first)
-            end = max(end, max(n.end_ns for n in nodes))
-        attrs = _window_attributes(report)
-        attrs.update({
-            "profiled.window.range_occurrences": walk.range_count if walk else 0,
-            "profiled.otel.detail": self.detail,
-            "profiled.otel.max_spans": self.max_spans,
-            "profiled.otel.folded_occurrences": plan.folded_occurrences,
-            "profiled.otel.folded_ranges": sorted(plan.folded),
-            "profiled.otel.dropped_spans": plan.dropped,
-        })
-        window = tracer.start_span(
-            "profiled.window",
-            context=parent if parent is not None else otel_context.Context(),
-            attributes=attrs,
-            start_time=start,
-        )
-        root = trace.set_span_in_context(window, otel_context.Context())
-        ctxs: list[Any] = [None] * len(nodes)
-        for name, idxs in plan.folded.items():
-            span = tracer.start_span(
-                name, context=root, attributes=_folded_attributes(name, idxs, nodes, report),
-                start_time=min(nodes[i].start_ns for i in idxs),
-            )
-            span.end(end_time=max(nodes[i].end_ns for i in idxs))
-            folded_ctx = trace.set_span_in_context(span, otel_context.Context())
-            for i in idxs:
-                ctxs[i] = folded_ctx
-        kept = plan.kept
-        for i, node in enumerate(nodes):
-            if not kept[i]:
-                continue
-            p = node.parent
-            while p >= 0 and ctxs[p] is None:
-                p = nodes[p].parent
-            span = tracer.start_span(node.name, context=ctxs[p] if p >= 0 else root,
-                                     attributes=_node_attributes(node),
-                                     start_time=node.start_ns)
-            if node.kind == "range" and node.kernels:
-                _kernel_events(span, node)
-            span.end(end_time=node.end_ns)
-            ctxs[i] = trace.set_span_in_context(span, otel_context.Context())
-        window.end(end_time=end)
-        return plan.span_count
-
-    # ------------------------------------------------------------ metrics
-
-    def _record_metrics(self, provider: Any, report: "WindowReport", walk: "Walk | None") -> None:
-        instruments = self._instruments.get(id(provider))
-        if instruments is None:
-            meter = provider.get_meter(_SCOPE, _version())
-            instruments = (
-                meter.create_histogram(
-                    "profiled.range.cpu_time", unit="s",
-                    description="CPU time of one call of a @profiled range",
-                    explicit_bucket_boundaries_advisory=_BUCKETS),
-                meter.create_histogram(
-                    "profiled.range.device_time", unit="s",
-                    description="Device time of the work one call of a @profiled range launched",
-                    explicit_bucket_boundaries_advisory=_BUCKETS),
-                meter.create_counter(
-                    "profiled.windows", unit="{window}",
-                    description="Profiler windows exported"),
-            )
-            self._instruments[id(provider)] = instruments
-        cpu, device, windows = instruments
-        with_device = any(a != "cpu" for a in report.activities)
-        if walk is not None:
-            labels: dict[str, dict[str, str]] = {}
-            for node in walk.nodes:
-                if node.kind != "range":
-                    continue
-                attrs = labels.get(node.name)
-                if attrs is None:
-                    attrs = labels[node.name] = {"profiled.range.name": node.name,
-                                                 "profiled.device": report.device}
-                cpu.record(node.duration_ns / 1e9, attrs)
-                if with_device:
-                    device.record(node.device_ns / 1e9, attrs)
-        windows.add(1, {"profiled.device": report.device,
-                        "profiled.window.partial": report.partial})
-
-    def _warn(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            warn("otel exporter: " + message, ExporterWarning)
+    return OccurrenceBudget(max_spans, detail, TOP_KERNEL_EVENTS)
 
 
 def _version() -> str:
@@ -678,6 +564,49 @@ def _version() -> str:
         return metadata.version("torch-profiled")
     except Exception:  # noqa: BLE001
         return "unknown"
+
+
+# ---------------------------------------------------------------- spans
+
+
+def _emit_spans(tracer: Any, report: "WindowReport", occurrences: "Occurrences | None",
+                parent: Any, budget: "OccurrenceBudget") -> int:
+    """The window span and, under it, one span per occurrence (parents come first); returns
+    how many spans were made."""
+    items = occurrences.items if occurrences is not None else ()
+    start, end = report.start_ns, report.end_ns
+    if occurrences is not None and occurrences.first_ns is not None:
+        first = occurrences.first_ns
+        # The profiler starts at the end of the step before: with a parent (the request
+        # of the window's first call) the span starts at that call, inside the parent.
+        start = first if parent is not None else min(start, first)
+        end = max(end, occurrences.last_ns or end)
+    attrs = _window_attributes(report)
+    attrs.update({
+        "profiled.window.range_occurrences": occurrences.range_count if occurrences else 0,
+        "profiled.otel.detail": budget.detail,
+        "profiled.otel.max_spans": budget.max_spans,
+        "profiled.otel.folded_occurrences": occurrences.folded_occurrences if occurrences else 0,
+        "profiled.otel.folded_ranges": list(occurrences.folded_ranges) if occurrences else [],
+        "profiled.otel.dropped_spans": occurrences.dropped if occurrences else 0,
+    })
+    window = tracer.start_span(
+        "profiled.window",
+        context=parent if parent is not None else otel_context.Context(),
+        attributes=attrs,
+        start_time=start,
+    )
+    root = trace.set_span_in_context(window, otel_context.Context())
+    ctxs: list[Any] = []
+    for occ in items:
+        span = tracer.start_span(occ.name, context=ctxs[occ.parent] if occ.parent >= 0 else root,
+                                 attributes=_occurrence_attributes(occ, report),
+                                 start_time=occ.start_ns)
+        _kernel_events(span, occ)
+        span.end(end_time=occ.end_ns)
+        ctxs.append(trace.set_span_in_context(span, otel_context.Context()))
+    window.end(end_time=end)
+    return 1 + len(items)
 
 
 def _window_attributes(report: "WindowReport") -> dict[str, Any]:
@@ -705,43 +634,38 @@ def _window_attributes(report: "WindowReport") -> dict[str, Any]:
     return attrs
 
 
-def _node_attributes(node: "Node") -> dict[str, Any]:
-    if node.kind == "op":
-        return {"profiled.kind": "op", "profiled.cpu_time_us": node.duration_ns / 1000.0}
-    if node.kind != "range":
-        return {"profiled.kind": node.kind, "profiled.device_time_us": node.duration_ns / 1000.0}
-    from instrument.verdict import judge
-
-    cpu_us = node.duration_ns / 1000.0
-    verdict = judge(device_us=node.device_ns / 1000.0, busy_us=node.busy_ns / 1000.0,
-                    wall_us=node.wall_ns / 1000.0, cpu_us=cpu_us, flops=node.flops,
-                    input_bytes=node.nbytes)
+def _occurrence_attributes(occ: "Occurrence", report: "WindowReport") -> dict[str, Any]:
+    if occ.kind == "range.folded":
+        return _folded_attributes(occ, report)
+    if occ.kind == "op":
+        return {"profiled.kind": "op", "profiled.cpu_time_us": occ.cpu_time_us}
+    if occ.kind != "range":
+        return {"profiled.kind": occ.kind, "profiled.device_time_us": occ.device_time_us}
     attrs: dict[str, Any] = {
         "profiled.kind": "range",
-        "profiled.range.name": node.name,
-        "profiled.cpu_time_us": cpu_us,
-        "profiled.device_time_us": node.device_ns / 1000.0,
-        "profiled.device_busy_us": node.busy_ns / 1000.0,
-        "profiled.kernel_launches": node.launches,
-        "profiled.verdict": str(verdict),
-        "profiled.verdict_reason": verdict.reason,
+        "profiled.range.name": occ.name,
+        "profiled.cpu_time_us": occ.cpu_time_us,
+        "profiled.device_time_us": occ.device_time_us,
+        "profiled.device_busy_us": occ.device_busy_us,
+        "profiled.kernel_launches": occ.kernel_launches,
     }
-    if node.flops:
-        attrs["profiled.flops"] = node.flops
-    tid = node.thread[1] if isinstance(node.thread, tuple) else None
-    if isinstance(tid, int):
-        attrs["thread.id"] = tid
+    if occ.verdict is not None:
+        attrs["profiled.verdict"] = str(occ.verdict)
+        attrs["profiled.verdict_reason"] = occ.verdict.reason
+    if occ.flops:
+        attrs["profiled.flops"] = occ.flops
+    if occ.thread_id is not None:
+        attrs["thread.id"] = occ.thread_id
     return attrs
 
 
-def _folded_attributes(name: str, idxs: list[int], nodes: Sequence["Node"],
-                       report: "WindowReport") -> dict[str, Any]:
-    stats = report.ranges.get(name)
+def _folded_attributes(occ: "Occurrence", report: "WindowReport") -> dict[str, Any]:
+    stats = report.ranges.get(occ.name)
     attrs: dict[str, Any] = {
         "profiled.kind": "range.folded",
-        "profiled.range.name": name,
+        "profiled.range.name": occ.name,
         "profiled.range.folded": True,
-        "profiled.range.calls": len(idxs),
+        "profiled.range.calls": occ.calls,
     }
     if stats is not None:  # the report's per-name numbers cover exactly these occurrences
         attrs.update({
@@ -753,16 +677,61 @@ def _folded_attributes(name: str, idxs: list[int], nodes: Sequence["Node"],
             "profiled.verdict_reason": stats.verdict.reason,
         })
     else:
-        attrs["profiled.cpu_time_us"] = sum(nodes[i].duration_ns for i in idxs) / 1000.0
+        attrs["profiled.cpu_time_us"] = occ.cpu_time_us
     return attrs
 
 
-def _kernel_events(span: Any, node: "Node") -> None:
-    top = sorted(node.kernels.items(), key=lambda kv: (-kv[1][1], kv[0]))[:TOP_KERNEL_EVENTS]
-    for (name, kind), (calls, ns, first) in top:
+def _kernel_events(span: Any, occ: "Occurrence") -> None:
+    for kernel in occ.top_kernels:
         span.add_event("profiled.kernel", {
-            "profiled.kernel.name": name,
-            "profiled.kernel.kind": kind,
-            "profiled.kernel.calls": calls,
-            "profiled.device_time_us": ns / 1000.0,
-        }, timestamp=first)
+            "profiled.kernel.name": kernel.name,
+            "profiled.kernel.kind": kernel.kind,
+            "profiled.kernel.calls": kernel.calls,
+            "profiled.device_time_us": kernel.device_time_us,
+        }, timestamp=kernel.first_ns)
+
+
+# ---------------------------------------------------------------- metrics
+
+
+class _Metrics:
+    """The exporter's histograms and counter, per meter provider."""
+
+    def __init__(self) -> None:
+        self._instruments: dict[int, tuple[Any, Any, Any]] = {}
+
+    def _for(self, provider: Any) -> tuple[Any, Any, Any]:
+        instruments = self._instruments.get(id(provider))
+        if instruments is None:
+            meter = provider.get_meter(_SCOPE, _version())
+            instruments = (
+                meter.create_histogram(
+                    "profiled.range.cpu_time", unit="s",
+                    description="CPU time of one call of a @profiled range",
+                    explicit_bucket_boundaries_advisory=_BUCKETS),
+                meter.create_histogram(
+                    "profiled.range.device_time", unit="s",
+                    description="Device time of the work one call of a @profiled range launched",
+                    explicit_bucket_boundaries_advisory=_BUCKETS),
+                meter.create_counter(
+                    "profiled.windows", unit="{window}",
+                    description="Profiler windows exported"),
+            )
+            self._instruments[id(provider)] = instruments
+        return instruments
+
+    def record(self, provider: Any, report: "WindowReport",
+               occurrences: "Occurrences | None") -> None:
+        """One value per range call (every call, whatever the span budget), and the window."""
+        cpu, device, windows = self._for(provider)
+        with_device = any(a != "cpu" for a in report.activities)
+        if occurrences is not None:
+            for name, calls in occurrences.calls.items():
+                attrs = {"profiled.range.name": name, "profiled.device": report.device}
+                for ns in calls.cpu_ns:
+                    cpu.record(ns / 1e9, attrs)
+                if with_device:
+                    for ns in calls.device_ns:
+                        device.record(ns / 1e9, attrs)
+        windows.add(1, {"profiled.device": report.device,
+                        "profiled.window.partial": report.partial})

@@ -16,7 +16,9 @@ from ._settings import STRICT, Setting, integer, one_of
 
 __all__ = ["DETAIL", "MAX_SPANS", "OTEL_DETAILS", "SETTINGS", "otel_settings_from_env"]
 
-OTEL_DETAILS: tuple[str, ...] = ("ranges", "ops", "kernels")  # each level adds to the last
+# each level adds to the last; the levels of ``instrument.report.DETAILS`` (a test keeps them
+# equal), written out because ``instrument`` imports this module while it initialises
+OTEL_DETAILS: tuple[str, ...] = ("ranges", "ops", "kernels")
 
 DETAIL = Setting(
     "otel_detail", "PROFILED_OTEL_DETAIL", "ranges", **one_of(OTEL_DETAILS),

@@ -24,17 +24,16 @@ comes again only after a trace was written there meanwhile.
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
-import secrets
 import shutil
 import stat
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
-from . import Exporter, ExporterWarning, ExportResult
+from ._base import Exporter, ExporterWarning, ExportResult
+from ._files import TEMP_NAME, write_atomic
 from ._warn import warn
 
 if TYPE_CHECKING:
@@ -48,30 +47,13 @@ MIB = 1 << 20
 # a trace file of this exporter, any worker: {host}_{pid}_rank{rank}.{time_ns}.pt.trace.json[.gz]
 # (always ``fullmatch``: ``$`` would also accept the name followed by a newline)
 _OURS = re.compile(r"(?P<worker>.+_\d+_rank\d+)\.(?P<stamp>\d+)\.pt\.trace\.json(?:\.gz)?")
-# a temporary file of ``_open_temp``; one this old was left by a writer that was killed
-_TEMP = re.compile(r"\.tmp-[0-9a-f]{16}\.partial")
+# a temporary file of ``write_atomic``; one this old was left by a writer that was killed
+_TEMP = TEMP_NAME
 STALE_TEMP_S = 3600
 
 
 def worker_name(report: "WindowReport") -> str:
     return f"{report.host}_{report.pid}_rank{report.rank}"
-
-
-def _open_temp(directory: str) -> tuple[int, str]:
-    """A new hidden file in ``directory``, created with mode 0o666 (less the umask).
-
-    ``tempfile.mkstemp`` would create it 0o600, which a TensorBoard or trace server running
-    as another user cannot read.
-    """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-    flags |= getattr(os, "O_CLOEXEC", 0)
-    for _ in range(100):
-        tmp = os.path.join(directory, f".tmp-{secrets.token_hex(8)}.partial")
-        try:
-            return os.open(tmp, flags, 0o666), tmp
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"no free temporary name in {directory!r}")  # pragma: no cover
 
 
 def _regular_size(entry: os.DirEntry) -> tuple[int, float] | None:
@@ -221,23 +203,11 @@ class TraceFileExporter(Exporter):
         return f" ({name})" if os.path.abspath(str(name)) != directory else ""
 
     def _copy_atomic(self, src: str, dst: str) -> None:
-        fd, tmp = _open_temp(os.path.dirname(dst))
-        try:
-            with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
-                if self.gzip:
-                    with gzip.GzipFile(fileobj=out, mode="wb", compresslevel=6) as gz:
-                        shutil.copyfileobj(inp, gz, 1 << 20)
-                else:
-                    shutil.copyfileobj(inp, out, 1 << 20)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, dst)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        def copy(out: BinaryIO) -> None:
+            with open(src, "rb") as inp:
+                shutil.copyfileobj(inp, out, 1 << 20)
+
+        write_atomic(dst, copy, compress=self.gzip)
 
     def _tidy(self, directory: str, worker: str, newest: str, window: int) -> bool:
         """After a write, one pass over ``directory``: stale temporary files go (whatever the

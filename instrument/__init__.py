@@ -9,10 +9,10 @@
 
 from .config import Config, ConfigWarning
 from .decorator import profiled
+from .lifetime import configure, flush, session, shutdown, step
 from .module import ModuleHandle, instrument_module
 from .report import KernelStats, OpStats, RangeStats, WindowReport
 from .sampling import Schedule
-from .lifetime import configure, flush, session, shutdown, step
 from .sessions import ProfilerWarning, Session
 
 __all__ = [

@@ -1,9 +1,9 @@
 """A window's events -> the numbers and verdicts in a ``WindowReport``. No torch imports.
 
-Events come from one of two front ends, both producing the same plain tuples (``Event``):
-``events_from_trace`` reads Chrome/Kineto trace JSON (a saved file, any torch.profiler user's),
-and ``instrument._torch.window_events`` reads the profiler's raw Kineto results directly
-(no JSON, no ``key_averages()``: ~30 µs per event there, a few µs here).
+Events come from one of two front ends, both producing the same named tuples (``Event``, in
+``events.py``): ``events.events_from_trace`` reads Chrome/Kineto trace JSON (a saved file, any
+torch.profiler user's), and ``instrument._torch.kineto_events`` reads the profiler's raw Kineto
+results directly (no JSON, no ``key_averages()``: ~30 µs per event there, a few µs here).
 
 How the numbers are made:
 - Per thread, CPU events are nested by time; an event's self time is its duration minus its
@@ -30,13 +30,15 @@ How the numbers are made:
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
-from .report import FrozenMap, KernelStats, OpStats, RangeStats
+from .events import (PROFILER_WORK_NAMES, UNFINISHED, USER_ANNOTATION, Event, _order, _union_ns,
+                     events_from_trace, is_bookkeeping, no_gc)
+
+from .report import FrozenMap, KernelStats, OccurrenceBudget, Occurrences, OpStats, RangeStats
 from .tracefile import STEP_MARKER, WINDOW_END
 from .verdict import CPU_ONLY, Verdict, judge
 
@@ -51,128 +53,6 @@ __all__ = [
     "is_bookkeeping",
 ]
 
-# Event tuple fields
-KIND, NAME, START, DUR, THREAD, EXT, LINK, FLOPS, NBYTES, ANNOTATION = range(10)
-Event = tuple  # (kind, name, start_ns, dur_ns, thread, ext_id, link_id, flops, bytes, annotation)
-# ANNOTATION's bits: a user_annotation (a range whatever its name), and an event the profiler
-# stopped before it ended (torch's ``"finished": false``: a range still open at the stop)
-USER_ANNOTATION = 1
-UNFINISHED = 2
-
-CPU_OP_CATEGORIES = frozenset({"cpu_op", "user_annotation", "python_function"})
-RUNTIME_CATEGORIES = frozenset(
-    {"cuda_runtime", "cuda_driver", "privateuse1_runtime", "privateuse1_driver", "xpu_runtime",
-     "xpu_driver", "mtia_runtime", "hpu_runtime"}
-)
-DEVICE_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset",
-                     "mtia_ccp_events": "kernel"}
-# Names torch's own table drops (torch.autograd.profiler_util._filter_name).
-FILTERED_NAMES = frozenset({
-    "profiler::_record_function_exit", "profiler::_call_end_callbacks_on_jit_fut",
-    "profiler::_record_function_enter", "profiler::_record_function_enter_new",
-    "profiler::_record_function_exit._RecordFunction", "aten::is_leaf", "aten::output_nr",
-    "aten::_version",
-})
-BOOKKEEPING_NAMES = frozenset({"Activity Buffer Request", "Iteration Start: PyTorch Profiler",
-                               "Record Window End"})
-BOOKKEEPING_PREFIXES = ("ProfilerStep#", "PyTorch Profiler", "profiled::")
-# bookkeeping that is the profiler's own work (not user code between operators, which is what
-# the self time of ``ProfilerStep#N`` is): excluded from ranges' CPU and wall time too
-PROFILER_WORK_NAMES = frozenset({"Activity Buffer Request", "Iteration Start: PyTorch Profiler"})
-_DTYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "int": 4,
-                "long int": 8, "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1,
-                "c10::complex<float>": 8, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1}
-
-
-def is_bookkeeping(name: str) -> bool:
-    return name in BOOKKEEPING_NAMES or name.startswith(BOOKKEEPING_PREFIXES)
-
-
-def dtype_bytes(dtype: str) -> int:
-    return _DTYPE_BYTES.get(dtype, 4)
-
-
-def mm_flops(name: str, dims: list[Any]) -> int:
-    """FLOPs of the matrix products torch's ``with_flops`` counts, from input shapes.
-
-    Used for traces (torch 2.13's trace JSON carries shapes but no FLOP counts)."""
-    try:
-        if name == "aten::mm" and len(dims[0]) == 2 and len(dims[1]) == 2:
-            (m, k), (_, n) = dims[0], dims[1]
-            return 2 * m * k * n
-        if name == "aten::addmm" and len(dims[1]) == 2 and len(dims[2]) == 2:
-            (m, k), (_, n) = dims[1], dims[2]
-            return 2 * m * k * n
-        if name == "aten::bmm" and len(dims[0]) == 3 and len(dims[1]) == 3:
-            (b, m, k), (_, _, n) = dims[0], dims[1]
-            return 2 * b * m * k * n
-        if name == "aten::baddbmm" and len(dims[1]) == 3 and len(dims[2]) == 3:
-            (b, m, k), (_, _, n) = dims[1], dims[2]
-            return 2 * b * m * k * n
-    except (TypeError, ValueError, IndexError):
-        return 0
-    return 0
-
-
-def input_bytes(dims: Iterable[Any], dtypes: Iterable[Any]) -> int:
-    total = 0
-    for shape, dtype in zip(dims, dtypes):
-        if isinstance(shape, list) and all(isinstance(d, int) for d in shape) and shape:
-            n = 1
-            for d in shape:
-                n *= d
-            total += n * dtype_bytes(str(dtype))
-    return total
-
-
-# ---------------------------------------------------------------- trace JSON front end
-
-
-def events_from_trace(trace: Mapping[str, Any]) -> list[Event]:
-    """Normalise a Chrome/Kineto trace's events (``export_chrome_trace`` output)."""
-    out: list[Event] = []
-    append = out.append
-    for ev in trace.get("traceEvents", ()):
-        if ev.get("ph") != "X":
-            continue
-        cat = ev.get("cat")
-        name = ev.get("name", "")
-        try:
-            start = round(float(ev.get("ts", 0.0)) * 1000.0)
-            dur = round(float(ev.get("dur", 0.0)) * 1000.0)
-        except (TypeError, ValueError):
-            continue
-        args = ev.get("args") or {}
-        thread = (ev.get("pid"), ev.get("tid"))
-        if cat in CPU_OP_CATEGORIES:
-            if name in FILTERED_NAMES:
-                continue
-            if is_bookkeeping(name):
-                append(("overhead", name, start, dur, thread, 0, 0, 0, 0, False))
-                continue
-            flops = int(args.get("flops", 0) or 0)
-            nbytes = 0
-            dims = args.get("Input Dims")
-            if dims is not None:
-                if not flops:
-                    flops = mm_flops(name, dims)
-                if flops:
-                    nbytes = input_bytes(dims, args.get("Input type") or ())
-            append(("cpu", name, start, dur, thread, int(args.get("External id", 0) or 0), 0,
-                    flops, nbytes, (cat == "user_annotation")
-                    | (UNFINISHED if args.get("finished") is False else 0)))
-        elif cat in RUNTIME_CATEGORIES:
-            if is_bookkeeping(name):
-                append(("overhead", name, start, dur, thread, 0, 0, 0, 0, False))
-                continue
-            append(("cpu", name, start, dur, thread, 0, int(args.get("External id", 0) or 0),
-                    0, 0, False))
-        elif cat in DEVICE_CATEGORIES:
-            append((DEVICE_CATEGORIES[cat], name, start, dur, thread, 0,
-                    int(args.get("External id", 0) or 0), 0, 0, False))
-        elif cat == "overhead" or (cat != "Trace" and is_bookkeeping(name)):
-            append(("overhead", name, start, dur, thread, 0, 0, 0, 0, False))
-    return out
 
 
 # ---------------------------------------------------------------- the analysis
@@ -206,6 +86,7 @@ class Analysis:
     flops: int = 0
     verdict: Verdict = field(default_factory=lambda: Verdict(CPU_ONLY, "no events"))
     event_count: int = 0
+    occurrences: Occurrences | None = None  # when asked for (``analyze(occurrences=...)``)
 
     def report_fields(self, **overrides: Any) -> dict[str, Any]:
         """The ``WindowReport`` fields this analysis fills (the session and the CLI add who,
@@ -221,13 +102,10 @@ class Analysis:
             "flops": self.flops,
             "verdict": self.verdict,
             "event_count": self.event_count,
+            "occurrences": self.occurrences,
         }
         fields.update(overrides)
         return fields
-
-
-def _order(ev: Event) -> tuple[int, int]:
-    return (ev[START], -ev[DUR])  # parents (same start, longer) before their children
 
 
 def drop_warmup(events: list[Event]) -> list[Event]:
@@ -238,26 +116,26 @@ def drop_warmup(events: list[Event]) -> list[Event]:
     returned as they are."""
     cut = end = None
     for ev in events:
-        if ev[0] == "overhead":
-            name = ev[NAME]
+        if ev.kind == "overhead":
+            name = ev.name
             if name.startswith(STEP_MARKER):
-                if cut is None or ev[START] < cut:
-                    cut = ev[START]
-            elif name == WINDOW_END and (end is None or ev[START] < end):
-                end = ev[START]
+                if cut is None or ev.start < cut:
+                    cut = ev.start
+            elif name == WINDOW_END and (end is None or ev.start < end):
+                end = ev.start
     if cut is None and end is None:
         return events
     lo = cut if cut is not None else -(1 << 62)
     hi = end if end is not None else 1 << 62
     def recorded(ev: Event) -> bool:  # a host event of the recorded steps (the markers too)
-        return lo <= ev[START] and (ev[START] < hi or ev[NAME] == WINDOW_END)
+        return lo <= ev.start and (ev.start < hi or ev.name == WINDOW_END)
 
-    dropped = {ev[EXT] or ev[LINK] for ev in events
-               if (ev[0] == "cpu" or ev[0] == "overhead") and not recorded(ev)}
+    dropped = {ev.ext or ev.link for ev in events
+               if (ev.kind == "cpu" or ev.kind == "overhead") and not recorded(ev)}
     dropped.discard(0)
     return [ev for ev in events
-            if (recorded(ev) if ev[0] == "cpu" or ev[0] == "overhead"
-                else ev[START] >= lo and ev[LINK] not in dropped)]
+            if (recorded(ev) if ev.kind == "cpu" or ev.kind == "overhead"
+                else ev.start >= lo and ev.link not in dropped)]
 
 
 def _take_out_of_ranges(work_ns: int, open_ranges: tuple[tuple["_Range", list[int]], ...]
@@ -275,188 +153,136 @@ def _nest_orphan_bookkeeping(by_thread: dict[Any, list[Event]]) -> None:
     Buffer Request" its own row) onto the CPU thread with an event that encloses them, so they
     nest there: the enclosing operator's self time then excludes them, as in ``key_averages``.
     Such events are few (one or two a window): a linear scan is fine."""
-    orphans = [t for t, evs in by_thread.items() if all(ev[0] == "overhead" for ev in evs)]
+    orphans = [t for t, evs in by_thread.items() if all(ev.kind == "overhead" for ev in evs)]
     if not orphans or len(orphans) == len(by_thread):
         return
     for thread in orphans:
         keep = []
         for ev in by_thread[thread]:
-            start, end = ev[START], ev[START] + ev[DUR]
+            start, end = ev.start, ev.start + ev.dur
             home = None
             for other, evs in by_thread.items():
                 if other in orphans:
                     continue
-                if any(o[0] == "cpu" and o[START] <= start and o[START] + o[DUR] >= end
+                if any(o.kind == "cpu" and o.start <= start and o.start + o.dur >= end
                        for o in evs):
                     home = other
                     break
             if home is None:
                 keep.append(ev)
             else:
-                by_thread[home].append(ev[:4] + (home,) + ev[5:])
+                by_thread[home].append(ev._replace(thread=home))
         if keep:
             by_thread[thread] = keep
         else:
             del by_thread[thread]
 
 
-def _union_ns(intervals: list[tuple[int, int]]) -> int:
-    if not intervals:
-        return 0
-    intervals.sort()
-    total = 0
-    cur_s, cur_e = intervals[0]
-    for s, e in intervals[1:]:
-        if s > cur_e:
-            total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        elif e > cur_e:
-            cur_e = e
-    return total + cur_e - cur_s
-
-
-_gc_paused = False
-
-
-def gc_paused() -> bool:
-    """True while ``no_gc`` has the (process-wide) collector paused: a child forked meanwhile
-    must turn it back on."""
-    return _gc_paused
-
-
-@contextlib.contextmanager
-def no_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector while building 100k+ tuples and lists that hold no
-    cycles: otherwise its generation-0 passes rescan them over and over (~30% of the time)."""
-    global _gc_paused
-    was_enabled = gc.isenabled()
-    gc.disable()
-    _gc_paused = was_enabled
-    try:
-        yield
-    finally:
-        _gc_paused = False
-        if was_enabled:
-            gc.enable()
-
-
 def analyze(events: Iterable[Event], range_names: Iterable[str] = (), *, top: int = 20,
-            ) -> Analysis:
-    """Aggregate one window's normalised events (see module docstring)."""
+            occurrences: OccurrenceBudget | None = None, base_ns: int = 0) -> Analysis:
+    """Aggregate one window's normalised events (see module docstring).
+
+    With ``occurrences`` (the span budget of the exporters that want per-call data) the
+    analysis also carries the window's range occurrences, fitted to it (``occurrences.py``);
+    ``base_ns`` turns the events' times into epoch ns (a trace's ``baseTimeNanoseconds``)."""
     with no_gc():
-        return _analyze(events, range_names, top)
+        events = events if isinstance(events, list) else list(events)
+        analysis = _analyze(events, frozenset(range_names), top)
+        if occurrences is not None:
+            from .occurrences import window_occurrences
+
+            analysis.occurrences = window_occurrences(events, range_names, occurrences,
+                                                      base_ns=base_ns)
+        return analysis
 
 
-def _analyze(events: Iterable[Event], range_names: Iterable[str], top: int) -> Analysis:
-    names = frozenset(range_names)
+def _analyze(events: list[Event], names: frozenset[str], top: int) -> Analysis:
+    """The analysis in its steps: group by thread, nest each thread's host events, hand the
+    device work to the operators (and ranges) that launched it, sum up."""
+    by_thread, device = _split(events)
+    _nest_orphan_bookkeeping(by_thread)
+    host = _Host(names)
+    for evs in by_thread.values():
+        _walk_thread(host, evs)
+    dev = _attribute_device(device, host)
+    return _summarize(host, dev, top, len(events))
+
+
+def _split(events: list[Event]) -> tuple[dict[Any, list[Event]], list[Event]]:
+    """Host events by thread (bookkeeping nests too: only its self time is overhead, and
+    ``ProfilerStep#N`` encloses a step), and the device work."""
     by_thread: dict[Any, list[Event]] = {}
     device: list[Event] = []
-    overhead_ns = 0
-    count = 0
     for ev in events:
-        count += 1
-        kind = ev[0]
-        if kind == "cpu" or kind == "overhead":  # bookkeeping nests too: only its self time
-            lst = by_thread.get(ev[4])          # is overhead (ProfilerStep#N encloses a step)
+        kind = ev.kind
+        if kind == "cpu" or kind == "overhead":
+            lst = by_thread.get(ev.thread)
             if lst is None:
-                lst = by_thread[ev[4]] = []
+                lst = by_thread[ev.thread] = []
             lst.append(ev)
         else:
             device.append(ev)
-    _nest_orphan_bookkeeping(by_thread)
+    return by_thread, device
 
-    ranges: dict[str, _Range] = {}
-    ops: dict[str, list[int]] = {}  # name -> [calls, self_ns, incl_ns]
-    op_ranges: dict[int, tuple[tuple[_Range, list[int]], ...]] = {}
-    self_total = 0
-    total_flops = 0
-    work_ns = 0  # the profiler's own work (PROFILER_WORK_NAMES), self time
 
-    first = last = None
-    for evs in by_thread.values():
-        evs.sort(key=_order)
-        if first is None or evs[0][START] < first:
-            first = evs[0][START]
-        # The hot loop (a window can hold 100k+ events): locals only, closing inlined.
-        # stack entries: [end, name, child_ns, dur, agg] where agg is a _Range or an op list
-        stack: list[list[Any]] = []
-        depth: dict[str, int] = {}
-        outer: dict[str, tuple[_Range, list[int]]] = {}  # outermost open occurrence per name
-        open_ranges: tuple[tuple[_Range, list[int]], ...] = ()  # tuple(outer.values())
-        thread_last = 0
-        for kind, name, start, dur, _thread, ext, link, flops, nbytes, annotation in evs:
-            while stack and stack[-1][0] <= start:
-                end, cname, child, cdur, agg = stack.pop()
-                self_ns = cdur - child if cdur > child else 0
-                if agg is None:  # profiler bookkeeping
-                    overhead_ns += self_ns
-                    if cname in PROFILER_WORK_NAMES:
-                        work_ns += _take_out_of_ranges(self_ns, open_ranges)
-                    continue
-                self_total += self_ns
-                d = depth[cname] - 1
-                depth[cname] = d
-                if agg.__class__ is list:  # an operator: [calls, self_ns, incl_ns]
-                    agg[0] += 1
-                    agg[1] += self_ns
-                    if d == 0:
-                        agg[2] += cdur
-                else:
-                    agg.self_ns += self_ns
-                    if d == 0:
-                        agg.incl_ns += cdur
-                        del outer[cname]
-                        open_ranges = tuple(outer.values())
-            end = start + dur
-            if end > thread_last:
-                thread_last = end
-            if stack:
-                parent = stack[-1]
-                overlap = parent[0] - start
-                parent[2] += dur if dur < overlap else overlap
-            if kind == "overhead":
-                stack.append([end, name, 0, dur, None])
-                continue
-            d = depth.get(name, 0)
-            depth[name] = d + 1
-            if annotation & USER_ANNOTATION or name in names:
-                agg = ranges.get(name)
-                if agg is None:
-                    agg = ranges[name] = _Range()
-                agg.calls += 1
-                if annotation & UNFINISHED:
-                    agg.open_calls += 1
-                if d == 0:
-                    occ = [start, end, 0, 0]
-                    agg.occurrences.append(occ)
-                    outer[name] = (agg, occ)
-                    open_ranges = tuple(outer.values())
-            else:
-                agg = ops.get(name)
-                if agg is None:
-                    agg = ops[name] = [0, 0, 0]
-            if flops:
-                total_flops += flops
-                for rng, _occ in open_ranges:
-                    rng.flops += flops
-                    rng.nbytes += nbytes
-            if open_ranges:
-                key = ext or link
-                if key:
-                    op_ranges[key] = open_ranges
-            stack.append([end, name, 0, dur, agg])
-        while stack:
+class _Host:
+    """What the host (CPU) events of all threads add up to."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names
+        self.ranges: dict[str, _Range] = {}
+        self.ops: dict[str, list[int]] = {}  # name -> [calls, self_ns, incl_ns]
+        # an operator's id -> the ranges (and their outermost occurrences) open around it
+        self.op_ranges: dict[int, tuple[tuple[_Range, list[int]], ...]] = {}
+        self.self_ns = 0
+        self.flops = 0
+        self.overhead_ns = 0
+        self.work_ns = 0  # the profiler's own work (PROFILER_WORK_NAMES), self time
+        self.first: int | None = None
+        self.last: int | None = None
+
+    def add(self, self_ns: int, overhead_ns: int, work_ns: int, flops: int) -> None:
+        self.self_ns += self_ns
+        self.overhead_ns += overhead_ns
+        self.work_ns += work_ns
+        self.flops += flops
+
+    def span(self, first: int, last: int) -> None:
+        if self.first is None or first < self.first:
+            self.first = first
+        if self.last is None or last > self.last:
+            self.last = last
+
+
+_LAST = object()
+_CLOSE_ALL = Event("end", "", 1 << 62, 0, _LAST, 0, 0, 0, 0, 0)  # pops every open frame
+
+
+def _walk_thread(host: _Host, evs: list[Event]) -> None:
+    """Nest one thread's host events by time; self times, inclusive times, ranges open
+    around each operator. The hot loop (a window can hold 100k+ events): locals only, closing
+    inlined; ``_CLOSE_ALL`` ends the thread by closing what is still open, in the same code.
+    Stack entries: [end, name, child_ns, dur, agg], agg a _Range, an op list or None."""
+    evs.sort(key=_order)
+    names, ops, op_ranges = host.names, host.ops, host.op_ranges
+    self_total = overhead_ns = work_ns = total_flops = last = 0
+    stack: list[list[Any]] = []
+    depth: dict[str, int] = {}
+    outer: dict[str, tuple[_Range, list[int]]] = {}  # outermost open occurrence per name
+    open_ranges: tuple[tuple[_Range, list[int]], ...] = ()  # tuple(outer.values())
+    for kind, name, start, dur, thread, ext, link, flops, nbytes, annotation in chain(
+            evs, (_CLOSE_ALL,)):
+        while stack and stack[-1][0] <= start:
             end, cname, child, cdur, agg = stack.pop()
             self_ns = cdur - child if cdur > child else 0
-            if agg is None:
+            if agg is None:  # profiler bookkeeping
                 overhead_ns += self_ns
                 if cname in PROFILER_WORK_NAMES:
                     work_ns += _take_out_of_ranges(self_ns, open_ranges)
                 continue
             self_total += self_ns
-            d = depth[cname] - 1
-            depth[cname] = d
-            if agg.__class__ is list:
+            d = depth[cname] = depth[cname] - 1
+            if agg.__class__ is list:  # an operator: [calls, self_ns, incl_ns]
                 agg[0] += 1
                 agg[1] += self_ns
                 if d == 0:
@@ -466,40 +292,108 @@ def _analyze(events: Iterable[Event], range_names: Iterable[str], top: int) -> A
                 if d == 0:
                     agg.incl_ns += cdur
                     del outer[cname]
-        if last is None or thread_last > last:
-            last = thread_last
-
-    kernels: dict[tuple[str, str], list[int]] = {}
-    device_total = 0
-    all_intervals: list[tuple[int, int]] = []
-    for ev in device:
-        start, dur = ev[START], ev[DUR]
+                    open_ranges = tuple(outer.values())
+        if thread is _LAST:
+            break
         end = start + dur
-        if first is None or start < first:
-            first = start
-        if last is None or end > last:
+        if end > last:
             last = end
-        device_total += dur
-        all_intervals.append((start, end))
-        entry = kernels.get((ev[NAME], ev[KIND]))
+        if stack:
+            parent = stack[-1]
+            overlap = parent[0] - start
+            parent[2] += dur if dur < overlap else overlap
+        if kind == "overhead":
+            stack.append([end, name, 0, dur, None])
+            continue
+        d = depth.get(name, 0)
+        depth[name] = d + 1
+        if annotation & USER_ANNOTATION or name in names:
+            agg = _open_range(host, outer, name, start, end, d == 0, annotation)
+            if d == 0:
+                open_ranges = tuple(outer.values())
+        else:
+            agg = ops.get(name)
+            if agg is None:
+                agg = ops[name] = [0, 0, 0]
+        if flops:
+            total_flops += flops
+            _add_flops(open_ranges, flops, nbytes)
+        if open_ranges and (ext or link):
+            op_ranges[ext or link] = open_ranges
+        stack.append([end, name, 0, dur, agg])
+    host.add(self_total, overhead_ns, work_ns, total_flops)
+    if evs:
+        host.span(evs[0].start, last)
+
+
+def _open_range(host: _Host, outer: dict[str, tuple[_Range, list[int]]], name: str,
+                start: int, end: int, outermost: bool, annotation: int) -> _Range:
+    """A range call begins: count it; an outermost one (no call of the name open around it)
+    opens an occurrence, [start, end, last device end, profiler work inside], in ``outer``."""
+    agg = host.ranges.get(name)
+    if agg is None:
+        agg = host.ranges[name] = _Range()
+    agg.calls += 1
+    if annotation & UNFINISHED:
+        agg.open_calls += 1
+    if outermost:
+        occ = [start, end, 0, 0]
+        agg.occurrences.append(occ)
+        outer[name] = (agg, occ)
+    return agg
+
+
+def _add_flops(open_ranges: tuple[tuple[_Range, list[int]], ...], flops: int,
+               nbytes: int) -> None:
+    for rng, _occ in open_ranges:
+        rng.flops += flops
+        rng.nbytes += nbytes
+
+
+@dataclass
+class _Device:
+    """The device work of a window, aggregated."""
+
+    kernels: dict[tuple[str, str], list[int]]  # (name, kind) -> [calls, ns]
+    total_ns: int
+    busy_ns: int  # union of the intervals
+
+
+def _attribute_device(device: list[Event], host: _Host) -> _Device:
+    """Sum the device work by kernel, and give each to the ranges open around the operator
+    that launched it."""
+    kernels: dict[tuple[str, str], list[int]] = {}
+    total = 0
+    intervals: list[tuple[int, int]] = []
+    op_ranges = host.op_ranges
+    for kind, name, start, dur, _thread, _ext, link, _flops, _nbytes, _ann in device:
+        end = start + dur
+        host.span(start, end)
+        total += dur
+        intervals.append((start, end))
+        entry = kernels.get((name, kind))
         if entry is None:
-            entry = kernels[(ev[NAME], ev[KIND])] = [0, 0]
+            entry = kernels[(name, kind)] = [0, 0]
         entry[0] += 1
         entry[1] += dur
-        for agg, occ in op_ranges.get(ev[LINK], ()):
+        for agg, occ in op_ranges.get(link, ()):
             agg.device_ns += dur
             agg.launches += 1
             agg.intervals.append((start, end))
             if end > occ[2]:
                 occ[2] = end
+    return _Device(kernels, total, _union_ns(intervals))
 
-    range_stats = {}
+
+def _range_stats(ranges: dict[str, _Range]) -> dict[str, RangeStats]:
+    """Each range's numbers and verdict, the longest (inclusive CPU time) first."""
+    out = {}
     for name, agg in sorted(ranges.items(), key=lambda kv: -kv[1].incl_ns):
         busy = _union_ns(agg.intervals)
         wall = _union_ns([(o[0], max(o[1], o[2])) for o in agg.occurrences])
         wall = max(0, wall - sum(o[3] for o in agg.occurrences))
         cpu_us = agg.incl_ns / 1000.0
-        range_stats[name] = RangeStats(
+        out[name] = RangeStats(
             name=name,
             calls=agg.calls,
             cpu_time_us=cpu_us,
@@ -514,30 +408,38 @@ def _analyze(events: Iterable[Event], range_names: Iterable[str], top: int) -> A
                           wall_us=wall / 1000.0, cpu_us=cpu_us, flops=agg.flops,
                           input_bytes=agg.nbytes),
         )
+    return out
+
+
+def _summarize(host: _Host, dev: _Device, top: int, count: int) -> Analysis:
+    """The window's ``Analysis`` from its host and device sums."""
     op_stats = sorted(
-        (OpStats(name, o[0], o[1] / 1000.0, o[2] / 1000.0) for name, o in ops.items()),
+        (OpStats(name, o[0], o[1] / 1000.0, o[2] / 1000.0) for name, o in host.ops.items()),
         key=lambda o: (-o.self_cpu_time_us, o.name),
     )
     kernel_stats = sorted(
-        (KernelStats(name, kind, n, t / 1000.0) for (name, kind), (n, t) in kernels.items()),
+        (KernelStats(name, kind, n, t / 1000.0)
+         for (name, kind), (n, t) in dev.kernels.items()),
         key=lambda k: (-k.device_time_us, k.name),
     )
-    busy_all = _union_ns(all_intervals)
-    wall_all = max(0, last - first - work_ns) if first is not None and last is not None else 0
-    window_bytes = sum(a.nbytes for a in ranges.values()) if ranges else 0
+    first, last = host.first, host.last
+    wall_all = (max(0, last - first - host.work_ns)
+                if first is not None and last is not None else 0)
+    window_bytes = sum(a.nbytes for a in host.ranges.values())
+    self_us, device_us = host.self_ns / 1000.0, dev.total_ns / 1000.0
     return Analysis(
-        ranges=FrozenMap(range_stats),
+        ranges=FrozenMap(_range_stats(host.ranges)),
         top_ops=tuple(op_stats[:top]),
         top_kernels=tuple(kernel_stats[:top]),
-        self_cpu_time_total_us=self_total / 1000.0,
-        self_device_time_total_us=device_total / 1000.0,
-        profiler_overhead_us=overhead_ns / 1000.0,
-        device_busy_us=busy_all / 1000.0,
+        self_cpu_time_total_us=self_us,
+        self_device_time_total_us=device_us,
+        profiler_overhead_us=host.overhead_ns / 1000.0,
+        device_busy_us=dev.busy_ns / 1000.0,
         wall_time_us=wall_all / 1000.0,
-        flops=total_flops,
-        verdict=judge(device_us=device_total / 1000.0, busy_us=busy_all / 1000.0,
-                      wall_us=wall_all / 1000.0, cpu_us=self_total / 1000.0,
-                      flops=total_flops, input_bytes=window_bytes),
+        flops=host.flops,
+        verdict=judge(device_us=device_us, busy_us=dev.busy_ns / 1000.0,
+                      wall_us=wall_all / 1000.0, cpu_us=self_us,
+                      flops=host.flops, input_bytes=window_bytes),
         event_count=count,
     )
 

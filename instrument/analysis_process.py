@@ -6,7 +6,8 @@ step (bench/stop_cost.py). Done on a thread of the profiled program, that work h
 while the training thread wants it at every operator launch, and the training step slows by
 about twice the work (a GIL convoy; BENCHMARKS.md). So the export worker only has torch write
 its trace (``export_chrome_trace``, which needs the profiler's results in this process) and
-hands the file's path to this helper; the helper sends back the ``Analysis``.
+hands the file's path to this helper; the helper sends back the ``Analysis`` (with the
+window's per-call occurrences when an exporter asked for them: ``report.OccurrenceBudget``).
 
 The helper is one ``python -I -S`` process per profiled process (the program's own
 interpreter), started at the first window that needs it and shared by every session. It
@@ -61,13 +62,17 @@ class AnalysisProcessError(RuntimeError):
     """The helper could not do a window's work; the caller does it in-process."""
 
 
-def shape_and_analyze(raw: str, names: Any, dist: dict[str, Any]) -> Any:
+def shape_and_analyze(raw: str, names: Any, dist: dict[str, Any],
+                      occurrences: Any = None) -> Any:
     """Shape the raw trace at ``raw`` in place and analyze it: the helper's work, and the
-    in-process fallback's when torch's events cannot be read directly."""
+    in-process fallback's when torch's events cannot be read directly. With ``occurrences``
+    (a ``report.OccurrenceBudget``) the analysis carries the window's per-call occurrences."""
     from .analysis import analyze, events_from_trace
     from .tracefile import shape_file
 
-    return analyze(events_from_trace(shape_file(raw, names, dist)), names)
+    trace = shape_file(raw, names, dist)
+    return analyze(events_from_trace(trace), names, occurrences=occurrences,
+                   base_ns=int(trace.get("baseTimeNanoseconds") or 0))
 
 
 # ---------------------------------------------------------------- the parent's side
@@ -91,7 +96,8 @@ class AnalysisProcess:
         return proc.pid if proc is not None and proc.poll() is None else None
 
     def analyze(self, raw: str, names: Any, dist: dict[str, Any],
-                timeout: float = WINDOW_TIMEOUT_S) -> tuple[Any, list[str]]:
+                timeout: float = WINDOW_TIMEOUT_S, *,
+                occurrences: Any = None) -> tuple[Any, list[str]]:
         """``shape_and_analyze`` in the helper: (the Analysis, warnings it gave)."""
         with self._lock:
             if self.failed is not None:
@@ -101,8 +107,8 @@ class AnalysisProcess:
                     self._start()
                 assert self._proc is not None and self._requests is not None
                 # the helper runs in "/": a relative path would name another file there
-                _send_frame(self._requests,
-                            ("analyze", os.path.abspath(raw), tuple(names), dict(dist)))
+                _send_frame(self._requests, ("analyze", os.path.abspath(raw), tuple(names),
+                                             dict(dist), occurrences))
                 reply = _read_frame(self._proc.stdout, time.monotonic() + timeout)
                 if not (isinstance(reply, tuple) and len(reply) in (2, 3)
                         and reply[0] in ("ok", "error")):
@@ -368,11 +374,11 @@ def child_main() -> None:
             return
         if request[0] != "analyze":
             return
-        _, raw, names, dist = request
+        _, raw, names, dist, occurrences = request
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                analysis = shape_and_analyze(raw, frozenset(names), dist)
+                analysis = shape_and_analyze(raw, frozenset(names), dist, occurrences)
                 reply: tuple = ("ok", analysis, [str(w.message) for w in caught])
             except Exception as exc:  # noqa: BLE001 - reported to the parent, which goes on
                 reply = ("error", f"the trace of this window could not be analyzed ({exc!r})")

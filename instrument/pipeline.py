@@ -62,6 +62,25 @@ def _name(exporter: Any) -> str:
     return type(exporter).__name__
 
 
+def _labels(exporters: Sequence[Any]) -> list[str]:
+    """One label per exporter instance: its class name, ``#2``, ``#3``... for a second and
+    third of one class, so two exporters of one class never share a count or a thread name."""
+    seen: dict[str, int] = {}
+    out = []
+    for exporter in exporters:
+        name = _name(exporter)
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return out
+
+
+def _trace_path(exporter: Any) -> str | None:
+    """The file a trace writer's last export wrote (``Exporter.last_path``; an exporter that
+    does not subclass ``Exporter`` may lack it)."""
+    path = getattr(exporter, "last_path", None)
+    return path if isinstance(path, str) and path else None
+
+
 def _raised(exc: BaseException) -> str:
     """How a warning names what an exporter raised; a ``BaseException`` that is no
     ``Exception`` says it went no further (it would otherwise look like the program's)."""
@@ -71,16 +90,16 @@ def _raised(exc: BaseException) -> str:
             "not the program)")
 
 
-def _export_one(exporter: Any, report: WindowReport,
-                catch: type[BaseException] = Exception) -> ExportResult | None:
+def _export_one(exporter: Any, report: WindowReport, catch: type[BaseException] = Exception,
+                label: str | None = None) -> ExportResult | None:
     """``catch`` is ``BaseException`` on a lane (an SDK thread nothing may end) and
     ``Exception`` on the caller's thread (``KeyboardInterrupt`` there is the program's)."""
     try:
         return exporter.export(report)
     except catch as exc:  # telemetry never breaks the program
-        warn(f"exporter {_name(exporter)} raised {_raised(exc)} on window {report.window}; "
-             "its output for this window is lost, the other exporters still ran",
-             ExporterWarning)
+        warn(f"exporter {label or _name(exporter)} raised {_raised(exc)} on window "
+             f"{report.window}; its output for this window is lost, the other exporters "
+             "still ran", ExporterWarning)
         return None
 
 
@@ -91,7 +110,7 @@ def export_report(report: WindowReport, exporters: Sequence[Any]) -> WindowRepor
     for exporter in ordered:
         result = _export_one(exporter, report)
         if result is ExportResult.SUCCESS and getattr(exporter, "writes_trace_file", False):
-            path = getattr(exporter, "last_path", None)
+            path = _trace_path(exporter)
             if path and report.trace_file is None:
                 report = dataclasses.replace(report, trace_file=path)
     return report
@@ -249,12 +268,13 @@ class _Worker:
 
 
 class _Lane(_Worker):
-    """One exporter's worker."""
+    """One exporter instance's worker; ``label`` names it in counts and warnings."""
 
-    def __init__(self, exporter: Any) -> None:
-        super().__init__(f"torch-profiled-export-{_name(exporter)}", self._do,
-                         f"window report for {_name(exporter)}")
+    def __init__(self, exporter: Any, label: str) -> None:
+        super().__init__(f"torch-profiled-export-{label}", self._do,
+                         f"window report for {label}")
         self.exporter = exporter
+        self.label = label
         self.writes_trace_file = bool(getattr(exporter, "writes_trace_file", False))
         self.stalled = False  # a trace writer that missed its wait
 
@@ -262,9 +282,9 @@ class _Lane(_Worker):
         """Run one job; whatever the exporter raises ends here (see the module)."""
         exporter = self.exporter
         if job.kind == "report":
-            result = _export_one(exporter, job.payload, BaseException)
+            result = _export_one(exporter, job.payload, BaseException, self.label)
             if result is ExportResult.SUCCESS and self.writes_trace_file:
-                return getattr(exporter, "last_path", None)
+                return _trace_path(exporter)
             return None
         if job.kind == "notice":
             hook = getattr(exporter, "notice", None)
@@ -278,7 +298,7 @@ class _Lane(_Worker):
             try:
                 exporter.shutdown()
             except BaseException as exc:  # noqa: BLE001
-                warn(f"exporter {_name(exporter)} raised {_raised(exc)} in shutdown()",
+                warn(f"exporter {self.label} raised {_raised(exc)} in shutdown()",
                      ExporterWarning)
         return None
 
@@ -299,7 +319,8 @@ class ExportPipeline:
         self.exporters = list(exporters)
         self._build = build
         self._cleanup = cleanup
-        self._lanes = [_Lane(e) for e in self.exporters]
+        self._lanes = [_Lane(e, label) for e, label in zip(self.exporters,
+                                                           _labels(self.exporters))]
         self._analysis = _Worker("torch-profiled-analysis", self._analyze, "window analysis",
                                  ANALYSIS_QUEUE_SIZE)
         self.exported = 0  # reports handed to the lanes
@@ -316,10 +337,11 @@ class ExportPipeline:
 
     @property
     def dropped(self) -> dict[str, int]:
-        """Reports dropped because a queue was full: ``{"analysis": n, "<Exporter>": n}``."""
+        """Reports dropped because a queue was full: ``{"analysis": n, "<Exporter>": n}``, one
+        key per exporter instance (``<Exporter>#2`` for a second one of a class)."""
         out = {"analysis": self._analysis.dropped}
         for lane in self._lanes:
-            out[_name(lane.exporter)] = lane.dropped
+            out[lane.label] = lane.dropped
         return out
 
     def submit(self, window: Any) -> None:
@@ -436,7 +458,7 @@ class ExportPipeline:
         """Stop every worker; what they still hold or hold up is counted, per queue."""
         lost: dict[str, int] = {}
         for name, worker in (("analysis", self._analysis),
-                             *((_name(lane.exporter), lane) for lane in self._lanes)):
+                             *((lane.label, lane) for lane in self._lanes)):
             count = worker.pending_reports()
             for job in worker.stop_accepting():
                 job.finish(None)

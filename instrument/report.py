@@ -1,18 +1,26 @@
 """``WindowReport``: the one contract between ``instrument`` and ``exporters``.
 
-Plain frozen data, no torch objects: exporters read it without importing torch. Times are
+Plain frozen data, no torch objects: exporters read it without importing torch (this module
+imports nothing of ``instrument`` but ``verdict``, which is torch-free too). Times are
 microseconds (``*_us``) except wall-clock instants, which are epoch nanoseconds (``*_ns``).
+
+Besides the per-name numbers a report can carry its window's *occurrences*, one per call: what
+an exporter needs for a span per call (``Occurrences``). They are made by the analysis (in
+the helper process, from the events it already has) when an exporter asks for them with an
+``OccurrenceBudget``, and fitted to that budget there, so no exporter parses a trace.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import dataclasses
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from .verdict import CPU_ONLY, Verdict
 
-__all__ = ["FrozenMap", "KernelStats", "OpStats", "RangeStats", "Verdict", "WindowReport"]
+__all__ = ["DETAILS", "FrozenMap", "KernelCall", "KernelStats", "Occurrence", "OccurrenceBudget",
+           "Occurrences", "OpStats", "RangeCalls", "RangeStats", "Verdict", "WindowReport"]
 
 V = TypeVar("V")
 
@@ -110,6 +118,109 @@ class KernelStats:
     device_time_us: float
 
 
+DETAILS: tuple[str, ...] = ("ranges", "ops", "kernels")
+"""What occurrences cover, each level adding to the last: range calls; the CPU operators run
+inside them; the device work (kernels, memcpys, memsets) those launched."""
+
+
+@dataclass(frozen=True)
+class OccurrenceBudget:
+    """What an exporter asks the analysis to carry per call: at most ``max_spans`` spans
+    (the window's own span included) at ``detail``, each range call with its
+    ``top_kernels`` heaviest kernels."""
+
+    max_spans: int
+    detail: str = "ranges"
+    top_kernels: int = 5
+
+    def __post_init__(self) -> None:
+        if self.detail not in DETAILS:
+            raise ValueError(f"detail must be one of {', '.join(DETAILS)}, got {self.detail!r}")
+        if isinstance(self.max_spans, bool) or not isinstance(self.max_spans, int) \
+                or self.max_spans < 1:
+            raise ValueError(f"max_spans must be an int >= 1, got {self.max_spans!r}")
+
+    @property
+    def level(self) -> int:
+        return DETAILS.index(self.detail)
+
+    @staticmethod
+    def widest(budgets: "Iterable[OccurrenceBudget | None]") -> "OccurrenceBudget | None":
+        """One budget that covers every given one (None when none is given): the analysis
+        fits the occurrences once, to it; an exporter with a smaller one fits them again."""
+        given = [b for b in budgets if b is not None]
+        if not given:
+            return None
+        return OccurrenceBudget(max(b.max_spans for b in given),
+                                DETAILS[max(b.level for b in given)],
+                                max(b.top_kernels for b in given))
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """Device work of one name that one range call launched (a span event per name)."""
+
+    name: str
+    kind: str  # "kernel", "memcpy" or "memset"
+    calls: int
+    device_time_us: float
+    first_ns: int  # epoch ns: the start of the first one
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    """One span's worth of a window: a range call (``range``), the calls of one range folded
+    into one aggregate to stay in the budget (``range.folded``), an operator (``op``) or
+    device work (``kernel``, ``memcpy``, ``memset``). Parents come before their children."""
+
+    kind: str
+    name: str
+    start_ns: int  # epoch ns, from the trace (never estimated); range.folded: the first start
+    end_ns: int  # range.folded: the last end
+    parent: int  # index in ``Occurrences.items`` of the innermost one around it; -1: none
+    depth: int  # 0 at the top of its thread
+    thread_id: int | None = None  # the trace's thread id (ranges)
+    calls: int = 1  # range.folded: the calls it stands for
+    cpu_time_us: float = 0.0  # range, op: its duration; range.folded: their sum
+    device_time_us: float = 0.0  # range: device work launched inside; device work: its own
+    device_busy_us: float = 0.0  # range: union of those intervals (no idle gaps)
+    kernel_launches: int = 0
+    flops: int = 0
+    verdict: Verdict | None = None  # range: this call's verdict
+    top_kernels: tuple[KernelCall, ...] = ()  # range: the heaviest device work inside
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+@dataclass(frozen=True)
+class RangeCalls:
+    """Every call of one range in a window, whatever the span budget (per-call histograms):
+    CPU time and device time in ns, call by call."""
+
+    cpu_ns: tuple[int, ...] = ()
+    device_ns: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Occurrences:
+    """A window's occurrences fitted to ``budget`` (see ``instrument.occurrences``)."""
+
+    budget: OccurrenceBudget
+    items: tuple[Occurrence, ...] = ()
+    range_count: int = 0  # range calls recorded in the window
+    folded_occurrences: int = 0  # range calls folded into range.folded aggregates
+    dropped: int = 0  # detail occurrences and (past every fold) range calls left out
+    first_ns: int | None = None  # the earliest start and latest end of all occurrences
+    last_ns: int | None = None
+    calls: FrozenMap[RangeCalls] = field(default_factory=FrozenMap)
+
+    @property
+    def folded_ranges(self) -> tuple[str, ...]:
+        return tuple(sorted(o.name for o in self.items if o.kind == "range.folded"))
+
+
 @dataclass(frozen=True)
 class WindowReport:
     """What one profiler window measured."""
@@ -137,13 +248,18 @@ class WindowReport:
     event_count: int = 0
     raw_trace_path: str | None = None  # the window's trace JSON; valid while exporters run
     trace_file: str | None = None  # the file a trace exporter wrote, when one did
+    # per-call occurrences, when an exporter asked for them (left out of ``to_dict``)
+    occurrences: Occurrences | None = None
 
     @property
     def duration_us(self) -> float:
         return (self.end_ns - self.start_ns) / 1000.0
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready plain data."""
-        out = asdict(self)  # FrozenMap is a Mapping but not a dict: convert it by hand
+        """JSON-ready plain data: the window's numbers. Per-call ``occurrences`` are left out
+        (they are for span exporters, and one window can hold thousands)."""
+        out = asdict(dataclasses.replace(self, occurrences=None))
+        del out["occurrences"]
+        # FrozenMap is a Mapping but not a dict: convert it by hand
         out["ranges"] = {name: asdict(r) for name, r in self.ranges.items()}
         return out

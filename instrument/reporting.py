@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,11 +18,11 @@ from . import _torch, analysis_process, rawtraces, state
 from .analysis import analyze, drop_warmup
 from .analysis_process import shape_and_analyze
 from .config import Config
-from .report import WindowReport
+from .report import OccurrenceBudget, WindowReport
 from .sampling import Schedule
 from .tracefile import shape_file
 
-__all__ = ["EndedWindow", "ReportBuilder", "remove_raw", "why_no_report"]
+__all__ = ["EndedWindow", "ReportBuilder", "occurrence_budget", "remove_raw", "why_no_report"]
 
 EXPORT_DELAY_S = 0.3
 """After a deferred stop the export worker waits this long (from the stop) before torch's
@@ -45,12 +45,26 @@ class EndedWindow:
     stopped_at: float | None = None  # time.monotonic() of a deferred stop, else None
 
 
+def occurrence_budget(exporters: Sequence[Any]) -> OccurrenceBudget | None:
+    """The widest of the exporters' ``occurrence_budget``s (None: no exporter wants per-call
+    occurrences, and the analysis makes none)."""
+    budgets = []
+    for exporter in exporters:
+        budget = getattr(exporter, "occurrence_budget", None)
+        if isinstance(budget, OccurrenceBudget):
+            budgets.append(budget)
+    return OccurrenceBudget.widest(budgets)
+
+
 class ReportBuilder:
-    """Builds one session's window reports (``build``, on the export worker)."""
+    """Builds one session's window reports (``build``, on the export worker); with
+    ``occurrences`` (a budget) they carry the windows' per-call occurrences."""
 
     def __init__(self, config: Config, activities: list[str],
-                 warn_: Callable[[str], None], cancelled: Callable[[], bool]) -> None:
+                 warn_: Callable[[str], None], cancelled: Callable[[], bool],
+                 occurrences: OccurrenceBudget | None = None) -> None:
         self.config = config
+        self.occurrences = occurrences
         self.activities = activities
         self._warn = warn_
         self._cancelled = cancelled  # the session ended past its deadline: nobody waits
@@ -79,8 +93,8 @@ class ReportBuilder:
             events = None if self.config.analysis_process else window.events()
             window.export_chrome_trace(raw)  # needs the profiler's results: in this process
             del window
-            if events is not None:
-                analysis = analyze(drop_warmup(events), names)
+            if events is not None:  # Kineto's times are epoch ns already
+                analysis = analyze(drop_warmup(events), names, occurrences=self.occurrences)
                 del events
                 shape_file(raw, names, dist)  # the trace exporters get (tracefile.shape_trace)
             else:
@@ -89,7 +103,7 @@ class ReportBuilder:
                 analysis = (self._in_helper(raw, names, dist)
                             if self.config.analysis_process else None)
                 if analysis is None:
-                    analysis = shape_and_analyze(raw, names, dist)
+                    analysis = shape_and_analyze(raw, names, dist, self.occurrences)
         except BaseException:
             rawtraces.remove(raw)  # no report will carry it: nobody else would remove it
             raise
@@ -111,7 +125,7 @@ class ReportBuilder:
         if helper.failed is not None:
             return None
         try:
-            analysis, said = helper.analyze(raw, names, dist)
+            analysis, said = helper.analyze(raw, names, dist, occurrences=self.occurrences)
         except analysis_process.AnalysisProcessError as exc:
             if helper.failed is not None:
                 if not state.helper_warned:

@@ -34,7 +34,7 @@ from ._atomic import atomic
 from .config import Config, mark_profiled_process
 from .pipeline import ExportPipeline
 from .planner import WindowPlanner
-from .reporting import ReportBuilder, remove_raw, why_no_report
+from .reporting import ReportBuilder, occurrence_budget, remove_raw, why_no_report
 from .sampling import Action, Schedule
 from .stops import Stops
 from .window import Windows
@@ -62,7 +62,8 @@ class Session:
         self._record_warmup = any(a != "cpu" for a in self.activities)
         self._lock = threading.RLock()
         self._reports = ReportBuilder(config, self.activities, self._warn,
-                                      lambda: self._pipeline.closed)
+                                      lambda: self._pipeline.closed,
+                                      occurrence_budget(self.exporters))
         self._pipeline = ExportPipeline(self.exporters, self._reports.build, remove_raw)
         self._window_hooks = [
             e.window_started for e in self.exporters if callable(getattr(e, "window_started", None))

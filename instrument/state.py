@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import _torch
-from .analysis import gc_paused
+from .events import gc_paused
 
 if TYPE_CHECKING:
     from .sessions import Session

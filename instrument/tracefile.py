@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from collections.abc import Iterable
 from typing import Any
 
-from exporters.trace_file import _open_temp  # one place creates readable temp files
+from exporters._files import write_atomic  # the one atomic-write helper
 
 __all__ = ["MARKER_PREFIX", "STEP_MARKER", "STEP_PREFIX", "WINDOW_END", "load_trace", "shape_file", "shape_trace", "write_json_atomic"]
 
@@ -146,31 +145,9 @@ def shape_file(path: str, range_names: Iterable[str], distributed: dict[str, Any
 
 
 def write_json_atomic(obj: Any, path: str, *, compress: bool, durable: bool = True) -> None:
-    """Write JSON so that ``path`` either does not exist or is complete.
-
-    Writes a hidden temporary file in the same directory, flushes it to disk (``durable``:
-    ``fsync``; a scratch file that dies with the process skips it, ~7 ms a window) and renames
-    it over ``path``. On any error the temporary file is removed and the error re-raised.
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = _open_temp(directory)
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            if compress:
-                with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) as gz:
-                    _dump(obj, gz)
-            else:
-                _dump(obj, raw)
-            raw.flush()
-            if durable:
-                os.fsync(raw.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Write JSON so that ``path`` either does not exist or is complete
+    (``exporters._files.write_atomic``; ``durable=False`` for a scratch file: no ``fsync``)."""
+    write_atomic(path, lambda f: _dump(obj, f), compress=compress, durable=durable)
 
 
 def _dump(obj: Any, binary) -> None:

@@ -242,9 +242,9 @@ def test_names_like_ours_with_a_trailing_newline_or_a_link_are_never_removed(tmp
 
 KILLED_WRITER = textwrap.dedent("""
     import os, signal, sys
-    from exporters.trace_file import _open_temp
+    from exporters._files import open_temp
 
-    fd, tmp = _open_temp(sys.argv[1])
+    fd, tmp = open_temp(sys.argv[1])
     os.write(fd, b'{"traceEvents": [')  # half a trace, then the OOM killer
     print(tmp, flush=True)
     if sys.argv[2] == "kill":

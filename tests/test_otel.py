@@ -26,7 +26,7 @@ from exporters.otel import OTelExporter, plan_spans
 from exporters.otel_settings import otel_settings_from_env
 from instrument import Schedule, profiled, session
 from instrument.config import ConfigWarning
-from instrument.occurrences import Node
+from instrument.report import Occurrence
 from tests.otlp_receiver import (
     GrpcReceiver,
     HangingServer,
@@ -264,15 +264,15 @@ def test_span_budget_folds_the_most_frequent_ranges_and_is_never_exceeded():
             assert window.start_time <= sp.start_time <= sp.end_time <= window.end_time
 
 
-def _synthetic(rng: random.Random, n: int) -> list[Node]:
-    """Random forests of ranges, ops and kernels, parents first, as walk_trace makes them."""
-    nodes: list[Node] = []
+def _synthetic(rng: random.Random, n: int) -> list[Occurrence]:
+    """Random forests of ranges, ops and kernels, parents first, as the analysis walks them."""
+    nodes: list[Occurrence] = []
     for i in range(n):
         parent = rng.randrange(-1, i) if i and rng.random() < 0.7 else -1
         kind = "range" if parent < 0 or rng.random() < 0.4 else rng.choice(["op", "kernel"])
         depth = nodes[parent].depth + 1 if parent >= 0 else 0
-        nodes.append(Node(kind, f"r{rng.randrange(12)}" if kind == "range" else "op", i, i + 1,
-                          (1, 1), parent, depth))
+        nodes.append(Occurrence(kind, f"r{rng.randrange(12)}" if kind == "range" else "op", i,
+                                i + 1, parent, depth, cpu_time_us=0.001))
     return nodes
 
 
@@ -520,8 +520,9 @@ def test_registry_and_environment_settings(monkeypatch):
 
 
 def test_export_runs_on_any_thread_and_never_raises_into_the_caller():
-    """export() from a worker thread, with the caller's context irrelevant; a report whose
-    trace is gone still gets its window span (no range spans, one warning)."""
+    """export() from a worker thread, with the caller's context irrelevant; a report without
+    occurrences (made by a session the exporter is not part of) still gets its window span
+    (no range spans, one warning), and no trace is read for it."""
     import dataclasses
     import threading
 
@@ -531,6 +532,7 @@ def test_export_runs_on_any_thread_and_never_raises_into_the_caller():
         for _ in range(2):
             tiny(torch.ones(2))
             s.step()
+    assert mem.reports[0].occurrences is None  # no exporter of that session asked for them
     report = dataclasses.replace(mem.reports[0], raw_trace_path="/nonexistent/trace.json")
     results = []
     with warnings.catch_warnings(record=True) as caught:
@@ -541,7 +543,7 @@ def test_export_runs_on_any_thread_and_never_raises_into_the_caller():
     assert results == [ExportResult.SUCCESS]
     (window,) = spans.get_finished_spans()
     assert window.name == "profiled.window" and window.parent is None
-    assert any("could not be read" in str(w.message) for w in caught)
+    assert any("carries no per-call occurrences" in str(w.message) for w in caught)
     assert get_current_span().get_span_context().is_valid is False
 
 

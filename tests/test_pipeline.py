@@ -374,3 +374,57 @@ def test_on_the_callers_thread_an_interrupt_is_the_programs():
     memory = InMemoryExporter()
     with pytest.raises(KeyboardInterrupt):
         export_report(_report(0), [Interrupts(), memory])
+
+
+# ---------------------------------------------------------------- issue 16: per instance
+
+
+def test_two_exporters_of_one_class_have_a_lane_and_counts_each(release):
+    """Lanes, dropped counts and what close() says was lost are per exporter instance: a
+    second exporter of a class gets its own (``Stuck#2``), never the first one's."""
+    first, second = Stuck(release), Stuck(release)
+    memory, memory2 = InMemoryExporter(), InMemoryExporter()
+    pipeline = ExportPipeline([first, memory, second, memory2], _report, lambda report: None)
+    _in(pipeline, 3)
+    assert _wait_for(lambda: first.entered.is_set() and second.entered.is_set())
+    assert _wait_for(lambda: len(memory.reports) == 3 and len(memory2.reports) == 3)
+    assert _sdk_threads("torch-profiled-export-Stuck") == 1
+    assert _sdk_threads("torch-profiled-export-Stuck#2") == 1
+    assert set(pipeline.dropped) == {"analysis", "Stuck", "InMemoryExporter", "Stuck#2",
+                                     "InMemoryExporter#2"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lost = pipeline.close(0.5)
+    assert lost == {"Stuck": 3, "Stuck#2": 3}  # one stuck in export and two queued, each
+
+
+class _Writer(Exporter):
+    """A trace writer that names its file through the interface (``Exporter.last_path``)."""
+
+    writes_trace_file = True
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+
+    @property
+    def last_path(self) -> str | None:
+        return self.path
+
+    def export(self, report):
+        return ExportResult.SUCCESS
+
+
+def test_the_trace_file_path_is_part_of_the_exporter_interface():
+    assert Exporter.last_path is None and InMemoryExporter().last_path is None  # by default
+    memory = InMemoryExporter()
+    final = export_report(_report(0), [memory, _Writer("/traces/w0.pt.trace.json.gz")])
+    assert final.trace_file == "/traces/w0.pt.trace.json.gz"
+    assert memory.reports[0].trace_file == "/traces/w0.pt.trace.json.gz"  # writers run first
+    pipeline = ExportPipeline([_Writer("/traces/w1.pt.trace.json"), memory],
+                              _report, lambda report: None)
+    memory.clear()
+    pipeline.submit(1)
+    assert pipeline.flush(30)
+    pipeline.close(5)
+    assert [r.trace_file for r in memory.reports] == ["/traces/w1.pt.trace.json"]
+    assert export_report(_report(2), [_Writer(None)]).trace_file is None

@@ -91,6 +91,15 @@ def test_the_module_runs_as_a_program():
 # ---------------------------------------------------------------- Config from the declarations
 
 
+def test_the_otel_detail_setting_accepts_exactly_the_reports_detail_levels():
+    from instrument.report import DETAILS
+
+    assert otel_settings.OTEL_DETAILS == DETAILS
+    assert otel_settings.DETAIL.doc.count("`") >= 2 * len(DETAILS)
+    for level in DETAILS:
+        assert f"`{level}`" in otel_settings.DETAIL.doc
+
+
 def test_every_config_field_is_declared_with_its_default():
     by_name = {s.name: s for s in SETTINGS}
     default = Config()

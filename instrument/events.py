@@ -1,0 +1,232 @@
+"""The normalised event both analyses read (``Event``), and its trace-JSON front end.
+
+A window's events come from one of two front ends, both producing the same named tuples:
+``events_from_trace`` here reads Chrome/Kineto trace JSON (a saved file, any torch.profiler
+user's), and ``instrument._torch.kineto_events`` reads the profiler's raw Kineto results.
+``analysis`` aggregates them into a report's numbers, ``occurrences`` into per-call spans;
+both import from here, neither from the other's internals. No torch imports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, NamedTuple
+
+__all__ = [
+    "BOOKKEEPING_NAMES",
+    "CPU_OP_CATEGORIES",
+    "DEVICE_CATEGORIES",
+    "Event",
+    "FILTERED_NAMES",
+    "PROFILER_WORK_NAMES",
+    "RUNTIME_CATEGORIES",
+    "UNFINISHED",
+    "USER_ANNOTATION",
+    "events_from_trace",
+    "gc_paused",
+    "input_bytes",
+    "is_bookkeeping",
+    "mm_flops",
+    "no_gc",
+]
+
+
+class Event(NamedTuple):
+    """One normalised event. ``kind``: ``cpu`` (an operator, a range or a runtime call),
+    ``overhead`` (profiler bookkeeping), or the device kind (``kernel``, ``memcpy``,
+    ``memset``). Times are ns (relative to the trace's ``baseTimeNanoseconds`` for trace JSON,
+    epoch ns from Kineto). ``ext``: an operator's own id; ``link``: the operator id a runtime
+    call or device work points at. The front ends build them with ``tuple.__new__(Event,
+    fields)``: ~120 ns, where a NamedTuple's own constructor (a Python function) costs ~300 ns,
+    25 ms more on a 140k-event window."""
+
+    kind: str
+    name: str
+    start: int
+    dur: int
+    thread: Any  # (pid, tid) in trace JSON; ("cpu", tid), ("os", tid), ("dev", ...) in Kineto's
+    ext: int
+    link: int
+    flops: int
+    nbytes: int
+    annotation: int  # USER_ANNOTATION | UNFINISHED bits
+
+
+_tuple_new = tuple.__new__
+
+# ``annotation``'s bits: a user_annotation (a range whatever its name), and an event the profiler
+# stopped before it ended (torch's ``"finished": false``: a range still open at the stop)
+USER_ANNOTATION = 1
+UNFINISHED = 2
+
+CPU_OP_CATEGORIES = frozenset({"cpu_op", "user_annotation", "python_function"})
+RUNTIME_CATEGORIES = frozenset(
+    {"cuda_runtime", "cuda_driver", "privateuse1_runtime", "privateuse1_driver", "xpu_runtime",
+     "xpu_driver", "mtia_runtime", "hpu_runtime"}
+)
+DEVICE_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset",
+                     "mtia_ccp_events": "kernel"}
+# Names torch's own table drops (torch.autograd.profiler_util._filter_name).
+FILTERED_NAMES = frozenset({
+    "profiler::_record_function_exit", "profiler::_call_end_callbacks_on_jit_fut",
+    "profiler::_record_function_enter", "profiler::_record_function_enter_new",
+    "profiler::_record_function_exit._RecordFunction", "aten::is_leaf", "aten::output_nr",
+    "aten::_version",
+})
+BOOKKEEPING_NAMES = frozenset({"Activity Buffer Request", "Iteration Start: PyTorch Profiler",
+                               "Record Window End"})
+BOOKKEEPING_PREFIXES = ("ProfilerStep#", "PyTorch Profiler", "profiled::")
+# bookkeeping that is the profiler's own work (not user code between operators, which is what
+# the self time of ``ProfilerStep#N`` is): excluded from ranges' CPU and wall time too
+PROFILER_WORK_NAMES = frozenset({"Activity Buffer Request", "Iteration Start: PyTorch Profiler"})
+_DTYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "int": 4,
+                "long int": 8, "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1,
+                "c10::complex<float>": 8, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1}
+
+
+def is_bookkeeping(name: str) -> bool:
+    return name in BOOKKEEPING_NAMES or name.startswith(BOOKKEEPING_PREFIXES)
+
+
+def dtype_bytes(dtype: str) -> int:
+    return _DTYPE_BYTES.get(dtype, 4)
+
+
+def mm_flops(name: str, dims: list[Any]) -> int:
+    """FLOPs of the matrix products torch's ``with_flops`` counts, from input shapes.
+
+    Used for traces (torch 2.13's trace JSON carries shapes but no FLOP counts)."""
+    try:
+        if name == "aten::mm" and len(dims[0]) == 2 and len(dims[1]) == 2:
+            (m, k), (_, n) = dims[0], dims[1]
+            return 2 * m * k * n
+        if name == "aten::addmm" and len(dims[1]) == 2 and len(dims[2]) == 2:
+            (m, k), (_, n) = dims[1], dims[2]
+            return 2 * m * k * n
+        if name == "aten::bmm" and len(dims[0]) == 3 and len(dims[1]) == 3:
+            (b, m, k), (_, _, n) = dims[0], dims[1]
+            return 2 * b * m * k * n
+        if name == "aten::baddbmm" and len(dims[1]) == 3 and len(dims[2]) == 3:
+            (b, m, k), (_, _, n) = dims[1], dims[2]
+            return 2 * b * m * k * n
+    except (TypeError, ValueError, IndexError):
+        return 0
+    return 0
+
+
+def input_bytes(dims: Iterable[Any], dtypes: Iterable[Any]) -> int:
+    total = 0
+    for shape, dtype in zip(dims, dtypes):
+        if isinstance(shape, list) and all(isinstance(d, int) for d in shape) and shape:
+            n = 1
+            for d in shape:
+                n *= d
+            total += n * dtype_bytes(str(dtype))
+    return total
+
+
+# ---------------------------------------------------------------- trace JSON front end
+
+
+def events_from_trace(trace: Mapping[str, Any]) -> list[Event]:
+    """Normalise a Chrome/Kineto trace's events (``export_chrome_trace`` output)."""
+    with no_gc():
+        return _events_from_trace(trace)
+
+
+def _events_from_trace(trace: Mapping[str, Any]) -> list[Event]:
+    out: list[Event] = []
+    append = out.append
+    new = _tuple_new
+    for ev in trace.get("traceEvents", ()):
+        if ev.get("ph") != "X":
+            continue
+        cat = ev.get("cat")
+        name = ev.get("name", "")
+        try:
+            start = round(float(ev.get("ts", 0.0)) * 1000.0)
+            dur = round(float(ev.get("dur", 0.0)) * 1000.0)
+        except (TypeError, ValueError):
+            continue
+        args = ev.get("args") or {}
+        thread = (ev.get("pid"), ev.get("tid"))
+        if cat in CPU_OP_CATEGORIES:
+            if name in FILTERED_NAMES:
+                continue
+            if is_bookkeeping(name):
+                append(new(Event, ("overhead", name, start, dur, thread, 0, 0, 0, 0, 0)))
+                continue
+            flops = int(args.get("flops", 0) or 0)
+            nbytes = 0
+            dims = args.get("Input Dims")
+            if dims is not None:
+                if not flops:
+                    flops = mm_flops(name, dims)
+                if flops:
+                    nbytes = input_bytes(dims, args.get("Input type") or ())
+            append(new(Event, ("cpu", name, start, dur, thread,
+                               int(args.get("External id", 0) or 0), 0, flops, nbytes,
+                               (cat == "user_annotation")
+                               | (UNFINISHED if args.get("finished") is False else 0))))
+        elif cat in RUNTIME_CATEGORIES:
+            if is_bookkeeping(name):
+                append(new(Event, ("overhead", name, start, dur, thread, 0, 0, 0, 0, 0)))
+                continue
+            append(new(Event, ("cpu", name, start, dur, thread, 0,
+                               int(args.get("External id", 0) or 0), 0, 0, 0)))
+        elif cat in DEVICE_CATEGORIES:
+            append(new(Event, (DEVICE_CATEGORIES[cat], name, start, dur, thread, 0,
+                               int(args.get("External id", 0) or 0), 0, 0, 0)))
+        elif cat == "overhead" or (cat != "Trace" and is_bookkeeping(name)):
+            append(new(Event, ("overhead", name, start, dur, thread, 0, 0, 0, 0, 0)))
+    return out
+
+
+def _order(ev: Event) -> tuple[int, int]:
+    return (ev.start, -ev.dur)  # parents (same start, longer) before their children
+
+
+def _union_ns(intervals: list[tuple[int, int]]) -> int:
+    if not intervals:
+        return 0
+    intervals.sort()
+    total = 0
+    cur_s, cur_e = intervals[0]
+    for s, e in intervals[1:]:
+        if s > cur_e:
+            total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    return total + cur_e - cur_s
+
+
+_gc_paused = False
+
+
+def gc_paused() -> bool:
+    """True while ``no_gc`` has the (process-wide) collector paused: a child forked meanwhile
+    must turn it back on."""
+    return _gc_paused
+
+
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while building 100k+ tuples and lists that hold no
+    cycles: otherwise its generation-0 passes rescan them over and over (~30% of the time;
+    for ``Event`` named tuples, which the collector never untracks, ~2x). Nests: an inner
+    block leaves the collector (and ``gc_paused``) to the outer one."""
+    global _gc_paused
+    was_enabled = gc.isenabled()
+    if not was_enabled:  # paused by an outer block, or by the program: not ours to change
+        yield
+        return
+    gc.disable()
+    _gc_paused = was_enabled
+    try:
+        yield
+    finally:
+        _gc_paused = False
+        gc.enable()
