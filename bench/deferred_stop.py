@@ -36,7 +36,6 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 import torch  # noqa: E402
-
 from e2e_overhead import EX, plain_step  # noqa: E402 - bench/ is this script's directory
 
 WINDOW = 4

@@ -311,8 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  {gpu + ', ' if gpu else ''}cpu: {cpu_name()} ({os.cpu_count()} cores)  torch "
           f"{torch.__version__}  python {platform.python_version()}")
     print(f"  examples/06_training_loop.py at its {device.upper()} sizes {sizes}")
+    timed = rounds * (run_steps // args.every)
     print(f"  {rounds} rounds x {len(VARIANTS)} variants x {run_steps} steps; sampled: a window "
-          f"every {args.every} steps ({rounds * (run_steps // args.every)} windows timed per sampled variant); "
+          f"every {args.every} steps ({timed} windows timed per sampled variant); "
           f"took {wall:.1f} s")
     print(f"  first profiler start of the process (untimed warm-up): {first_start_s:+.2f} s")
     print()

@@ -35,8 +35,8 @@ import time
 
 import torch
 
-from exporters import InMemoryExporter
 import instrument
+from exporters import InMemoryExporter
 from instrument import Schedule, _torch, profiled, session
 
 

@@ -8,7 +8,8 @@ the default budget keeps the 834 ``inner`` ones as spans and folds ``step_fn``.
 ``OTelExporter.export`` runs as the session runs it after the window ends (background time once
 issue 5's worker runs exports), with its own providers built from ``OTEL_*`` and OTLP/HTTP
 delivery to a real receiver on 127.0.0.1 (oteltest's sink, ``tests/otlp_receiver.py``; install
-the dev extra). Measured per detail level (``ranges``, ``ops``), at the default budget of 1000 spans.
+the dev extra). Measured per detail level (``ranges``, ``ops``), at the default budget of 1000
+spans.
 
 Target (issue 4): export under 1 s per window and never more spans than the budget.
 """
@@ -83,7 +84,8 @@ def run(detail: str, calls: int, windows: int) -> dict:
     window_spans = [sp for sp in spans if sp["name"] == "profiled.window"]
     return {
         "detail": detail,
-        "occurrences_per_window": window_spans[0]["attributes"]["profiled.window.range_occurrences"],
+        "occurrences_per_window":
+            window_spans[0]["attributes"]["profiled.window.range_occurrences"],
         "windows": len(window_spans),
         "export_s": exporter.seconds,
         "first_s": exporter.seconds[0],

@@ -41,8 +41,8 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 import torch  # noqa: E402
-
 from e2e_overhead import EX, plain_step  # noqa: E402 - bench/ is this script's directory
+
 from instrument import _torch  # noqa: E402
 from instrument.analysis import analyze, drop_warmup, events_from_trace  # noqa: E402
 from instrument.tracefile import STEP_MARKER, load_trace, shape_trace, write_json_atomic  # noqa: E402

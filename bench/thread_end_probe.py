@@ -1,9 +1,11 @@
 """Probe (GPU run of issue 15): a window started by a thread that then ends, on this torch
 and device; later windows on the main thread must still record."""
-import threading, torch, instrument
-from instrument import profiled, _torch
+import threading
+
+import torch
+
+from instrument import Schedule, _torch, profiled
 from instrument.testing import capture
-from instrument import Schedule
 
 dev = "cuda" if torch.cuda.is_available() else "cpu"
 x = torch.randn(512, 512, device=dev)
@@ -14,7 +16,8 @@ def w():
 
 with capture(schedule=Schedule(wait=1, warmup=1, active=2, repeat=3)) as cap:
     t = threading.Thread(target=lambda: [w() for _ in range(2)])
-    t.start(); t.join()
+    t.start()
+    t.join()
     print("after the thread's end: ours live", len(_torch._LIVE), flush=True)
     for _ in range(16):
         w()

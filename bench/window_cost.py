@@ -26,10 +26,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import torch  # noqa: E402
-
 from e2e_overhead import load_example  # noqa: E402 - bench/ is this script's directory
-from exporters import TraceFileExporter  # noqa: E402
+
 import instrument  # noqa: E402
+from exporters import TraceFileExporter  # noqa: E402
 from instrument import Schedule, _torch, session  # noqa: E402
 from instrument import session as _session_fn  # noqa: E402,F401
 from instrument.pipeline import ExportPipeline  # noqa: E402

@@ -46,7 +46,7 @@ class Exporter(abc.ABC):
     #: The per-call occurrences this exporter needs in each report (``report.occurrences``),
     #: as a span budget; None (the default): none. The session's analysis makes them once per
     #: window, off the program's GIL, fitted to the widest budget its exporters ask for.
-    occurrence_budget: "OccurrenceBudget | None" = None
+    occurrence_budget: OccurrenceBudget | None = None
 
     #: Optional hook ``window_started(window: int) -> None``. When an exporter defines it, the
     #: session calls it once per window at the first ``@profiled`` call (or ``with profiled``
@@ -58,7 +58,7 @@ class Exporter(abc.ABC):
     window_started: Callable[[int], None] | None = None
 
     @abc.abstractmethod
-    def export(self, report: "WindowReport") -> ExportResult:
+    def export(self, report: WindowReport) -> ExportResult:
         """Handle one window's report."""
 
     def shutdown(self) -> None:  # noqa: B027 - optional hook

@@ -4,9 +4,9 @@ First the window's verdict with the numbers behind it, then one line per ``@prof
 calls, inclusive CPU time, device time of the kernels it launched, device time over CPU time,
 the share of the range's wall time the device was busy, and the verdict (overhead-bound,
 compute-bound, cpu-only; see ``instrument.verdict``). Then the top operators and device
-kernels, then the two totals the way torch's own table prints them, then the trace file's path (relative to the working
-directory when that is shorter). At most 100 columns, no colour; a trace path too long for that
-gets a line of its own and is never cut.
+kernels, then the two totals the way torch's own table prints them, then the trace file's path
+(relative to the working directory when that is shorter). At most 100 columns, no colour; a
+trace path too long for that gets a line of its own and is never cut.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def _steps(steps: tuple[int, ...]) -> str:
     return "steps " + ",".join(map(str, steps))
 
 
-def format_report(report: "WindowReport", rows: int = 15) -> str:
+def format_report(report: WindowReport, rows: int = 15) -> str:
     """The window's table as text (at most ``WIDTH`` columns but for a long trace path), in
     the order a person reads it: title, verdict, ranges, top operators and kernels, totals."""
     rule = "-" * WIDTH
@@ -77,7 +77,7 @@ def format_report(report: "WindowReport", rows: int = 15) -> str:
     return "\n".join(line.rstrip() for line in lines) + "\n"
 
 
-def _title(report: "WindowReport") -> str:
+def _title(report: WindowReport) -> str:
     """One line saying which window this is: its steps, device, rank and wall time."""
     title = (
         f"torch-profiled | window {report.window} | {_steps(report.steps)}"
@@ -87,7 +87,7 @@ def _title(report: "WindowReport") -> str:
     return fit(title, WIDTH)
 
 
-def _range_lines(report: "WindowReport", rows: int) -> list[str]:
+def _range_lines(report: WindowReport, rows: int) -> list[str]:
     """The ``@profiled`` ranges: a header, one row per range (the first ``rows``), then their
     FLOPs and the calls still running when the window ended."""
     shown = list(report.ranges.values())[:rows]
@@ -124,7 +124,7 @@ def _range_lines(report: "WindowReport", rows: int) -> list[str]:
     return lines
 
 
-def _operator_lines(report: "WindowReport", rows: int) -> list[str]:
+def _operator_lines(report: WindowReport, rows: int) -> list[str]:
     """The top operators by self CPU time, each with its share of the window's total."""
     name_w = 56
     header = (
@@ -144,7 +144,7 @@ def _operator_lines(report: "WindowReport", rows: int) -> list[str]:
     return lines
 
 
-def _kernel_lines(report: "WindowReport", rows: int) -> list[str]:
+def _kernel_lines(report: WindowReport, rows: int) -> list[str]:
     """The top device kernels (and memcpy/memset) by device time, with their share."""
     name_w = 60
     header = (
@@ -163,7 +163,7 @@ def _kernel_lines(report: "WindowReport", rows: int) -> list[str]:
     return lines
 
 
-def _total_lines(report: "WindowReport") -> list[str]:
+def _total_lines(report: WindowReport) -> list[str]:
     """The totals the way torch's own table ends, then the profiler's own cost if known."""
     lines = [f"Self CPU time total: {format_time_us(report.self_cpu_time_total_us)}"]
     accelerators = [a for a in report.activities if a != "cpu"]
@@ -217,7 +217,7 @@ class ConsoleExporter(Exporter):
         # resolved at write time so that redirecting sys.stderr (pytest's capsys) is honoured
         return self._stream if self._stream is not None else sys.stderr
 
-    def export(self, report: "WindowReport") -> ExportResult:
+    def export(self, report: WindowReport) -> ExportResult:
         text = format_report(report, self.rows)
         with self._lock:
             self.stream.write("\n" + text)

@@ -34,7 +34,7 @@ __all__ = ["JsonLinesExporter", "SCHEMA", "report_record"]
 SCHEMA = "torch-profiled/window-report/1"
 
 
-def report_record(report: "WindowReport") -> dict[str, Any]:
+def report_record(report: WindowReport) -> dict[str, Any]:
     """The JSON-ready object written for one report (``schema`` names its layout)."""
     record: dict[str, Any] = {"schema": SCHEMA}
     record.update(report.to_dict())
@@ -91,7 +91,7 @@ class JsonLinesExporter(Exporter):
         self._lock = threading.Lock()
         self._warned: set[str] = set()
 
-    def export(self, report: "WindowReport") -> ExportResult:
+    def export(self, report: WindowReport) -> ExportResult:
         try:
             line = json.dumps(report_record(report), separators=(",", ":"),
                               allow_nan=False) + "\n"

@@ -23,11 +23,11 @@ class InMemoryExporter(Exporter):
         self.is_shutdown = False
 
     @property
-    def reports(self) -> list["WindowReport"]:
+    def reports(self) -> list[WindowReport]:
         with self._lock:
             return list(self._reports)
 
-    def export(self, report: "WindowReport") -> ExportResult:
+    def export(self, report: WindowReport) -> ExportResult:
         with self._lock:
             self._reports.append(report)
         return ExportResult.SUCCESS

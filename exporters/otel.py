@@ -279,7 +279,9 @@ def _proxied(host: str) -> bool:
         proxies = urllib.request.getproxies()
         if not proxies and not (_env("grpc_proxy") or _env("GRPC_PROXY")):
             return False
-        return not urllib.request.proxy_bypass_environment(host)
+        # not in typeshed's stubs, in urllib.request since Python 3.0
+        bypass = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]
+        return not bypass(host)
     except Exception:  # noqa: BLE001 - in doubt, no check: the exporter's own retries apply
         return True
 
@@ -309,20 +311,23 @@ def _sinks(signal: str, warn) -> list[_Sink]:
             if sink is not None:
                 out.append(sink)
         elif name == "console":
+            console: Any
             if signal == "traces":
-                from opentelemetry.sdk.trace.export import ConsoleSpanExporter as cls
+                from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+                console = ConsoleSpanExporter()
             else:
-                from opentelemetry.sdk.metrics.export import (
-                    ConsoleMetricExporter as cls,
-                )
-            out.append(_Sink(cls(), "the console (standard output)", signal))
+                from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
+
+                console = ConsoleMetricExporter()
+            out.append(_Sink(console, "the console (standard output)", signal))
         else:
             warn(f"{var}:{name}", f"{var}={_env(var)!r}: {name!r} is not supported by the "
                                   f"otel exporter (expected otlp, console or none); it is ignored")
     return out
 
 
-def _resource(report: "WindowReport") -> Any:
+def _resource(report: WindowReport) -> Any:
     """``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` (read by ``Resource.create``),
     plus who recorded the window."""
     from opentelemetry.sdk.resources import Resource
@@ -356,6 +361,8 @@ class OTelExporter(Exporter):
     environment; ``detail`` and ``max_spans`` default to ``PROFILED_OTEL_DETAIL`` and
     ``PROFILED_OTEL_MAX_SPANS``. ``lost`` counts what could not be delivered.
     """
+
+    occurrence_budget: OccurrenceBudget  # always set: this exporter sends per-call spans
 
     def __init__(
         self,
@@ -403,7 +410,7 @@ class OTelExporter(Exporter):
             while len(self._parents) > _MAX_PENDING_PARENTS:
                 del self._parents[next(iter(self._parents))]
 
-    def export(self, report: "WindowReport") -> ExportResult:
+    def export(self, report: WindowReport) -> ExportResult:
         if self.disabled:
             return ExportResult.SUCCESS
         with self._parents_lock:
@@ -432,7 +439,7 @@ class OTelExporter(Exporter):
 
     # ------------------------------------------------------------ internals
 
-    def _occurrences(self, report: "WindowReport") -> "Occurrences | None":
+    def _occurrences(self, report: WindowReport) -> Occurrences | None:
         """The report's occurrences, fitted to this exporter's budget where they were made
         for a wider one (another exporter's in the same session)."""
         occurrences = report.occurrences
@@ -448,7 +455,7 @@ class OTelExporter(Exporter):
 
         return fit(occurrences, self.occurrence_budget)
 
-    def _pipeline(self, report: "WindowReport") -> _OwnPipeline:
+    def _pipeline(self, report: WindowReport) -> _OwnPipeline:
         if self._own is None:
             self._own = _OwnPipeline(
                 _resource(report),
@@ -463,7 +470,7 @@ class OTelExporter(Exporter):
     def _meter_source(self) -> Any:
         return self._meter_provider or _global_meter_provider()
 
-    def _export_locked(self, report: "WindowReport", occurrences: "Occurrences | None",
+    def _export_locked(self, report: WindowReport, occurrences: Occurrences | None,
                        parent: Any) -> bool:
         tracer_provider = self._tracer_source()
         meter_provider = self._meter_source()
@@ -513,7 +520,7 @@ class _Delivery:
         self._failing: set[str] = set()  # destinations whose last delivery failed
         self._answering: set[tuple[str, int]] = set()  # OTLP addresses: last delivery succeeded
 
-    def deliver(self, sink: _Sink, report: "WindowReport", what: str, send, spans: int) -> bool:
+    def deliver(self, sink: _Sink, report: WindowReport, what: str, send, spans: int) -> bool:
         began = time.monotonic()
         good, why = self._send(sink, send)
         key = f"{sink.signal} via {sink.label}"
@@ -551,7 +558,7 @@ class _Delivery:
                 "the backend is down, slow or refused them")
 
 
-def _budget(max_spans: int, detail: str) -> "OccurrenceBudget":
+def _budget(max_spans: int, detail: str) -> OccurrenceBudget:
     from instrument.report import OccurrenceBudget
 
     return OccurrenceBudget(max_spans, detail, TOP_KERNEL_EVENTS)
@@ -569,8 +576,8 @@ def _version() -> str:
 # ---------------------------------------------------------------- spans
 
 
-def _emit_spans(tracer: Any, report: "WindowReport", occurrences: "Occurrences | None",
-                parent: Any, budget: "OccurrenceBudget") -> int:
+def _emit_spans(tracer: Any, report: WindowReport, occurrences: Occurrences | None,
+                parent: Any, budget: OccurrenceBudget) -> int:
     """The window span and, under it, one span per occurrence (parents come first); returns
     how many spans were made."""
     items = occurrences.items if occurrences is not None else ()
@@ -609,7 +616,7 @@ def _emit_spans(tracer: Any, report: "WindowReport", occurrences: "Occurrences |
     return 1 + len(items)
 
 
-def _window_attributes(report: "WindowReport") -> dict[str, Any]:
+def _window_attributes(report: WindowReport) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         "profiled.kind": "window",
         "profiled.window.index": report.window,
@@ -634,7 +641,7 @@ def _window_attributes(report: "WindowReport") -> dict[str, Any]:
     return attrs
 
 
-def _occurrence_attributes(occ: "Occurrence", report: "WindowReport") -> dict[str, Any]:
+def _occurrence_attributes(occ: Occurrence, report: WindowReport) -> dict[str, Any]:
     if occ.kind == "range.folded":
         return _folded_attributes(occ, report)
     if occ.kind == "op":
@@ -659,7 +666,7 @@ def _occurrence_attributes(occ: "Occurrence", report: "WindowReport") -> dict[st
     return attrs
 
 
-def _folded_attributes(occ: "Occurrence", report: "WindowReport") -> dict[str, Any]:
+def _folded_attributes(occ: Occurrence, report: WindowReport) -> dict[str, Any]:
     stats = report.ranges.get(occ.name)
     attrs: dict[str, Any] = {
         "profiled.kind": "range.folded",
@@ -681,7 +688,7 @@ def _folded_attributes(occ: "Occurrence", report: "WindowReport") -> dict[str, A
     return attrs
 
 
-def _kernel_events(span: Any, occ: "Occurrence") -> None:
+def _kernel_events(span: Any, occ: Occurrence) -> None:
     for kernel in occ.top_kernels:
         span.add_event("profiled.kernel", {
             "profiled.kernel.name": kernel.name,
@@ -720,8 +727,8 @@ class _Metrics:
             self._instruments[id(provider)] = instruments
         return instruments
 
-    def record(self, provider: Any, report: "WindowReport",
-               occurrences: "Occurrences | None") -> None:
+    def record(self, provider: Any, report: WindowReport,
+               occurrences: Occurrences | None) -> None:
         """One value per range call (every call, whatever the span budget), and the window."""
         cpu, device, windows = self._for(provider)
         with_device = any(a != "cpu" for a in report.activities)

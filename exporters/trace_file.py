@@ -52,7 +52,7 @@ _TEMP = TEMP_NAME
 STALE_TEMP_S = 3600
 
 
-def worker_name(report: "WindowReport") -> str:
+def worker_name(report: WindowReport) -> str:
     return f"{report.host}_{report.pid}_rank{report.rank}"
 
 
@@ -134,7 +134,7 @@ class TraceFileExporter(Exporter):
         self._lock = threading.Lock()
         self._warned: set[tuple[object, ...]] = set()
 
-    def export(self, report: "WindowReport") -> ExportResult:
+    def export(self, report: WindowReport) -> ExportResult:
         with self._lock:
             self.last_path = None
             if not report.raw_trace_path:

@@ -83,7 +83,7 @@ except ImportError:  # pragma: no cover - old torch
 try:
     from torch.compiler import is_compiling
 except ImportError:  # pragma: no cover - old torch
-    from torch._dynamo import is_compiling  # type: ignore[no-redef]
+    from torch._dynamo import is_compiling  # type: ignore[no-redef, unused-ignore]
 
 
 # ---------------------------------------------------------------- ranges across windows
@@ -132,7 +132,7 @@ def ranged_call(f: Any, name: str, args: Any, kwargs: Any) -> Any:
     one frame on purpose (the hot path of a decorated call while a profiler records: two more
     Python calls cost ~100 ns there; see ``range_exit`` for the rule)."""
     epoch = _epoch
-    rf = FastRange(name)
+    rf: Any = FastRange(name)
     try:
         rf.__enter__()
         return f(*args, **kwargs)
@@ -446,8 +446,9 @@ class ProfilerWindow:
     def owner_gone(self) -> bool:
         """The thread that started this thread-local window has ended: its profiler state
         went with the thread's locals, nothing is left to stop."""
+        life = self._owner_life
         return self.recording and not self.all_threads and not (
-            self.owner.is_alive() and self._owner_life.alive)
+            self.owner.is_alive() and life is not None and life.alive)
 
     def forget(self) -> None:
         """Drop a window whose owner thread ended (``owner_gone``): its profiler state went
@@ -520,7 +521,9 @@ class ProfilerWindow:
                         # torch.autograd.profiler.profile.__exit__ synchronises its device
                         # when use_device is set; the caller made sure the window's kernels
                         # have run
-                        self._prof.profiler.use_device = None
+                        inner = self._prof.profiler
+                        if inner is not None:
+                            inner.use_device = None
                     self._prof.stop_trace()
             except BaseException:
                 _force_off()
@@ -546,9 +549,12 @@ class ProfilerWindow:
         events lack what that needs (then analyze the exported trace)."""
         from .events import no_gc
 
+        inner = self._prof.profiler
+        if inner is None:
+            return None
         try:
             with no_gc():
-                return kineto_events(self._prof.profiler.kineto_results, self.with_flops)
+                return kineto_events(inner.kineto_results, self.with_flops)
         except NotImplementedError:
             return None
 
@@ -581,7 +587,8 @@ class _ThreadLife:
             return
         try:
             for window in list(_LIVE):
-                if not window.all_threads and window._owner_life.is_of(self):
+                life = window._owner_life
+                if not window.all_threads and life is not None and life.is_of(self):
                     window.stop()
         except Exception:  # noqa: BLE001 - a thread's end must never fail because of us
             pass
@@ -590,7 +597,7 @@ class _ThreadLife:
 _LIFE = threading.local()
 
 
-def _thread_life() -> "_LifeRef":
+def _thread_life() -> _LifeRef:
     """The calling thread's ``_ThreadLife``, weakly (a window must not keep it alive)."""
     life = getattr(_LIFE, "life", None)
     if life is None:

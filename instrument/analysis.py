@@ -35,9 +35,17 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
-from .events import (PROFILER_WORK_NAMES, UNFINISHED, USER_ANNOTATION, Event, _order, _union_ns,
-                     events_from_trace, is_bookkeeping, no_gc)
-
+from .events import (
+    PROFILER_WORK_NAMES,
+    UNFINISHED,
+    USER_ANNOTATION,
+    Event,
+    _order,
+    _union_ns,
+    events_from_trace,
+    is_bookkeeping,
+    no_gc,
+)
 from .report import FrozenMap, KernelStats, OccurrenceBudget, Occurrences, OpStats, RangeStats
 from .tracefile import STEP_MARKER, WINDOW_END
 from .verdict import CPU_ONLY, Verdict, judge
@@ -138,7 +146,7 @@ def drop_warmup(events: list[Event]) -> list[Event]:
                 else ev.start >= lo and ev.link not in dropped)]
 
 
-def _take_out_of_ranges(work_ns: int, open_ranges: tuple[tuple["_Range", list[int]], ...]
+def _take_out_of_ranges(work_ns: int, open_ranges: tuple[tuple[_Range, list[int]], ...]
                         ) -> int:
     """The profiler's own work inside ranges is not theirs: it leaves their CPU time and (via
     the occurrence's 4th slot) their wall time. Returns ``work_ns``."""

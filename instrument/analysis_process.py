@@ -156,7 +156,8 @@ class AnalysisProcess:
         if proc is None:
             return
         try:
-            proc.stdout.close()
+            if proc.stdout is not None:
+                proc.stdout.close()
         except OSError:
             pass
         try:
@@ -322,7 +323,7 @@ def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
         sel.register(fd, selectors.EVENT_READ)
     try:
         while n:
-            if sel is not None:
+            if sel is not None and deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0 or not sel.select(left):
                     raise TimeoutError("no answer from the analysis helper process in time")

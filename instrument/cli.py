@@ -290,7 +290,7 @@ def report_from_trace(
     range_names: Iterable[str] = (),
     window: int = 0,
     only_named: bool = True,
-) -> "WindowReport":
+) -> WindowReport:
     """The ``WindowReport`` the console table shows for one loaded trace.
 
     ``range_names`` are ranges even when recorded as plain operators (``cpu_op``); the report
@@ -417,7 +417,7 @@ def _collect(paths: Sequence[str]) -> list[str]:
 
 def _reports(paths: Sequence[str], *, rows: int, range_names: Iterable[str] = (),
              max_bytes: int = DEFAULT_MAX_MB * MB, only_named: bool = True
-             ) -> list["WindowReport"]:
+             ) -> list[WindowReport]:
     """One report per trace; a directory's traces ordered by rank, then time."""
     names = tuple(range_names)
     out: list[WindowReport] = []
@@ -458,7 +458,7 @@ def _ratio(after: float | None, before: float | None) -> float | None:
 # ---------------------------------------------------------------- ranks side by side
 
 
-def rank_summary(reports: Sequence["WindowReport"]) -> dict[str, Any] | None:
+def rank_summary(reports: Sequence[WindowReport]) -> dict[str, Any] | None:
     """Per range, its CPU time on every rank (summed over a rank's traces), the slowest rank
     and the spread; None when the reports come from fewer than two ranks."""
     ranks = sorted({r.rank for r in reports})

@@ -231,13 +231,13 @@ class Config:
     def sampling(self) -> Sampling:
         return Sampling(every=self.every, sample_rate=self.sample_rate, seed=self.seed)
 
-    def replace(self, **fields: Any) -> "Config":
+    def replace(self, **fields: Any) -> Config:
         """A copy with ``fields`` changed; unknown names raise ``TypeError``."""
         _reject_unknown(fields)
         return dataclasses.replace(self, **fields)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Config":
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
         """Read every ``PROFILED_*`` variable; bad values warn once and use the default."""
         env = os.environ if environ is None else environ
         strict = STRICT.read(env, strict=False)

@@ -317,7 +317,7 @@ def _wrap_callable_object(obj: Any, name: str, is_step: bool) -> Any:
     # An object whose ``__call__`` is ``async def`` or a generator: its range must cover the
     # awaited time / only the body's time, like the function forms; inspect does not see
     # through instances, so look at the class's ``__call__``.
-    make = _kind_wrapper(getattr(type(obj), "__call__", None))
+    make = _kind_wrapper(getattr(type(obj), "__call__", None))  # noqa: B004 - the method itself
     if make is not None:
         inner = make(obj, name, is_step)
 
@@ -408,7 +408,7 @@ class _Profiled:
             return target
         return _wrap(target, self.name, self.step)
 
-    def __enter__(self) -> "_Profiled":
+    def __enter__(self) -> _Profiled:
         if self.name is None:
             raise TypeError('the context form needs a name: use `with profiled("name"):`')
         if not self.enabled:
@@ -448,7 +448,7 @@ class _Profiled:
             _step_if_counting()
         return None
 
-    async def __aenter__(self) -> "_Profiled":
+    async def __aenter__(self) -> _Profiled:
         return self.__enter__()
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

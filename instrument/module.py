@@ -46,7 +46,7 @@ _STACK: contextvars.ContextVar[tuple[tuple[Any, Any], ...]] = contextvars.Contex
 )
 
 # module -> the _Hooks instrumenting it; instrumenting a module twice adds nothing
-_INSTRUMENTED: "weakref.WeakKeyDictionary[torch.nn.Module, _Hooks]" = weakref.WeakKeyDictionary()
+_INSTRUMENTED: weakref.WeakKeyDictionary[torch.nn.Module, _Hooks] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
@@ -139,7 +139,7 @@ class ModuleHandle:
                 if module is not None and _INSTRUMENTED.get(module) is h:
                     del _INSTRUMENTED[module]
 
-    def __enter__(self) -> "ModuleHandle":
+    def __enter__(self) -> ModuleHandle:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:

@@ -21,8 +21,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .events import USER_ANNOTATION, Event, _order, _union_ns, events_from_trace, no_gc
-from .report import (DETAILS, FrozenMap, KernelCall, Occurrence, OccurrenceBudget, Occurrences,
-                     RangeCalls)
+from .report import (
+    DETAILS,
+    FrozenMap,
+    KernelCall,
+    Occurrence,
+    OccurrenceBudget,
+    Occurrences,
+    RangeCalls,
+)
 from .spans import RANGE, assemble, plan_spans
 from .verdict import judge
 

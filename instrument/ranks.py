@@ -109,7 +109,7 @@ class RankSet:
         object.__setattr__(self, "_starts", None if spans is None else [s[0] for s in spans])
 
     @classmethod
-    def _from_spans(cls, spans: tuple[Span, ...] | None) -> "RankSet":
+    def _from_spans(cls, spans: tuple[Span, ...] | None) -> RankSet:
         """From runs already checked and merged (``parse``, unpickling)."""
         made = cls.__new__(cls)
         object.__setattr__(made, "_spans", spans)
@@ -169,7 +169,7 @@ class RankSet:
     # ------------------------------------------------------------ building
 
     @classmethod
-    def parse(cls, text: str) -> "RankSet":
+    def parse(cls, text: str) -> RankSet:
         """Parse ``all``, ``0,3``, ``0-7`` or a mix; raises ``ValueError`` naming the bad part.
         Ranks above ``MAX_RANK`` and more than ``MAX_TERMS`` terms are bad values too."""
         stripped = text.strip().lower()
@@ -183,7 +183,7 @@ class RankSet:
         return cls._from_spans(_merge(spans))
 
     @classmethod
-    def of(cls, value: "RankSet | str | int | Iterable[int] | None") -> "RankSet":
+    def of(cls, value: RankSet | str | int | Iterable[int] | None) -> RankSet:
         """A ``RankSet`` from what ``configure(ranks=...)`` accepts: a RankSet, None (all), a
         ``PROFILED_RANKS`` string, one rank, or an iterable of ranks. Raises on anything else."""
         if value is None:

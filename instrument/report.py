@@ -29,6 +29,7 @@ class FrozenMap(Mapping[str, V]):
     """A read-only, picklable mapping (``report.ranges["matmul_bias"]``)."""
 
     __slots__ = ("_data",)
+    _data: dict[str, V]
 
     def __init__(self, data: Mapping[str, V] | None = None) -> None:
         object.__setattr__(self, "_data", dict(data or {}))
@@ -95,7 +96,9 @@ class RangeStats:
     @property
     def flops_per_s(self) -> float:
         """Achieved FLOP/s over device time (0 when FLOPs or device time are unknown)."""
-        return self.flops / (self.device_time_us * 1e-6) if self.flops and self.device_time_us else 0.0
+        if not (self.flops and self.device_time_us):
+            return 0.0
+        return self.flops / (self.device_time_us * 1e-6)
 
 
 @dataclass(frozen=True)
@@ -145,7 +148,7 @@ class OccurrenceBudget:
         return DETAILS.index(self.detail)
 
     @staticmethod
-    def widest(budgets: "Iterable[OccurrenceBudget | None]") -> "OccurrenceBudget | None":
+    def widest(budgets: Iterable[OccurrenceBudget | None]) -> OccurrenceBudget | None:
         """One budget that covers every given one (None when none is given): the analysis
         fits the occurrences once, to it; an exporter with a smaller one fits them again."""
         given = [b for b in budgets if b is not None]

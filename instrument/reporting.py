@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _torch, analysis_process, rawtraces, state
-from .analysis import analyze, drop_warmup
+from .analysis import Analysis, analyze, drop_warmup
 from .analysis_process import shape_and_analyze
 from .config import Config
 from .report import OccurrenceBudget, WindowReport
@@ -60,12 +60,12 @@ class ReportBuilder:
     """Builds one session's window reports (``build``, on the export worker); with
     ``occurrences`` (a budget) they carry the windows' per-call occurrences."""
 
-    def __init__(self, config: Config, activities: list[str],
+    def __init__(self, config: Config, activities: Sequence[str],
                  warn_: Callable[[str], None], cancelled: Callable[[], bool],
                  occurrences: OccurrenceBudget | None = None) -> None:
         self.config = config
         self.occurrences = occurrences
-        self.activities = activities
+        self.activities = tuple(activities)
         self._warn = warn_
         self._cancelled = cancelled  # the session ended past its deadline: nobody waits
 
@@ -93,6 +93,7 @@ class ReportBuilder:
             events = None if self.config.analysis_process else window.events()
             window.export_chrome_trace(raw)  # needs the profiler's results: in this process
             del window
+            analysis: Analysis | None
             if events is not None:  # Kineto's times are epoch ns already
                 analysis = analyze(drop_warmup(events), names, occurrences=self.occurrences)
                 del events

@@ -124,7 +124,7 @@ class Schedule:
         )
 
     @classmethod
-    def parse(cls, text: str) -> "Schedule":
+    def parse(cls, text: str) -> Schedule:
         """Parse ``"wait=0,warmup=1,active=3,repeat=1,skip_first=0"``; missing keys keep defaults.
 
         Raises ``ValueError`` naming the bad part.

@@ -156,7 +156,7 @@ class Session:
         """Reports dropped because an export queue was full, per queue."""
         return self._pipeline.dropped
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         state.enter_explicit(self)  # (``lifetime.enter_explicit``)
         return self
 

@@ -130,7 +130,7 @@ class _PausedThread:
 
     __slots__ = ("ident", "owner")
 
-    def __init__(self, ident: int, owner: "CpuOps") -> None:
+    def __init__(self, ident: int, owner: CpuOps) -> None:
         self.ident = ident
         self.owner = owner
 

@@ -80,7 +80,7 @@ class PendingStop:
 class Stops:
     """A session's deferred and pending stops."""
 
-    session: "Session"
+    session: Session
     draining: DeferredStop | None = None
     pending: PendingStop | None = None
     # the last deferred stops, (steps waited, kernels had run): for the benches

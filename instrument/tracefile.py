@@ -22,7 +22,8 @@ from typing import Any
 
 from exporters._files import write_atomic  # the one atomic-write helper
 
-__all__ = ["MARKER_PREFIX", "STEP_MARKER", "STEP_PREFIX", "WINDOW_END", "load_trace", "shape_file", "shape_trace", "write_json_atomic"]
+__all__ = ["MARKER_PREFIX", "STEP_MARKER", "STEP_PREFIX", "WINDOW_END", "load_trace", "shape_file",
+           "shape_trace", "write_json_atomic"]
 
 STEP_PREFIX = "ProfilerStep#"
 MARKER_PREFIX = "profiled::"

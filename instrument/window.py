@@ -53,7 +53,7 @@ del _prev, _cur, _steps
 class Windows:
     """The open window of a session and its transitions; its stop is ``stops``'."""
 
-    session: "Session"
+    session: Session
     stops: Stops
     window: _torch.ProfilerWindow | None = None
     steps: list[int] = field(default_factory=list)

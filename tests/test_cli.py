@@ -17,8 +17,8 @@ import torch
 
 import instrument
 from instrument import cli
-from tests._proc import REPO
 from tests import _proc
+from tests._proc import REPO
 
 ITERS = 10
 

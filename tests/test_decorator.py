@@ -172,7 +172,8 @@ def test_every_form_records_its_range_under_its_name():
     with recording() as cap:
         assert [bare(), parens(), named()] == [1, 2, 3]
         c = C()
-        assert [c.method(), C.cm_above(), c.cm_below(), C.sm_above(), c.sm_below()] == [4, 5, 6, 7, 8]
+        assert ([c.method(), C.cm_above(), c.cm_below(), C.sm_above(), c.sm_below()]
+                == [4, 5, 6, 7, 8])
         assert asyncio.run(coro()) == 9
         assert list(gen()) == [10]
         assert asyncio.run(async_block()) == [11]
@@ -638,7 +639,7 @@ def test_decorated_function_runs_in_a_spawned_worker(monkeypatch):
         assert pool.apply(_targets.apply, (_targets.cube, 3)) == (27, "cube", True)
 
 
-# ------------------------------------------------------------------------ recursion, nesting, threads
+# -------------------------------------------------------------------- recursion, nesting, threads
 
 
 def test_recursion_counts_every_call_and_times_the_outermost(tmp_path):
@@ -711,7 +712,8 @@ def test_nested_ranges_of_different_names():
 
     ranges = cap.reports[0].ranges
     assert (ranges["outer"].calls, ranges["middle"].calls, ranges["inner"].calls) == (1, 3, 3)
-    assert ranges["outer"].cpu_time_us >= ranges["middle"].cpu_time_us >= ranges["inner"].cpu_time_us
+    assert (ranges["outer"].cpu_time_us >= ranges["middle"].cpu_time_us
+            >= ranges["inner"].cpu_time_us)
     assert ranges["middle"].self_cpu_time_us < ranges["middle"].cpu_time_us
 
 
@@ -845,8 +847,7 @@ def test_generator_range_covers_only_time_inside_the_body():
     @profiled("gen.body")
     def produce():
         time.sleep(0.005)  # body time: counted
-        for i in range(3):
-            yield i
+        yield from range(3)
 
     with recording() as cap:
         got = []
@@ -934,7 +935,8 @@ def _user_profile_checks(prof, leaf_calls):
     assert len(leaves) == leaf_calls
     # recorded after the decorated calls: the SDK did not stop the user's profiler
     after = [e for e in events if e.name == "aten::mul"]
-    assert after and max(e.time_range.start for e in after) > max(e.time_range.start for e in leaves)
+    assert after
+    assert max(e.time_range.start for e in after) > max(e.time_range.start for e in leaves)
 
 
 def test_user_profiler_is_left_alone_by_the_ambient_session():

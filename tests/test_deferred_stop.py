@@ -24,11 +24,11 @@ import pytest
 import torch
 
 import instrument
-from instrument import Schedule, _torch, profiled
+from instrument import Schedule, _torch, profiled, state  # noqa: E402
+from instrument import stops as stops_mod
 from instrument.testing import InMemoryExporter, capture
-
-from instrument import state, stops as stops_mod  # noqa: E402
 from tests import _proc
+
 X = torch.randn(32, 32)
 
 

@@ -364,7 +364,7 @@ def test_read_only_trace_dir_warns_once_and_leaves_no_partial_file(run_python, t
     ro.mkdir()
     ro.chmod(0o555)
     try:
-        probe = run_python(DROP_DAC + "open(os.path.join(%r, 'x'), 'w')" % str(ro))
+        probe = run_python(DROP_DAC + f"open(os.path.join({str(ro)!r}, 'x'), 'w')")
         assert probe.returncode != 0 and "Permission denied" in probe.stderr, probe.stderr
         result = run_python(DROP_DAC + WINDOWS_CHILD, env={
             **WINDOW_ENV,

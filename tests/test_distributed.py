@@ -15,17 +15,16 @@ import pytest
 
 import instrument
 from exporters import InMemoryExporter
-from instrument import Config, ConfigWarning, Schedule, profiled
-from instrument import _torch, decorator
+from instrument import Config, ConfigWarning, Schedule, _torch, decorator, profiled, state
 from instrument import config as config_mod
 from instrument.ranks import LAUNCHER_VARS, RankSet, launcher_ranks_from_env
 from instrument.sampling import Sampling
 from instrument.testing import capture
+from tests import _proc
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = os.path.join(REPO, "tests", "_dist_job.py")
-from instrument import state  # noqa: E402
-from tests import _proc
+
 HTA_RANK = re.compile(r'"rank":\s+(\d+)')
 JOB_SCHEDULE = Schedule(wait=2, warmup=1, active=2, repeat=3)
 # the torchrun job samples: a window (1 warm-up + 2 recorded steps) may open every 4th step,

@@ -16,8 +16,8 @@ import shutil
 
 import pytest
 
-from tests._proc import REPO
 from tests import _proc
+from tests._proc import REPO
 
 EXAMPLES = os.path.join(REPO, "examples")
 

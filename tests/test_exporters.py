@@ -423,7 +423,8 @@ def test_pipeline_when_the_trace_exporter_fails(tmp_path):
 
 
 def test_console_never_cuts_a_long_trace_path():
-    long_path = "/" + "/".join(["a-rather-long-directory-name"] * 6) + "/h_1_rank0.1.pt.trace.json.gz"
+    long_path = ("/" + "/".join(["a-rather-long-directory-name"] * 6)
+                 + "/h_1_rank0.1.pt.trace.json.gz")
     report = dataclasses.replace(make_report(None), trace_file=long_path)
     lines = format_report(report).splitlines()
     assert long_path in lines

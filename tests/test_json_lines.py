@@ -75,8 +75,9 @@ from instrument.report import WindowReport, RangeStats, FrozenMap
 ranges = FrozenMap({{f"r{{i}}": RangeStats(f"r{{i}}", i, 1.0, 1.0, 0.0, 0) for i in range(400)}})
 exp = JsonLinesExporter({str(path)!r})
 for w in range(50):
-    rep = WindowReport(window=w, steps=(w,), partial=False, start_ns=0, end_ns=1, rank=int(sys.argv[1]),
-                       world_size=4, host="h", pid=0, device="cpu", activities=("cpu",), ranges=ranges)
+    rep = WindowReport(window=w, steps=(w,), partial=False, start_ns=0, end_ns=1,
+                       rank=int(sys.argv[1]), world_size=4, host="h", pid=0, device="cpu",
+                       activities=("cpu",), ranges=ranges)
     assert exp.export(rep) is ExportResult.SUCCESS
 """
     procs = [_proc.start("-c", code, str(rank), stdout=None, stderr=None) for rank in range(4)]

@@ -131,5 +131,5 @@ def test_no_import_cycle_among_the_sdks_modules():
     graph = dependency_graph()
     assert "instrument.sessions" in graph and "exporters.console" in graph
     cycles = find_cycles(graph)
-    assert not cycles, "import cycles (each a set of modules that import each other):\n" + "\n".join(
-        f"  {', '.join(c)}: {'; '.join(_edges_within(graph, c))}" for c in cycles)
+    found = "\n".join(f"  {', '.join(c)}: {'; '.join(_edges_within(graph, c))}" for c in cycles)
+    assert not cycles, "import cycles (each a set of modules that import each other):\n" + found

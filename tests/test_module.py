@@ -1,4 +1,5 @@
-"""``instrument_module`` and ``@profiled`` on ``nn.Module`` classes, against real profiler windows."""
+"""``instrument_module`` and ``@profiled`` on ``nn.Module`` classes, against real profiler
+windows."""
 
 from __future__ import annotations
 
@@ -144,7 +145,7 @@ def test_bad_arguments_raise_at_once_naming_what_was_wrong(call, message):
         call()
 
 
-# ------------------------------------------------------------------------ remove / twice / user hooks
+# -------------------------------------------------------------------- remove / twice / user hooks
 
 
 def test_remove_restores_the_hook_dicts_with_the_users_own_hooks_present():

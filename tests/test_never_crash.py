@@ -16,8 +16,7 @@ import time
 import pytest
 import torch
 
-from instrument import Schedule, profiled
-from instrument import _torch
+from instrument import Schedule, _torch, profiled
 from instrument.testing import capture
 
 
@@ -539,7 +538,8 @@ def test_close_on_the_windows_own_thread_stops_a_window_another_thread_ended():
         with capture(schedule=Schedule(wait=0, warmup=0, active=2, repeat=1),
                      activities=["cpu"]) as cap:
             sess = cap.session
-            assert sess._windows.window is not None and sess._windows.window.owner is threading.main_thread()
+            window = sess._windows.window
+            assert window is not None and window.owner is threading.main_thread()
             a.call(_owned_step)
             a.call(_owned_step)  # A ends the window: only this thread can stop it
             assert sess._stops.pending is not None

@@ -10,9 +10,13 @@ import pytest
 
 import instrument
 from exporters import ExporterWarning
-from instrument import _torch, decorator, profiled, step
-
-from instrument import state  # noqa: E402
+from instrument import (
+    _torch,
+    decorator,
+    profiled,
+    state,  # noqa: E402
+    step,
+)
 
 
 @profiled("f")
@@ -51,8 +55,8 @@ def test_exporters_all_unknown_open_no_window_with_one_warning(monkeypatch):
 
 def test_step_inside_a_step_function_is_said_once(monkeypatch):
     """Each call then ends two steps: the session says so, once."""
-    from instrument.testing import capture
     from instrument import Schedule
+    from instrument.testing import capture
 
     @profiled("train_step", step=True)
     def train_step() -> None:

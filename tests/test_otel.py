@@ -254,7 +254,8 @@ def test_span_budget_folds_the_most_frequent_ranges_and_is_never_exceeded():
     assert {sp.name for sp in kept} >= {"tiny"}
     total = sum(r.calls for r in report.ranges.values())
     assert wa["profiled.window.range_occurrences"] == total == 95
-    assert wa["profiled.otel.folded_occurrences"] + len(kept) + wa["profiled.otel.dropped_spans"] == total
+    assert (wa["profiled.otel.folded_occurrences"] + len(kept) + wa["profiled.otel.dropped_spans"]
+            == total)
     for sp in folded:
         assert sp.attributes["profiled.range.calls"] == report.ranges[sp.name].calls
         assert sp.attributes["profiled.cpu_time_us"] == report.ranges[sp.name].cpu_time_us

@@ -78,7 +78,8 @@ def _phoenix_spans(base: str) -> list[dict]:
     """Every span of the default project, in the shape tests/otlp_receiver.py gives."""
     out, cursor = [], None
     while True:
-        url = base + "/v1/projects/default/spans?limit=1000" + (f"&cursor={cursor}" if cursor else "")
+        url = (base + "/v1/projects/default/spans?limit=1000"
+               + (f"&cursor={cursor}" if cursor else ""))
         page = _get(url)
         for s in page["data"]:
             out.append({

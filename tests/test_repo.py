@@ -7,8 +7,8 @@ import json
 import os
 import re
 
-from tests._proc import REPO
 from tests import _proc
+from tests._proc import REPO
 
 
 def _readme_commands() -> list[str]:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import instrument
-from exporters import ExportResult, Exporter, InMemoryExporter
+from exporters import Exporter, ExportResult, InMemoryExporter
 from instrument import Schedule, configure, profiled, session, shutdown, step
 from instrument.testing import capture
 

@@ -15,7 +15,6 @@ import torch
 
 from exporters import InMemoryExporter
 from instrument import Schedule, profiled, session
-
 from tests import _proc
 
 X = torch.randn(8, 8)
