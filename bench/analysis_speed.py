@@ -52,8 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     b = torch.randn(8, device=device)
     activities = ("cpu", "cuda") if cuda else ("cpu",)
 
-    window = _torch.ProfilerWindow(activities, record_shapes=False, profile_memory=False,
-                                   with_stack=False, with_flops=False)
+    window = _torch.ProfilerWindow(
+        activities, record_shapes=False, profile_memory=False, with_stack=False, with_flops=False
+    )
     window.start()
     instrument.state._write(True, None, None)  # no session: the decorator records ranges only
     for _ in range(args.iterations):
@@ -69,8 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     events = window.events()
     if events is None:
-        print(f"torch {torch.__version__}: Kineto events carry no activity_type(); the report "
-              "comes from the trace JSON there (export + load + analyze)")
+        print(
+            f"torch {torch.__version__}: Kineto events carry no activity_type(); the report "
+            "comes from the trace JSON there (export + load + analyze)"
+        )
         from instrument.analysis import events_from_trace
 
         with tempfile.TemporaryDirectory() as tmp:
@@ -104,12 +107,21 @@ def main(argv: list[str] | None = None) -> int:
         timings["report"] = report_runs[0]
         timings["report (min of 3)"] = min(report_runs)
     speedup = timings["key_averages"] / timings["report"]
-    print(f"torch-profiled analysis speed   python bench/analysis_speed.py "
-          f"--iterations {args.iterations}")
-    print(f"  {platform.processor() or platform.machine()}  python {platform.python_version()}"
-          f"  torch {torch.__version__}  device {device}  events {len(events)}")
-    for key in ("report", "report (min of 3)", "key_averages", "export_chrome_trace",
-                "trace shaping"):
+    print(
+        f"torch-profiled analysis speed   python bench/analysis_speed.py "
+        f"--iterations {args.iterations}"
+    )
+    print(
+        f"  {platform.processor() or platform.machine()}  python {platform.python_version()}"
+        f"  torch {torch.__version__}  device {device}  events {len(events)}"
+    )
+    for key in (
+        "report",
+        "report (min of 3)",
+        "key_averages",
+        "export_chrome_trace",
+        "trace shaping",
+    ):
         if key not in timings:
             continue
         print(f"  {key:<22} {timings[key] * 1e3:10.1f} ms")
@@ -118,9 +130,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  {verdict}  key_averages / report = {speedup:.1f}x (target >= 10x)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"iterations": args.iterations, "events": len(events), "device": device,
-                       "torch": torch.__version__, "timings_s": timings,
-                       "speedup": speedup}, f, indent=2)
+            json.dump(
+                {
+                    "iterations": args.iterations,
+                    "events": len(events),
+                    "device": device,
+                    "torch": torch.__version__,
+                    "timings_s": timings,
+                    "speedup": speedup,
+                },
+                f,
+                indent=2,
+            )
     return 0
 
 

@@ -1,5 +1,6 @@
 """Probe (GPU run of issue 15): a thread-local profiler whose thread ended, then the SDK's
 recovery, then a new window: which torch call fails on this torch, with what."""
+
 import threading
 import traceback
 

@@ -54,8 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         acts.append(torch.profiler.ProfilerActivity.CUDA)
     tmp = tempfile.mkdtemp(prefix="deferred-")
-    kernels: dict[str, list[int]] = {"sync": [], "deferred": [], "nosync": [],
-                                     "deferred_cpu": []}
+    kernels: dict[str, list[int]] = {"sync": [], "deferred": [], "nosync": [], "deferred_cpu": []}
     waited: list[int] = []
     it = [0]
 
@@ -102,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                     prof.stop()
                     finish(prof, "nosync")
                 else:
-                    prof.toggle_collection_dynamic(
-                        False, acts if kind == "deferred" else acts[:1])
+                    prof.toggle_collection_dynamic(False, acts if kind == "deferred" else acts[:1])
                     ev = None
                     if cuda:
                         ev = torch.cuda.Event()
@@ -128,15 +126,20 @@ def main(argv: list[str] | None = None) -> int:
     waited.clear()
     runs: dict[str, list[float]] = {k: [] for k in kinds}
     for r in range(args.rounds):
-        for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
+        for kind in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:
             runs[kind].append(run(kind))
-    print(f"torch {torch.__version__} {torch.cuda.get_device_name() if cuda else 'cpu'}; "
-          f"{args.rounds} rounds x {args.run_steps} steps, a window every {args.every}")
+    print(
+        f"torch {torch.__version__} {torch.cuda.get_device_name() if cuda else 'cpu'}; "
+        f"{args.rounds} rounds x {args.run_steps} steps, a window every {args.every}"
+    )
     for kind in kinds:
         ratio = statistics.median(runs[kind][r] / runs["plain"][r] for r in range(args.rounds))
         print(f"  {kind:<9} {statistics.median(runs[kind]):8.2f} steps/s  {100 * ratio:6.2f}%")
-    print("  kernels per window: " + "  ".join(f"{k} {sorted(set(v))}" for k, v in kernels.items())
-          + f"; steps waited for the event: {sorted(set(waited))}")
+    print(
+        "  kernels per window: "
+        + "  ".join(f"{k} {sorted(set(v))}" for k, v in kernels.items())
+        + f"; steps waited for the event: {sorted(set(waited))}"
+    )
     return 0
 
 

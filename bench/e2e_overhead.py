@@ -156,9 +156,12 @@ class Bench:
         mem = InMemoryExporter()
         sync(self.device)
         t0 = time.perf_counter()
-        with session(every=self.every, schedule=Schedule(warmup=1, active=WINDOW - 1),
-                     exporters=[TraceFileExporter(self.trace_dir, keep=4), mem],
-                     analysis_process=analysis_process):
+        with session(
+            every=self.every,
+            schedule=Schedule(warmup=1, active=WINDOW - 1),
+            exporters=[TraceFileExporter(self.trace_dir, keep=4), mem],
+            analysis_process=analysis_process,
+        ):
             self._loop(EX.train_step)
             sync(self.device)
         took = time.perf_counter() - t0
@@ -195,8 +198,9 @@ class Bench:
         sched = torch.profiler.schedule(wait=self.every - WINDOW, warmup=1, active=WINDOW - 1)
         sync(self.device)
         t0 = time.perf_counter()
-        with torch.profiler.profile(activities=activities, schedule=sched,
-                                    on_trace_ready=ready) as prof:
+        with torch.profiler.profile(
+            activities=activities, schedule=sched, on_trace_ready=ready
+        ) as prof:
 
             def step(model, opt, x, y) -> None:
                 plain_step(model, opt, x, y)
@@ -249,25 +253,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="3 rounds, short runs")
     parser.add_argument("--rounds", type=int, help="rounds (default 7; --quick 3)")
     parser.add_argument("--every", type=int, default=100, help="sampled: a window every N steps")
-    parser.add_argument("--run-steps", type=int,
-                        help="steps per timed run, a multiple of --every (default 2x --every)")
+    parser.add_argument(
+        "--run-steps",
+        type=int,
+        help="steps per timed run, a multiple of --every (default 2x --every)",
+    )
     parser.add_argument("--json", metavar="PATH", help="write the runs and summary as JSON")
-    parser.add_argument("--max-drain", type=int, metavar="N",
-                        help="a CUDA window's deferred stop waits at most N steps for its "
-                             "kernels (instrument.stops.MAX_DRAIN_STEPS; a diagnostic)")
-    parser.add_argument("--export-delay", type=float, metavar="S",
-                        help="after a deferred stop the export waits S seconds from the stop "
-                             "(instrument.reporting.EXPORT_DELAY_S; a diagnostic)")
-    parser.add_argument("--only", metavar="NAMES",
-                        help=f"comma-separated variants to run besides unprofiled "
-                             f"({', '.join(list(VARIANTS)[1:])})")
+    parser.add_argument(
+        "--max-drain",
+        type=int,
+        metavar="N",
+        help="a CUDA window's deferred stop waits at most N steps for its "
+        "kernels (instrument.stops.MAX_DRAIN_STEPS; a diagnostic)",
+    )
+    parser.add_argument(
+        "--export-delay",
+        type=float,
+        metavar="S",
+        help="after a deferred stop the export waits S seconds from the stop "
+        "(instrument.reporting.EXPORT_DELAY_S; a diagnostic)",
+    )
+    parser.add_argument(
+        "--only",
+        metavar="NAMES",
+        help=f"comma-separated variants to run besides unprofiled "
+        f"({', '.join(list(VARIANTS)[1:])})",
+    )
     args = parser.parse_args(argv)
     if args.only:
         keep = {n.strip() for n in args.only.split(",")}
         unknown = keep - set(VARIANTS)
         if unknown:
-            parser.error(f"--only: no variant {', '.join(sorted(unknown))}; "
-                         f"there are {', '.join(VARIANTS)}")
+            parser.error(
+                f"--only: no variant {', '.join(sorted(unknown))}; there are {', '.join(VARIANTS)}"
+            )
         for name in list(VARIANTS)[1:]:
             if name not in keep:
                 del VARIANTS[name]
@@ -297,37 +316,50 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[float]] = {name: [] for name in VARIANTS}
     names = list(VARIANTS)
     for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             runs[name].append(run_steps / getattr(bench, name)())
     wall = time.perf_counter() - t0
     shutil.rmtree(bench.trace_dir, ignore_errors=True)
 
-    ratios = {name: [runs[name][r] / runs["unprofiled"][r] for r in range(rounds)]
-              for name in VARIANTS}
+    ratios = {
+        name: [runs[name][r] / runs["unprofiled"][r] for r in range(rounds)] for name in VARIANTS
+    }
     gpu = torch.cuda.get_device_name() if cuda else None
-    print(f"torch-profiled end-to-end overhead   python bench/{os.path.basename(__file__)} "
-          f"{' '.join(argv if argv is not None else sys.argv[1:])}".rstrip())
-    print(f"  {gpu + ', ' if gpu else ''}cpu: {cpu_name()} ({os.cpu_count()} cores)  torch "
-          f"{torch.__version__}  python {platform.python_version()}")
+    print(
+        f"torch-profiled end-to-end overhead   python bench/{os.path.basename(__file__)} "
+        f"{' '.join(argv if argv is not None else sys.argv[1:])}".rstrip()
+    )
+    print(
+        f"  {gpu + ', ' if gpu else ''}cpu: {cpu_name()} ({os.cpu_count()} cores)  torch "
+        f"{torch.__version__}  python {platform.python_version()}"
+    )
     print(f"  examples/06_training_loop.py at its {device.upper()} sizes {sizes}")
     timed = rounds * (run_steps // args.every)
-    print(f"  {rounds} rounds x {len(VARIANTS)} variants x {run_steps} steps; sampled: a window "
-          f"every {args.every} steps ({timed} windows timed per sampled variant); "
-          f"took {wall:.1f} s")
+    print(
+        f"  {rounds} rounds x {len(VARIANTS)} variants x {run_steps} steps; sampled: a window "
+        f"every {args.every} steps ({timed} windows timed per sampled variant); "
+        f"took {wall:.1f} s"
+    )
     print(f"  first profiler start of the process (untimed warm-up): {first_start_s:+.2f} s")
     print()
     width = max(len(label) for label in VARIANTS.values())
-    print(f"  {'variant':<{width}} {'steps/s':>9} {'min':>9} {'max':>9} {'vs plain':>9} "
-          f"{'best/best':>10}")
+    print(
+        f"  {'variant':<{width}} {'steps/s':>9} {'min':>9} {'max':>9} {'vs plain':>9} "
+        f"{'best/best':>10}"
+    )
     print("  " + "-" * (width + 51))
     best = max(runs["unprofiled"])
     for name, label in VARIANTS.items():
         tp = runs[name]
-        print(f"  {label:<{width}} {statistics.median(tp):>9.1f} {min(tp):>9.1f} {max(tp):>9.1f} "
-              f"{100 * statistics.median(ratios[name]):>8.2f}% {100 * max(tp) / best:>9.2f}%")
-    print("  (vs plain: median over rounds of the ratio to the same round's plain run; "
-          "best/best: fastest run over fastest plain run, robust to bursts of load)")
+        print(
+            f"  {label:<{width}} {statistics.median(tp):>9.1f} {min(tp):>9.1f} {max(tp):>9.1f} "
+            f"{100 * statistics.median(ratios[name]):>8.2f}% {100 * max(tp) / best:>9.2f}%"
+        )
+    print(
+        "  (vs plain: median over rounds of the ratio to the same round's plain run; "
+        "best/best: fastest run over fastest plain run, robust to bursts of load)"
+    )
     per_window = None
     window_costs = {}
     if bench.windows:
@@ -335,15 +367,23 @@ def main(argv: list[str] | None = None) -> int:
         # (seen on the H200) moves both alike
         t_plain = [run_steps / tp for tp in runs["unprofiled"]]
         print()
-        for name in ("sampled", "sampled_drain_cpu", "sampled_in_thread", "torch_profiler",
-                     "torch_profiler_export"):
+        for name in (
+            "sampled",
+            "sampled_drain_cpu",
+            "sampled_in_thread",
+            "torch_profiler",
+            "torch_profiler_export",
+        ):
             if name not in runs:
                 continue
             window_costs[name] = statistics.median(
                 (run_steps / runs[name][r] - t_plain[r]) / (run_steps // args.every)
-                for r in range(rounds))
-            print(f"  {VARIANTS[name].strip()}: a window costs about "
-                  f"{window_costs[name] * 1e3:.1f} ms over the plain loop (median of rounds)")
+                for r in range(rounds)
+            )
+            print(
+                f"  {VARIANTS[name].strip()}: a window costs about "
+                f"{window_costs[name] * 1e3:.1f} ms over the plain loop (median of rounds)"
+            )
         per_window = window_costs.get("sampled")
         print(f"  ({statistics.median(t_plain) / run_steps * 1e3:.3f} ms per plain step)")
     print("\n  targets (median of per-round ratios):")
@@ -353,19 +393,32 @@ def main(argv: list[str] | None = None) -> int:
             continue
         got = statistics.median(ratios[name])
         verdicts[name] = got >= target
-        print(f"  {'PASS' if got >= target else 'FAIL'}  {VARIANTS[name]}: {100 * got:.2f}% of "
-              f"unprofiled throughput, target >= {100 * target:.1f}%")
+        print(
+            f"  {'PASS' if got >= target else 'FAIL'}  {VARIANTS[name]}: {100 * got:.2f}% of "
+            f"unprofiled throughput, target >= {100 * target:.1f}%"
+        )
     if args.json:
         doc = {
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "device": gpu or "cpu", "cpu": cpu_name(), "torch": torch.__version__,
-            "python": platform.python_version(), "sizes": sizes, "every": args.every,
-            "run_steps": run_steps, "rounds": rounds, "first_profiler_start_s": first_start_s,
-            "window_cost_s": per_window, "window_costs_s": window_costs,
-            "steps_per_s": runs, "ratio_to_unprofiled": ratios,
+            "device": gpu or "cpu",
+            "cpu": cpu_name(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "sizes": sizes,
+            "every": args.every,
+            "run_steps": run_steps,
+            "rounds": rounds,
+            "first_profiler_start_s": first_start_s,
+            "window_cost_s": per_window,
+            "window_costs_s": window_costs,
+            "steps_per_s": runs,
+            "ratio_to_unprofiled": ratios,
             "best_over_best": {n: max(runs[n]) / best for n in VARIANTS},
-            "targets": {n: {"target": t, "median": statistics.median(ratios[n]),
-                            "pass": verdicts[n]} for n, t in TARGETS.items() if n in ratios},
+            "targets": {
+                n: {"target": t, "median": statistics.median(ratios[n]), "pass": verdicts[n]}
+                for n, t in TARGETS.items()
+                if n in ratios
+            },
         }
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=2)

@@ -54,18 +54,23 @@ def main(argv: list[str] | None = None) -> int:
 
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
-    x, w, b = (torch.randn(8, 8, device=device), torch.randn(8, 8, device=device),
-               torch.randn(8, device=device))
+    x, w, b = (
+        torch.randn(8, 8, device=device),
+        torch.randn(8, 8, device=device),
+        torch.randn(8, device=device),
+    )
     activities = ("cpu", "cuda") if cuda else ("cpu",)
     torch_acts = [torch.profiler.ProfilerActivity.CPU] + (
-        [torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+        [torch.profiler.ProfilerActivity.CUDA] if cuda else []
+    )
 
     stall, stop, export, events = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.reps + 1):  # the first repetition warms both paths up
             mem = InMemoryExporter()
-            with session(schedule=Schedule(warmup=1, active=1), activities=list(activities),
-                         exporters=[mem]) as s:
+            with session(
+                schedule=Schedule(warmup=1, active=1), activities=list(activities), exporters=[mem]
+            ) as s:
                 s.step()  # step 0: warm-up
                 for _ in range(args.iterations):
                     matmul_bias(x, w, b)
@@ -99,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         "export_chrome_trace_ms": [round(v * 1e3, 1) for v in export],
         "ratio_stall_to_export": round(min(stall) / min(export), 3),
         "ratio_stall_to_stop_plus_export": round(
-            min(stall) / min(a + b for a, b in zip(stop, export)), 3),
+            min(stall) / min(a + b for a, b in zip(stop, export)), 3
+        ),
         "torch": torch.__version__,
         "device": _torch.device_name(activities),
         "python": platform.python_version(),
@@ -110,10 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  torch stop                    {min(stop) * 1e3:8.1f} ms")
     print(f"  export_chrome_trace           {min(export) * 1e3:8.1f} ms")
     ok = res["ratio_stall_to_stop_plus_export"] <= 1.1
-    print(f"  {'PASS' if ok else 'FAIL'}  sdk stall / (torch stop + export_chrome_trace) = "
-          f"{res['ratio_stall_to_stop_plus_export']}x (target <= 1.1x)")
-    print(f"        sdk stall / export_chrome_trace alone = {res['ratio_stall_to_export']}x "
-          "(torch's stop alone is above 1.1x of it: see the docstring)")
+    print(
+        f"  {'PASS' if ok else 'FAIL'}  sdk stall / (torch stop + export_chrome_trace) = "
+        f"{res['ratio_stall_to_stop_plus_export']}x (target <= 1.1x)"
+    )
+    print(
+        f"        sdk stall / export_chrome_trace alone = {res['ratio_stall_to_export']}x "
+        "(torch's stop alone is above 1.1x of it: see the docstring)"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)

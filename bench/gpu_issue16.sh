@@ -15,7 +15,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
 } 2>&1 | tee "$OUT/machine.txt"
-timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py \
+timeout 420 python3 -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py \
   tests/test_deferred_stop.py tests/test_never_crash.py 2>&1 | grep -v USDT | tail -30 \
   | tee "$OUT/tests.log"
 timeout "${E2E_S:-300}" python3 bench/e2e_overhead.py --rounds "${ROUNDS:-7}" \

@@ -38,8 +38,9 @@ DTYPE = torch.bfloat16 if CUDA else torch.float32
 
 
 def example(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name.replace(".py", ""),
-                                                  os.path.join(REPO, "examples", name))
+    spec = importlib.util.spec_from_file_location(
+        name.replace(".py", ""), os.path.join(REPO, "examples", name)
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -110,7 +111,8 @@ def plain(name: str, unit: Callable[[], Any]) -> None:
             prof.step()
     t0 = time.perf_counter()
     table = prof.key_averages().table(
-        sort_by="cuda_time_total" if CUDA else "cpu_time_total", row_limit=12)
+        sort_by="cuda_time_total" if CUDA else "cpu_time_total", row_limit=12
+    )
     took = time.perf_counter() - t0
     print(table)
     print(f"(key_averages + table: {took * 1e3:.1f} ms)")
@@ -119,8 +121,10 @@ def plain(name: str, unit: Callable[[], Any]) -> None:
 def ours(name: str, unit: Callable[[], Any], module: Any) -> None:
     handle = instrument_module(module, depth=4) if module is not None else None
     try:
-        with session(schedule=Schedule(wait=1, warmup=1, active=3),
-                     exporters=[ConsoleExporter(stream=sys.stdout)]) as s:
+        with session(
+            schedule=Schedule(wait=1, warmup=1, active=3),
+            exporters=[ConsoleExporter(stream=sys.stdout)],
+        ) as s:
             for _ in range(5):
                 with profiled(name):
                     unit()
@@ -134,11 +138,12 @@ def main(argv: list[str]) -> int:
     names = argv or list(RUNGS)
     unknown = [n for n in names if n not in RUNGS]
     if unknown:
-        print(f"unknown rung(s) {', '.join(unknown)}; rungs: {', '.join(RUNGS)}",
-              file=sys.stderr)
+        print(f"unknown rung(s) {', '.join(unknown)}; rungs: {', '.join(RUNGS)}", file=sys.stderr)
         return 2
-    print(f"torch {torch.__version__} on "
-          f"{torch.cuda.get_device_name() if CUDA else 'cpu'}, {str(DTYPE).replace('torch.', '')}")
+    print(
+        f"torch {torch.__version__} on "
+        f"{torch.cuda.get_device_name() if CUDA else 'cpu'}, {str(DTYPE).replace('torch.', '')}"
+    )
     with torch.no_grad():
         for rung in names:
             for title, unit, module in RUNGS[rung]():

@@ -88,8 +88,9 @@ def main(argv: list[str] | None = None) -> int:
                 return took
             # root calls end steps only in the ambient session of a program with no step=True
             # function that has not called step(); one with no exporter would not count them
-            instrument.configure(schedule=Schedule(skip_first=10**9),
-                                 exporters=[InMemoryExporter()])
+            instrument.configure(
+                schedule=Schedule(skip_first=10**9), exporters=[InMemoryExporter()]
+            )
             try:
                 s = _sessions.session_for_calls()  # built and started before the timing
                 assert s is not None and s.ambient
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 instrument.shutdown()  # decorated calls idle again
             return took
+
         return run
 
     def recording() -> float:
@@ -118,19 +120,22 @@ def main(argv: list[str] | None = None) -> int:
     names = list(variants)
     samples: dict[str, list[float]] = {n: [] for n in names}
     for r in range(args.repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             samples[name].append(variants[name]())
     base = statistics.median(samples["no hooks"])
-    print(f"instrument_module per module call ({MODULES + 1} module calls per forward, "
-          f"torch {torch.__version__}, median/min of {args.repeats} repeats)")
+    print(
+        f"instrument_module per module call ({MODULES + 1} module calls per forward, "
+        f"torch {torch.__version__}, median/min of {args.repeats} repeats)"
+    )
     print(f"  {'variant':<52} {'median ns':>10} {'min ns':>8} {'+ns vs none':>12}")
     for name in names:
         med = statistics.median(samples[name])
         print(f"  {name:<52} {med:>10.0f} {min(samples[name]):>8.0f} {med - base:>+12.0f}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"torch": torch.__version__, "modules": MODULES + 1, "ns": samples}, f,
-                      indent=2)
+            json.dump(
+                {"torch": torch.__version__, "modules": MODULES + 1, "ns": samples}, f, indent=2
+            )
     return 0
 
 

@@ -65,16 +65,19 @@ def run(detail: str, calls: int, windows: int) -> dict:
     exporter = Timed(detail=detail)
     x = torch.ones(4)
     try:
-        with session(exporters=[exporter], schedule=Schedule(wait=0, warmup=1, active=1,
-                                                             repeat=windows)) as s:
+        with session(
+            exporters=[exporter], schedule=Schedule(wait=0, warmup=1, active=1, repeat=windows)
+        ) as s:
             s.step()
             for _ in range(windows):
                 for i in range(calls):
                     step_fn(x, i)
                 s.step()  # the recorded step ends: its window is exported here
                 s.step()  # the next window's warm-up step
-        received.wait(lambda r: len([sp for sp in r.spans() if sp["name"] == "profiled.window"])
-                      >= windows, timeout=30)
+        received.wait(
+            lambda r: len([sp for sp in r.spans() if sp["name"] == "profiled.window"]) >= windows,
+            timeout=30,
+        )
         spans = received.spans()
     finally:
         server.stop()
@@ -84,8 +87,9 @@ def run(detail: str, calls: int, windows: int) -> dict:
     window_spans = [sp for sp in spans if sp["name"] == "profiled.window"]
     return {
         "detail": detail,
-        "occurrences_per_window":
-            window_spans[0]["attributes"]["profiled.window.range_occurrences"],
+        "occurrences_per_window": window_spans[0]["attributes"][
+            "profiled.window.range_occurrences"
+        ],
         "windows": len(window_spans),
         "export_s": exporter.seconds,
         "first_s": exporter.seconds[0],
@@ -106,20 +110,31 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = [run(detail, args.calls, args.windows) for detail in ("ranges", "ops")]
     ok = True
-    print(f"{'detail':<8} {'occurrences':>11} {'first export':>13} {'max export':>11} "
-          f"{'spans/window':>13} {'budget':>7} {'folded':>7} {'dropped':>8}")
+    print(
+        f"{'detail':<8} {'occurrences':>11} {'first export':>13} {'max export':>11} "
+        f"{'spans/window':>13} {'budget':>7} {'folded':>7} {'dropped':>8}"
+    )
     for r in results:
         worst = max(r["export_s"])
         ok &= worst < 1.0 and r["max_spans_per_window"] <= r["budget"] and not r["lost"]["spans"]
-        print(f"{r['detail']:<8} {r['occurrences_per_window']:>11} {r['first_s']:>12.3f}s "
-              f"{worst:>10.3f}s {r['max_spans_per_window']:>13} {r['budget']:>7} "
-              f"{r['folded_occurrences']:>7} {r['dropped_spans']:>8}")
+        print(
+            f"{r['detail']:<8} {r['occurrences_per_window']:>11} {r['first_s']:>12.3f}s "
+            f"{worst:>10.3f}s {r['max_spans_per_window']:>13} {r['budget']:>7} "
+            f"{r['folded_occurrences']:>7} {r['dropped_spans']:>8}"
+        )
     print(f"target: export < 1 s per window, spans <= budget: {'PASS' if ok else 'FAIL'}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": platform.processor() or platform.machine(),
-                       "python": platform.python_version(), "torch": torch.__version__,
-                       "results": results}, f, indent=2)
+            json.dump(
+                {
+                    "machine": platform.processor() or platform.machine(),
+                    "python": platform.python_version(),
+                    "torch": torch.__version__,
+                    "results": results,
+                },
+                f,
+                indent=2,
+            )
     return 0 if ok else 1
 
 

@@ -256,8 +256,9 @@ def run(quick: bool, repeats: int | None, on_calls: int | None) -> dict[str, Any
         os.environ.update(saved)
 
 
-def _run(quick: bool, repeats: int | None, on_calls: int | None,
-         removed: list[str]) -> dict[str, Any]:
+def _run(
+    quick: bool, repeats: int | None, on_calls: int | None, removed: list[str]
+) -> dict[str, Any]:
 
     import torch  # noqa: F401 - import cost outside the measurements
 
@@ -298,27 +299,54 @@ def _run(quick: bool, repeats: int | None, on_calls: int | None,
         Variant("closure", "functools.wraps closure + flag check", "off", plain_closure(trivial)),
         Variant("disabled", "@profiled, PROFILED_ENABLED=0 (is f)", "off", disabled),
         Variant("profiled", "@profiled armed, idle", "off", armed),
-        Variant("fast_range", "closure around _RecordFunctionFast", "off",
-                fast_range_closure(trivial, f"{RANGE}.fast_range")),
-        Variant("rf_cm", "closure + `with record_function`", "off",
-                record_function_closure(trivial, f"{RANGE}.rf_cm")),
-        Variant("rf_dec", "@record_function(...) decorator", "off",
-                record_function(f"{RANGE}.rf_dec")(trivial)),
+        Variant(
+            "fast_range",
+            "closure around _RecordFunctionFast",
+            "off",
+            fast_range_closure(trivial, f"{RANGE}.fast_range"),
+        ),
+        Variant(
+            "rf_cm",
+            "closure + `with record_function`",
+            "off",
+            record_function_closure(trivial, f"{RANGE}.rf_cm"),
+        ),
+        Variant(
+            "rf_dec",
+            "@record_function(...) decorator",
+            "off",
+            record_function(f"{RANGE}.rf_dec")(trivial),
+        ),
     ]
-    counting = Variant("profiled_counting", "@profiled, counting, root calls end steps",
-                       "counting", armed_counting)
-    declared = Variant("profiled_declared", "@profiled, counting, steps declared",
-                       "counting", armed_declared)
-    window = Variant("profiled_window", "@profiled, in an SDK window, steps declared",
-                     "window", armed_window)
+    counting = Variant(
+        "profiled_counting", "@profiled, counting, root calls end steps", "counting", armed_counting
+    )
+    declared = Variant(
+        "profiled_declared", "@profiled, counting, steps declared", "counting", armed_declared
+    )
+    window = Variant(
+        "profiled_window", "@profiled, in an SDK window, steps declared", "window", armed_window
+    )
     on = [
         Variant("profiled_on", "@profiled, profiler on", "on", armed_on),
-        Variant("fast_range_on", "closure around _RecordFunctionFast", "on",
-                fast_range_closure(trivial, f"{RANGE}.fast_range_on")),
-        Variant("rf_cm_on", "closure + `with record_function`", "on",
-                record_function_closure(trivial, f"{RANGE}.rf_cm_on")),
-        Variant("rf_dec_on", "@record_function(...) decorator", "on",
-                record_function(f"{RANGE}.rf_dec_on")(trivial)),
+        Variant(
+            "fast_range_on",
+            "closure around _RecordFunctionFast",
+            "on",
+            fast_range_closure(trivial, f"{RANGE}.fast_range_on"),
+        ),
+        Variant(
+            "rf_cm_on",
+            "closure + `with record_function`",
+            "on",
+            record_function_closure(trivial, f"{RANGE}.rf_cm_on"),
+        ),
+        Variant(
+            "rf_dec_on",
+            "@record_function(...) decorator",
+            "on",
+            record_function(f"{RANGE}.rf_dec_on")(trivial),
+        ),
     ]
     counted_schedule = Schedule(wait=10**9, warmup=1, active=1, repeat=1)
     window_schedule = Schedule(wait=0, warmup=0, active=10**9, repeat=1)
@@ -332,14 +360,16 @@ def _run(quick: bool, repeats: int | None, on_calls: int | None,
         program would); else the ambient session of a program that declares no steps, the
         only one where root calls end steps. Decorated calls are idle again afterwards."""
         if declare:
-            with instrument.session(schedule=counted_schedule, exporters=[],
-                                    activities=("cpu",)) as s:
+            with instrument.session(
+                schedule=counted_schedule, exporters=[], activities=("cpu",)
+            ) as s:
                 s.step()
                 yield s
             return
         # (with no exporter the ambient session would not count: it opens no window)
-        instrument.configure(schedule=counted_schedule, exporters=[InMemoryExporter()],
-                             activities=("cpu",))
+        instrument.configure(
+            schedule=counted_schedule, exporters=[InMemoryExporter()], activities=("cpu",)
+        )
         try:
             s = session_mod.session_for_calls()  # built and started before the timing
             assert s is not None and s.ambient, "no ambient session counts the root calls"
@@ -420,8 +450,10 @@ def _run(quick: bool, repeats: int | None, on_calls: int | None,
         "elapsed_s": elapsed,
         "removed_env": removed,
         "range_counts": {k: v for k, v in counts.items() if k.startswith(RANGE)},
-        "identity": {"disabled_is_f": disabled is trivial,
-                     "disabled_bare_form_is_f": disabled_bare_form is trivial},
+        "identity": {
+            "disabled_is_f": disabled is trivial,
+            "disabled_bare_form_is_f": disabled_bare_form is trivial,
+        },
     }
 
 
@@ -431,26 +463,44 @@ def _ratios(by: dict[str, Variant], identity: dict[str, bool]) -> list[dict[str,
 
     out = []
     for key, num, den, target, what in (
-        ("idle_vs_closure", "profiled", "closure", 1.5,
-         "armed-idle @profiled / plain closure"),
-        ("on_vs_fast_range", "profiled_on", "fast_range_on", 1.5,
-         "profiler-on @profiled / closure around _RecordFunctionFast (on)"),
-        ("window_vs_fast_range", "profiled_window", "fast_range_on", 1.5,
-         "@profiled in the SDK's own window / closure around _RecordFunctionFast (on)"),
-        ("disabled_vs_bare", "disabled", "bare", 1.0,
-         "PROFILED_ENABLED=0 @profiled / bare call"),
+        ("idle_vs_closure", "profiled", "closure", 1.5, "armed-idle @profiled / plain closure"),
+        (
+            "on_vs_fast_range",
+            "profiled_on",
+            "fast_range_on",
+            1.5,
+            "profiler-on @profiled / closure around _RecordFunctionFast (on)",
+        ),
+        (
+            "window_vs_fast_range",
+            "profiled_window",
+            "fast_range_on",
+            1.5,
+            "@profiled in the SDK's own window / closure around _RecordFunctionFast (on)",
+        ),
+        ("disabled_vs_bare", "disabled", "bare", 1.0, "PROFILED_ENABLED=0 @profiled / bare call"),
     ):
         med, mn = ratio(num, den, "median"), ratio(num, den, "min")
         if key == "disabled_vs_bare":
             # the same object: the target is identity; the measured ratio is noise around 1
             met = all(identity.values())
             note = "same object (asserted `is`)" + (
-                "" if 0.9 <= med <= 1.1 else f"; measured {med:.2f}x is machine noise")
+                "" if 0.9 <= med <= 1.1 else f"; measured {med:.2f}x is machine noise"
+            )
         else:
             met = med <= target
             note = f"extra {by[num].median - by[den].median:+.0f} ns/call (median)"
-        out.append({"key": key, "what": what, "target": target, "median": med, "min": mn,
-                    "met": met, "note": note})
+        out.append(
+            {
+                "key": key,
+                "what": what,
+                "target": target,
+                "median": med,
+                "min": mn,
+                "met": met,
+                "note": note,
+            }
+        )
     return out
 
 
@@ -458,17 +508,25 @@ def _report(res: dict[str, Any], machine: dict[str, Any], command: str) -> dict[
     variants: list[Variant] = res["variants"]
     by = {v.key: v for v in variants}
     bare = by["bare"].median
-    state_name = {"off": "no profiler", "counting": "counting", "window": "SDK window",
-                  "on": "profiler on"}
+    state_name = {
+        "off": "no profiler",
+        "counting": "counting",
+        "window": "SDK window",
+        "on": "profiler on",
+    }
 
     print(f"torch-profiled decorator overhead   {command}")
-    print(f"  cpu: {machine['cpu']}  cores: {machine['cores']} "
-          f"(usable {machine['cores_usable']})  python {machine['python']}  "
-          f"torch {machine['torch']}" + (f"  gpu: {machine['gpu']}" if machine.get("gpu") else ""))
-    print(f"  {res['repeats']} interleaved repeats; no-profiler samples "
-          f"~{res['target_s'] * 1e3:.0f} ms each; profiler-on samples {res['on_calls']} calls "
-          f"each, profiler restarted per sample; measuring took {res['elapsed_s']:.1f} s "
-          f"of {res['wall_s']:.1f} s")
+    print(
+        f"  cpu: {machine['cpu']}  cores: {machine['cores']} "
+        f"(usable {machine['cores_usable']})  python {machine['python']}  "
+        f"torch {machine['torch']}" + (f"  gpu: {machine['gpu']}" if machine.get("gpu") else "")
+    )
+    print(
+        f"  {res['repeats']} interleaved repeats; no-profiler samples "
+        f"~{res['target_s'] * 1e3:.0f} ms each; profiler-on samples {res['on_calls']} calls "
+        f"each, profiler restarted per sample; measuring took {res['elapsed_s']:.1f} s "
+        f"of {res['wall_s']:.1f} s"
+    )
     if res["removed_env"]:
         print(f"  ignored from the environment: {', '.join(res['removed_env'])}")
     print()
@@ -477,8 +535,10 @@ def _report(res: dict[str, Any], machine: dict[str, Any], command: str) -> dict[
     print(head)
     print("  " + "-" * (len(head) - 2))
     for v in variants:
-        print(f"  {v.label:<{w}}  {state_name[v.state]:<11}  {v.median:>9.0f}  {v.min:>8.0f}  "
-              f"{v.median / bare:>6.1f}x")
+        print(
+            f"  {v.label:<{w}}  {state_name[v.state]:<11}  {v.median:>9.0f}  {v.min:>8.0f}  "
+            f"{v.median / bare:>6.1f}x"
+        )
     print()
     ratios = _ratios(by, res["identity"])
     print("  targets (judged on the medians):")
@@ -486,8 +546,10 @@ def _report(res: dict[str, Any], machine: dict[str, Any], command: str) -> dict[
         verdict = "PASS" if r["met"] else "MISS"
         same = r["key"] == "disabled_vs_bare"
         target = "1.0x (same object)" if same else f"<= {r['target']:.1f}x"
-        print(f"  {verdict}  {r['what']}: {r['median']:.2f}x (min {r['min']:.2f}x), "
-              f"target {target}; {r['note']}")
+        print(
+            f"  {verdict}  {r['what']}: {r['median']:.2f}x (min {r['min']:.2f}x), "
+            f"target {target}; {r['note']}"
+        )
     print()
     return {
         "command": command,
@@ -520,8 +582,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="few, short samples (smoke run)")
     parser.add_argument("--json", metavar="PATH", help="write the numbers as JSON to PATH")
     parser.add_argument("--repeats", type=int, help="interleaved repeats (default 15, quick 3)")
-    parser.add_argument("--on-calls", type=int,
-                        help="calls per profiler-on sample (default 20000, quick 2000)")
+    parser.add_argument(
+        "--on-calls", type=int, help="calls per profiler-on sample (default 20000, quick 2000)"
+    )
     given = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(given)
     command = " ".join(["python bench/overhead.py", *given])

@@ -43,8 +43,10 @@ def plain(x, w, b, activities):
 
 
 def ours(x, w, b):
-    with session(schedule=Schedule(wait=1, warmup=1, active=3),
-                 exporters=[ConsoleExporter(stream=sys.stdout)]) as s:
+    with session(
+        schedule=Schedule(wait=1, warmup=1, active=3),
+        exporters=[ConsoleExporter(stream=sys.stdout)],
+    ) as s:
         for _ in range(5):
             matmul_bias(x, w, b)
             s.step()
@@ -52,8 +54,9 @@ def ours(x, w, b):
 
 def main() -> None:
     cuda = torch.cuda.is_available()
-    device, dtype, sizes = ("cuda", torch.bfloat16, (64, 4096)) if cuda else (
-        "cpu", torch.float32, (64, 1024))
+    device, dtype, sizes = (
+        ("cuda", torch.bfloat16, (64, 4096)) if cuda else ("cpu", torch.float32, (64, 1024))
+    )
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     for n in sizes:
         x = torch.randn(n, n, device=device, dtype=dtype)

@@ -92,8 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     has_kineto_types = None
     for w in range(args.windows):
         row: dict[str, float] = {}
-        win = _torch.ProfilerWindow(activities, record_shapes=False, profile_memory=False,
-                                    with_stack=False, with_flops=False)
+        win = _torch.ProfilerWindow(
+            activities,
+            record_shapes=False,
+            profile_memory=False,
+            with_stack=False,
+            with_flops=False,
+        )
         t0 = time.perf_counter()
         win.start()
         row["start"] = time.perf_counter() - t0
@@ -135,18 +140,29 @@ def main(argv: list[str] | None = None) -> int:
         del trace, shaped, evs, kev, win
         row["after"] = statistics.median(idle_steps(args.idle)) / before
         rows.append(row)
-        print(f"window {w}: " + "  ".join(
-            f"{k} {v * 1e3:.1f} ms" if k not in ("after", "events_n") else f"{k} {v:.3f}"
-            if k == "after" else f"{k} {int(v)}" for k, v in row.items()), flush=True)
+        print(
+            f"window {w}: "
+            + "  ".join(
+                f"{k} {v * 1e3:.1f} ms"
+                if k not in ("after", "events_n")
+                else f"{k} {v:.3f}"
+                if k == "after"
+                else f"{k} {int(v)}"
+                for k, v in row.items()
+            ),
+            flush=True,
+        )
 
     shutil.rmtree(tmp, ignore_errors=True)
     keys = [k for k in rows[0]]
     later = rows[1:] if len(rows) > 1 else rows
     print()
-    print(f"torch {torch.__version__}  {torch.cuda.get_device_name() if cuda else 'cpu'}  "
-          f"TEARDOWN_CUPTI={os.environ.get('TEARDOWN_CUPTI', '(unset)')}  "
-          f"plain step {before * 1e3:.2f} ms (synchronised)  Kineto event types: "
-          f"{has_kineto_types}")
+    print(
+        f"torch {torch.__version__}  {torch.cuda.get_device_name() if cuda else 'cpu'}  "
+        f"TEARDOWN_CUPTI={os.environ.get('TEARDOWN_CUPTI', '(unset)')}  "
+        f"plain step {before * 1e3:.2f} ms (synchronised)  Kineto event types: "
+        f"{has_kineto_types}"
+    )
     print("median of windows 2..:")
     for k in keys:
         v = statistics.median(r[k] for r in later)
@@ -154,8 +170,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {k:<9} {v if k in ('after', 'events_n') else v * 1e3:>10.2f} {unit}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"torch": torch.__version__, "teardown": os.environ.get("TEARDOWN_CUPTI"),
-                       "plain_step_s": before, "windows": rows}, fh, indent=1)
+            json.dump(
+                {
+                    "torch": torch.__version__,
+                    "teardown": os.environ.get("TEARDOWN_CUPTI"),
+                    "plain_step_s": before,
+                    "windows": rows,
+                },
+                fh,
+                indent=1,
+            )
     return 0
 
 

@@ -51,8 +51,9 @@ def one_window(dest: str):
         return x
 
     x = torch.ones(64, 64)
-    with capture(schedule=Schedule(wait=0, warmup=1, active=3), activities=["cpu"],
-                 exporters=[KeepRaw(dest)]) as cap:
+    with capture(
+        schedule=Schedule(wait=0, warmup=1, active=3), activities=["cpu"], exporters=[KeepRaw(dest)]
+    ) as cap:
         for _ in range(4):
             step(x)
             cap.step()
@@ -70,15 +71,18 @@ def main() -> None:
         raw = os.path.join(work, "raw.json")
         report = one_window(raw)
         print(f"raw trace: {os.path.getsize(raw) / 1024:.0f} KiB; repeats: {args.repeats}")
-        print(f"{'files in dir':>12} {'bound off ms (med/min)':>24} {'bound on ms (med/min)':>24}"
-              f" {'on/off (med)':>13}")
+        print(
+            f"{'files in dir':>12} {'bound off ms (med/min)':>24} {'bound on ms (med/min)':>24}"
+            f" {'on/off (med)':>13}"
+        )
         blob = os.urandom(64 * 1024)
         for n in (int(v) for v in args.files.split(",")):
             d = os.path.join(work, f"dir{n}")
             os.makedirs(d)
             for i in range(n):
-                with open(os.path.join(d, f"other_{i}_rank9.{1000 + i}.pt.trace.json.gz"),
-                          "wb") as f:
+                with open(
+                    os.path.join(d, f"other_{i}_rank9.{1000 + i}.pt.trace.json.gz"), "wb"
+                ) as f:
                     f.write(blob)
             times: dict[str, list[float]] = {"off": [], "on": []}
             for rep in range(-2, args.repeats):  # two rounds of warm-up, not counted
@@ -91,9 +95,11 @@ def main() -> None:
                         times[variant].append((time.perf_counter() - t0) * 1000)
                     os.unlink(exporter.last_path)
             off, on = times["off"], times["on"]
-            print(f"{n:>12} {statistics.median(off):>15.2f} / {min(off):>6.2f}"
-                  f" {statistics.median(on):>15.2f} / {min(on):>6.2f}"
-                  f" {statistics.median(on) / statistics.median(off):>12.2f}x")
+            print(
+                f"{n:>12} {statistics.median(off):>15.2f} / {min(off):>6.2f}"
+                f" {statistics.median(on):>15.2f} / {min(on):>6.2f}"
+                f" {statistics.median(on) / statistics.median(off):>12.2f}x"
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

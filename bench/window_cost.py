@@ -58,10 +58,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=50)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--json", metavar="PATH")
-    parser.add_argument("--max-drain", type=int, metavar="N",
-                        help="instrument.stops.MAX_DRAIN_STEPS (0: stop at the window's end)")
-    parser.add_argument("--drain-records-cpu", action="store_true",
-                        help="instrument.stops.DRAIN_PAUSES_CPU_OPS = False")
+    parser.add_argument(
+        "--max-drain",
+        type=int,
+        metavar="N",
+        help="instrument.stops.MAX_DRAIN_STEPS (0: stop at the window's end)",
+    )
+    parser.add_argument(
+        "--drain-records-cpu",
+        action="store_true",
+        help="instrument.stops.DRAIN_PAUSES_CPU_OPS = False",
+    )
     args = parser.parse_args(argv)
     _sess_mod.DRAIN_PAUSES_CPU_OPS = not args.drain_records_cpu
     if args.max_drain is not None:
@@ -90,17 +97,25 @@ def main(argv: list[str] | None = None) -> int:
         ex.train_step(model, opt, *task.batch_at(i))
         i += 1
     sync()
-    result = {"device": _torch.device_name(("cpu", "cuda") if cuda else ("cpu",)),
-              "torch": torch.__version__, "every": args.every, "steps": args.steps, "runs": {}}
+    result = {
+        "device": _torch.device_name(("cpu", "cuda") if cuda else ("cpu",)),
+        "torch": torch.__version__,
+        "every": args.every,
+        "steps": args.steps,
+        "runs": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
-        for label, exporters in (("no exporters", []),
-                                 ("trace exporter", [TraceFileExporter(tmp, keep=2)])):
+        for label, exporters in (
+            ("no exporters", []),
+            ("trace exporter", [TraceFileExporter(tmp, keep=2)]),
+        ):
             PHASES.clear()
             times = []
             sync()
             t_run = time.perf_counter()
-            with session(every=args.every, schedule=Schedule(warmup=1, active=3),
-                         exporters=exporters) as s:
+            with session(
+                every=args.every, schedule=Schedule(warmup=1, active=3), exporters=exporters
+            ) as s:
                 for _ in range(args.steps):
                     t0 = time.perf_counter()
                     ex.train_step(model, opt, *task.batch_at(i))
@@ -114,32 +129,48 @@ def main(argv: list[str] | None = None) -> int:
             windows = list(range(0, args.steps - 10, args.every))
             excess = []  # per window: excess of steps w .. w+9 over the median, ms
             for w in windows:
-                excess.append([round((t - med) * 1e3, 1) for t in times[w:w + 10]])
-            mean_excess = [round(statistics.mean(col), 1) for col in zip(*excess[1:])] if len(
-                excess) > 1 else []
+                excess.append([round((t - med) * 1e3, 1) for t in times[w : w + 10]])
+            mean_excess = (
+                [round(statistics.mean(col), 1) for col in zip(*excess[1:])]
+                if len(excess) > 1
+                else []
+            )
             phases = {k: [round(v * 1e3, 1) for v in vals] for k, vals in PHASES.items()}
-            run = {"median_step_ms": round(med * 1e3, 2), "windows": s.windows_opened,
-                   "total_s": round(total, 3), "close_ms": round(close * 1e3, 1),
-                   "plain_equivalent_s": round(med * args.steps, 3),
-                   "excess_per_window_ms": excess, "mean_excess_after_first_ms": mean_excess,
-                   "phases_ms": phases, "deferred_stops": list(s._stops.drain_log)}
+            run = {
+                "median_step_ms": round(med * 1e3, 2),
+                "windows": s.windows_opened,
+                "total_s": round(total, 3),
+                "close_ms": round(close * 1e3, 1),
+                "plain_equivalent_s": round(med * args.steps, 3),
+                "excess_per_window_ms": excess,
+                "mean_excess_after_first_ms": mean_excess,
+                "phases_ms": phases,
+                "deferred_stops": list(s._stops.drain_log),
+            }
             result["runs"][label] = run
-            print(f"\n== {label}: median step {med * 1e3:.2f} ms, {s.windows_opened} windows, "
-                  f"run {total:.2f} s vs {med * args.steps:.2f} s at the median step; "
-                  f"close {close * 1e3:.1f} ms")
+            print(
+                f"\n== {label}: median step {med * 1e3:.2f} ms, {s.windows_opened} windows, "
+                f"run {total:.2f} s vs {med * args.steps:.2f} s at the median step; "
+                f"close {close * 1e3:.1f} ms"
+            )
             print("  excess over the median, steps w..w+9 of each window (ms):")
             for w, row in zip(windows, excess):
                 print(f"    window at step {w:4d}: {row}  sum {sum(row):.1f}")
             if mean_excess:
-                print(f"    mean (windows after the first): {mean_excess}  "
-                      f"sum {sum(mean_excess):.1f}")
+                print(
+                    f"    mean (windows after the first): {mean_excess}  sum {sum(mean_excess):.1f}"
+                )
             if s._stops.drain_log:
-                print("  deferred stops (steps after the window's end, kernels had run): "
-                      f"{list(s._stops.drain_log)}")
+                print(
+                    "  deferred stops (steps after the window's end, kernels had run): "
+                    f"{list(s._stops.drain_log)}"
+                )
             for k, vals in phases.items():
                 later = vals[1:] or vals
-                print(f"  {k:28s} n={len(vals):2d}  first {vals[0]:7.1f} ms  "
-                      f"median of the rest {statistics.median(later):7.1f} ms")
+                print(
+                    f"  {k:28s} n={len(vals):2d}  first {vals[0]:7.1f} ms  "
+                    f"median of the rest {statistics.median(later):7.1f} ms"
+                )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

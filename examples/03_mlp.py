@@ -61,8 +61,10 @@ def compile_backend(device: str) -> str:
 
 def profile_into(directory: str, model: nn.Module, x: torch.Tensor) -> None:
     shutil.rmtree(directory, ignore_errors=True)
-    with session(schedule=Schedule(wait=1, warmup=1, active=3),
-                 exporters=["console", TraceFileExporter(directory, keep=1)]) as s:
+    with session(
+        schedule=Schedule(wait=1, warmup=1, active=3),
+        exporters=["console", TraceFileExporter(directory, keep=1)],
+    ) as s:
         for _ in range(5):
             mlp(model, x)
             s.step()  # one step per call
@@ -80,8 +82,11 @@ def main() -> int:
     eager_dir, compiled_dir = os.path.join(base, "eager"), os.path.join(base, "compiled")
 
     with torch.no_grad():
-        print(f"\nGeGLU MLP {tokens}x{dim} -> {hidden} -> {dim} "
-              f"{str(dtype).replace('torch.', '')} on {device}: eager", flush=True)
+        print(
+            f"\nGeGLU MLP {tokens}x{dim} -> {hidden} -> {dim} "
+            f"{str(dtype).replace('torch.', '')} on {device}: eager",
+            flush=True,
+        )
         profile_into(eager_dir, model, x)
 
         backend = compile_backend(device)

@@ -34,14 +34,28 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # random weights from a config: ne
 try:
     from transformers import LlamaConfig, LlamaForCausalLM
 except ImportError:
-    sys.exit("examples/04_llm.py needs transformers, an optional extra of torch-profiled:\n"
-             "    pip install -c constraints.txt -e '.[llm]'\n"
-             "(run from the repository root); nothing was run.")
+    sys.exit(
+        "examples/04_llm.py needs transformers, an optional extra of torch-profiled:\n"
+        "    pip install -c constraints.txt -e '.[llm]'\n"
+        "(run from the repository root); nothing was run."
+    )
 
-GPU = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
-           num_attention_heads=32, num_key_value_heads=4, vocab_size=32000)
-CPU = dict(hidden_size=128, intermediate_size=344, num_hidden_layers=2,
-           num_attention_heads=4, num_key_value_heads=2, vocab_size=1024)
+GPU = dict(
+    hidden_size=2048,
+    intermediate_size=5632,
+    num_hidden_layers=22,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    vocab_size=32000,
+)
+CPU = dict(
+    hidden_size=128,
+    intermediate_size=344,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=1024,
+)
 
 
 def per_layer_table(report, layers: int) -> str:
@@ -55,8 +69,10 @@ def per_layer_table(report, layers: int) -> str:
             return 0.0
         return r.device_time_us if device else r.cpu_time_us
 
-    rows = [f"{'decoder layer (' + kind + ' time)':<32} {'calls':>6} {'layer':>11} "
-            f"{'self_attn':>11} {'mlp':>11} {'attn %':>7} {'mlp %':>7}"]
+    rows = [
+        f"{'decoder layer (' + kind + ' time)':<32} {'calls':>6} {'layer':>11} "
+        f"{'self_attn':>11} {'mlp':>11} {'attn %':>7} {'mlp %':>7}"
+    ]
     for i in range(layers):
         layer = f"model.layers.{i}"
         total = t(layer)
@@ -83,20 +99,35 @@ def main() -> None:
     with torch.device(device):
         model = LlamaForCausalLM(config).to(dtype).eval()
     params = sum(p.numel() for p in model.parameters())
-    print(f"Llama, {shape['num_hidden_layers']} layers, hidden {shape['hidden_size']}, "
-          f"{params / 1e6:.1f}M parameters, random weights, {str(dtype).replace('torch.', '')} "
-          f"on {device}; prompt {prompt_len} tokens, {new_tokens} new tokens", flush=True)
+    print(
+        f"Llama, {shape['num_hidden_layers']} layers, hidden {shape['hidden_size']}, "
+        f"{params / 1e6:.1f}M parameters, random weights, {str(dtype).replace('torch.', '')} "
+        f"on {device}; prompt {prompt_len} tokens, {new_tokens} new tokens",
+        flush=True,
+    )
 
     handle = instrument_module(model, depth=4, step=True)  # each forward of model: one step
-    print(f"instrument_module: {len(handle.names)} ranges "
-          f"({', '.join(handle.names[:4])}, ...)", flush=True)
+    print(
+        f"instrument_module: {len(handle.names)} ranges ({', '.join(handle.names[:4])}, ...)",
+        flush=True,
+    )
     prompt = torch.randint(0, config.vocab_size, (1, prompt_len), device=device)
     mem = InMemoryExporter()
-    with session(schedule=Schedule(wait=1, warmup=1, active=3),
-                 exporters=[*Config.from_env().exporters, mem]), torch.no_grad():
-        out = model.generate(prompt, attention_mask=torch.ones_like(prompt),
-                             max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                             do_sample=False, pad_token_id=0)
+    with (
+        session(
+            schedule=Schedule(wait=1, warmup=1, active=3),
+            exporters=[*Config.from_env().exporters, mem],
+        ),
+        torch.no_grad(),
+    ):
+        out = model.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
     handle.remove()
     print(f"generated {out.shape[1] - prompt_len} tokens", flush=True)
     if not mem.reports:

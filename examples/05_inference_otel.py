@@ -48,8 +48,11 @@ REQUESTS = int(os.environ.get("REQUESTS", "12"))
 
 def collector_endpoint() -> str:
     """Where the OTLP/HTTP span exporter sends (the variables it reads, its default)."""
-    return (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-            or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318")
+    return (
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or "http://localhost:4318"
+    )
 
 
 def answers(endpoint: str, timeout_s: float = 1.0) -> str | None:
@@ -71,8 +74,10 @@ memory = None
 if why is None:
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
 else:  # no collector: keep everything here rather than retrying a dead address at exit
-    print(f"no OTLP collector answers at {endpoint} ({why}): spans and metrics are kept in "
-          "memory; start one or set OTEL_EXPORTER_OTLP_ENDPOINT (see this file's header)")
+    print(
+        f"no OTLP collector answers at {endpoint} ({why}): spans and metrics are kept in "
+        "memory; start one or set OTEL_EXPORTER_OTLP_ENDPOINT (see this file's header)"
+    )
     memory = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(memory))
     metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
@@ -117,12 +122,17 @@ def where_windows_landed(spans) -> None:
     for window in windows:
         request = by_id.get(window.parent.span_id) if window.parent else None
         inside = [s.name for s in spans if s.parent and s.parent.span_id == window.context.span_id]
-        calls = sum(s.name == "decode_step" for s in spans
-                    if s.context.trace_id == window.context.trace_id)
-        under = (f"request {request.attributes['app.request_id']}" if request is not None
-                 else "no request")
-        print(f"  profiled.window under {under}: {', '.join(inside)} "
-              f"with {calls} decode_step spans")
+        calls = sum(
+            s.name == "decode_step" for s in spans if s.context.trace_id == window.context.trace_id
+        )
+        under = (
+            f"request {request.attributes['app.request_id']}"
+            if request is not None
+            else "no request"
+        )
+        print(
+            f"  profiled.window under {under}: {', '.join(inside)} with {calls} decode_step spans"
+        )
 
 
 def main() -> int:

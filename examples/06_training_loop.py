@@ -91,8 +91,9 @@ def autocast(device: str):
 
 
 @profiled("train_step", step=True)
-def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
-               y: torch.Tensor) -> torch.Tensor:
+def train_step(
+    model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
     with profiled("forward"), autocast(x.device.type):
         loss = F.cross_entropy(model(x), y)
     with profiled("backward"):
@@ -106,8 +107,11 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, help="training steps (default: 300 GPU, 40 CPU)")
-    parser.add_argument("--modules", action="store_true",
-                        help="instrument_module(model, depth=2): a range per block and layer")
+    parser.add_argument(
+        "--modules",
+        action="store_true",
+        help="instrument_module(model, depth=2): a range per block and layer",
+    )
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
     device, sizes = ("cuda", GPU) if cuda else ("cpu", CPU)
@@ -115,8 +119,11 @@ def main(argv: list[str] | None = None) -> None:
     model, opt, task = build(device, sizes)
     if args.modules:
         instrument_module(model, prefix="model", depth=2)
-    print(f"training {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on "
-          f"{device}, batch {sizes['batch']}, {steps} steps", flush=True)
+    print(
+        f"training {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on "
+        f"{device}, batch {sizes['batch']}, {steps} steps",
+        flush=True,
+    )
     t0 = time.perf_counter()
     first = last = None
     for i in range(steps):

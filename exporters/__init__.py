@@ -41,8 +41,6 @@ __all__ = [
 ENTRY_POINT_GROUP = "torch_profiled.exporters"
 
 
-
-
 def _otel(**kwargs: Any) -> Exporter:
     """``OTelExporter``, imported only when asked for (OpenTelemetry's SDK is not free to
     import)."""

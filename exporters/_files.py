@@ -42,8 +42,9 @@ def open_temp(directory: str) -> tuple[int, str]:
     raise FileExistsError(f"no free temporary name in {directory!r}")  # pragma: no cover
 
 
-def write_atomic(path: str, write: Callable[[BinaryIO], None], *, compress: bool = False,
-                 durable: bool = True) -> None:
+def write_atomic(
+    path: str, write: Callable[[BinaryIO], None], *, compress: bool = False, durable: bool = True
+) -> None:
     """Write ``path`` atomically (see the module docstring): ``write(f)`` writes the content
     into ``f``, a binary file (gzip-compressed at level 6 with ``compress``). ``durable``
     ``fsync``s before the rename (a scratch file that dies with the process skips it: ~7 ms

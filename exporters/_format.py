@@ -64,7 +64,7 @@ def fit(name: str, width: int, middle: bool = False) -> str:
     keep = width - len(ELLIPSIS)
     if middle:
         head = keep // 2
-        return name[:head] + ELLIPSIS + name[len(name) - (keep - head):]
+        return name[:head] + ELLIPSIS + name[len(name) - (keep - head) :]
     return name[:keep] + ELLIPSIS
 
 

@@ -121,8 +121,13 @@ class Setting:
             return self.value(raw)
         except (TypeError, ValueError, OverflowError) as exc:
             why = f"expected {exc.expected}" if isinstance(exc, Refused) else reason(exc)
-            refuse(self.env, raw, f"{self.env}={quote(raw)} is invalid ({why})",
-                   f"the default {self.env}={self.default_text}", strict)
+            refuse(
+                self.env,
+                raw,
+                f"{self.env}={quote(raw)} is invalid ({why})",
+                f"the default {self.env}={self.default_text}",
+                strict,
+            )
             return self.default
 
 
@@ -157,8 +162,10 @@ def refuse(var: str, raw: str, problem: str, fallback: str, strict: bool) -> Non
     """Report a bad environment value: ``problem``, then what is used instead (``fallback``).
     Warns once per ``(var, raw)``; ``strict`` (``PROFILED_STRICT=1``): raises ``ValueError``."""
     if strict:
-        raise ValueError(f"{problem}; PROFILED_STRICT=1 makes this an error (without it "
-                         f"{fallback} would be used)")
+        raise ValueError(
+            f"{problem}; PROFILED_STRICT=1 makes this an error (without it "
+            f"{fallback} would be used)"
+        )
     with _warned_lock:
         first = (var, raw) not in _warned
         _warned.add((var, raw))
@@ -194,8 +201,9 @@ def boolean() -> dict[str, Any]:
     return {"parse": _parse_bool, "check": _check_bool}
 
 
-def integer(minimum: int | None = None, *, optional: bool = False,
-            note: str = "") -> dict[str, Any]:
+def integer(
+    minimum: int | None = None, *, optional: bool = False, note: str = ""
+) -> dict[str, Any]:
     """Integers ``>= minimum`` (any integer when None); ``optional``: None too (in the
     environment an empty value, ``none`` or ``unset``). ``note`` explains the bound."""
     expected = "an integer" + (f" >= {minimum}" if minimum is not None else "")
@@ -214,8 +222,10 @@ def integer(minimum: int | None = None, *, optional: bool = False,
         if value is None and optional:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int{' or None' if optional else ''}, got "
-                            f"{type(value).__name__} {value!r}")
+            raise TypeError(
+                f"{name} must be an int{' or None' if optional else ''}, got "
+                f"{type(value).__name__} {value!r}"
+            )
         if minimum is not None and value < minimum:
             raise Refused(name, expected, value)
         return value
@@ -223,8 +233,9 @@ def integer(minimum: int | None = None, *, optional: bool = False,
     return {"parse": parse, "check": check}
 
 
-def number(low: float, high: float, *, low_open: bool = False, unit: str = "",
-           note: str = "") -> dict[str, Any]:
+def number(
+    low: float, high: float, *, low_open: bool = False, unit: str = "", note: str = ""
+) -> dict[str, Any]:
     """Finite numbers in ``low..high`` (``> low`` when ``low_open``): inf, nan and anything
     past the bound are refused, so no value can make a wait or a size absurd. ``unit`` follows
     "a number" (``" of MiB"``), ``note`` explains the bound (``"seconds, at most one hour"``)."""
@@ -239,13 +250,13 @@ def number(low: float, high: float, *, low_open: bool = False, unit: str = "",
 
     def check(name: str, value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"{name} must be a number{unit}, got {type(value).__name__} "
-                            f"{value!r}")
+            raise TypeError(f"{name} must be a number{unit}, got {type(value).__name__} {value!r}")
         try:
             value = float(value)
         except OverflowError:  # an int too large for a float
-            raise ValueError(f"{name} is out of range, got an integer of "
-                             f"{value.bit_length()} bits") from None
+            raise ValueError(
+                f"{name} is out of range, got an integer of {value.bit_length()} bits"
+            ) from None
         # nan fails every comparison, inf fails <= high
         if not ((value > low if low_open else value >= low) and value <= high):
             raise Refused(name, expected, value)
@@ -266,7 +277,12 @@ def one_of(choices: tuple[str, ...]) -> dict[str, Any]:
     return {"parse": lambda text: text.strip().lower(), "check": check}
 
 
-STRICT = Setting("strict", "PROFILED_STRICT", False,
-                 doc="bad values raise `ValueError` instead of warning", **boolean())
+STRICT = Setting(
+    "strict",
+    "PROFILED_STRICT",
+    False,
+    doc="bad values raise `ValueError` instead of warning",
+    **boolean(),
+)
 """Declared here, not with the SDK's other settings: every reader of settings (the OTel
 exporter's too) needs it, and reads it tolerantly (a bad value of it is never strict)."""

@@ -28,12 +28,15 @@ from types import FrameType
 __all__ = ["warn"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_SDK_DIRS = tuple(os.path.join(os.path.dirname(_HERE), pkg) + os.sep
-                  for pkg in ("exporters", "instrument"))
+_SDK_DIRS = tuple(
+    os.path.join(os.path.dirname(_HERE), pkg) + os.sep for pkg in ("exporters", "instrument")
+)
 # the machinery between an SDK thread's target and its start: never the program's code
 _STDLIB = os.path.dirname(os.path.abspath(threading.__file__)) + os.sep
-_PLUMBING = tuple(_STDLIB + name for name in (
-    "threading.py", "concurrent" + os.sep, "asyncio" + os.sep, "contextlib.py"))
+_PLUMBING = tuple(
+    _STDLIB + name
+    for name in ("threading.py", "concurrent" + os.sep, "asyncio" + os.sep, "contextlib.py")
+)
 
 _shown_plain: set[str] = set()
 _MAX_SHOWN = 1024  # distinct fallback lines remembered (bounded whatever the messages)
@@ -55,8 +58,9 @@ def warn(message: str, category: type[Warning]) -> None:
             warnings.warn(message, category, stacklevel=level)
         else:  # an SDK thread: nothing of the program's on the stack
             registry = sys.modules[__name__].__dict__.setdefault("__warningregistry__", {})
-            warnings.warn_explicit(message, category, "torch-profiled", 0,
-                                   module="torch_profiled", registry=registry)
+            warnings.warn_explicit(
+                message, category, "torch-profiled", 0, module="torch_profiled", registry=registry
+            )
     except Exception:  # noqa: BLE001 - warnings as errors, or a showwarning that raises
         _plain(message, category)
 

@@ -102,15 +102,17 @@ def _range_lines(report: WindowReport, rows: int) -> list[str]:
         lines.append("(no @profiled or record_function range ran in this window)")
         return lines
     for r in shown:
-        lines.append(row(
-            r.name,
-            f" {r.calls:>6} {format_time_us(r.cpu_time_us):>11} "
-            f"{format_time_us(r.device_time_us):>11} {_pct(r.device_to_cpu_ratio):>8} "
-            f"{_pct(r.device_busy_share) if r.device_time_us else '-':>5}  "
-            f"{str(r.verdict) if r.verdict.reason else '':<16}",
-            name_w,
-            middle=True,
-        ))
+        lines.append(
+            row(
+                r.name,
+                f" {r.calls:>6} {format_time_us(r.cpu_time_us):>11} "
+                f"{format_time_us(r.device_time_us):>11} {_pct(r.device_to_cpu_ratio):>8} "
+                f"{_pct(r.device_busy_share) if r.device_time_us else '-':>5}  "
+                f"{str(r.verdict) if r.verdict.reason else '':<16}",
+                name_w,
+                middle=True,
+            )
+        )
     for r in shown:
         if r.flops:
             per_call = r.flops / r.calls if r.calls else 0.0
@@ -118,9 +120,12 @@ def _range_lines(report: WindowReport, rows: int) -> list[str]:
             lines.append(fit(f"  {r.name}: {_si(per_call)}FLOP per call{rate}", WIDTH))
     for r in shown:
         if r.open_calls:
-            lines.extend(_wrap(
-                f"  {r.name}: {r.open_calls} of {r.calls} call(s) still running when the "
-                "window ended, counted up to its end"))
+            lines.extend(
+                _wrap(
+                    f"  {r.name}: {r.open_calls} of {r.calls} call(s) still running when the "
+                    "window ended, counted up to its end"
+                )
+            )
     return lines
 
 
@@ -134,13 +139,15 @@ def _operator_lines(report: WindowReport, rows: int) -> list[str]:
     lines = [header]
     total = report.self_cpu_time_total_us or 1.0
     for op in report.top_ops[:rows]:
-        lines.append(row(
-            op.name,
-            f" {op.calls:>7} "
-            f"{format_time_us(op.self_cpu_time_us):>11} {format_time_us(op.cpu_time_us):>11} "
-            f"{100.0 * op.self_cpu_time_us / total:>9.1f}%",
-            name_w,
-        ))
+        lines.append(
+            row(
+                op.name,
+                f" {op.calls:>7} "
+                f"{format_time_us(op.self_cpu_time_us):>11} {format_time_us(op.cpu_time_us):>11} "
+                f"{100.0 * op.self_cpu_time_us / total:>9.1f}%",
+                name_w,
+            )
+        )
     return lines
 
 
@@ -148,18 +155,19 @@ def _kernel_lines(report: WindowReport, rows: int) -> list[str]:
     """The top device kernels (and memcpy/memset) by device time, with their share."""
     name_w = 60
     header = (
-        f"{'top device kernels':<{name_w}} {'kind':>7} {'calls':>7} {'device':>11} "
-        f"{'share':>10}"
+        f"{'top device kernels':<{name_w}} {'kind':>7} {'calls':>7} {'device':>11} {'share':>10}"
     )
     lines = [header]
     total = report.self_device_time_total_us or 1.0
     for k in report.top_kernels[:rows]:
-        lines.append(row(
-            k.name,
-            f" {k.kind:>7} {k.calls:>7} "
-            f"{format_time_us(k.device_time_us):>11} {100.0 * k.device_time_us / total:>9.1f}%",
-            name_w,
-        ))
+        lines.append(
+            row(
+                k.name,
+                f" {k.kind:>7} {k.calls:>7} "
+                f"{format_time_us(k.device_time_us):>11} {100.0 * k.device_time_us / total:>9.1f}%",
+                name_w,
+            )
+        )
     return lines
 
 
@@ -169,9 +177,7 @@ def _total_lines(report: WindowReport) -> list[str]:
     accelerators = [a for a in report.activities if a != "cpu"]
     if accelerators:
         label = accelerators[0].upper()  # torch's table: "Self CUDA time total", "Self XPU ..."
-        lines.append(
-            f"Self {label} time total: {format_time_us(report.self_device_time_total_us)}"
-        )
+        lines.append(f"Self {label} time total: {format_time_us(report.self_device_time_total_us)}")
     if report.profiler_overhead_us:
         lines.append(
             f"Profiler bookkeeping (not in the totals): "

@@ -42,8 +42,10 @@ def report_record(report: WindowReport) -> dict[str, Any]:
     return record
 
 
-_WHY_REFUSED = ("the JSON-lines exporter appends only to a regular file, and never through a "
-                 "link, which someone else could have planted to redirect the reports")
+_WHY_REFUSED = (
+    "the JSON-lines exporter appends only to a regular file, and never through a "
+    "link, which someone else could have planted to redirect the reports"
+)
 
 
 class _Refused(Exception):
@@ -51,9 +53,13 @@ class _Refused(Exception):
 
 
 def _kind(mode: int) -> str:
-    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device")):
+    for test, what in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a named pipe (FIFO)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
         if test(mode):
             return what
     return "not a regular file"
@@ -93,11 +99,13 @@ class JsonLinesExporter(Exporter):
 
     def export(self, report: WindowReport) -> ExportResult:
         try:
-            line = json.dumps(report_record(report), separators=(",", ":"),
-                              allow_nan=False) + "\n"
+            line = json.dumps(report_record(report), separators=(",", ":"), allow_nan=False) + "\n"
         except (TypeError, ValueError) as exc:
-            self._warn_once("encode", f"window {report.window} could not be encoded as JSON "
-                                      f"({exc}); its line is not written")
+            self._warn_once(
+                "encode",
+                f"window {report.window} could not be encoded as JSON "
+                f"({exc}); its line is not written",
+            )
             return ExportResult.FAILURE
         data = line.encode("utf-8")
         with self._lock:
@@ -114,25 +122,35 @@ class JsonLinesExporter(Exporter):
                 finally:
                     os.close(fd)
             except _Refused as refused:
-                self._warn_once(f"refused:{refused}",
-                                f"{self.path!r} is {refused}, not a regular file: the report "
-                                f"of window {report.window} was not appended there, nor are "
-                                f"later ones while it stays ({_WHY_REFUSED}). Remove it or "
-                                "point PROFILED_JSON_PATH (JsonLinesExporter's path) "
-                                "elsewhere; use '-' for standard output")
+                self._warn_once(
+                    f"refused:{refused}",
+                    f"{self.path!r} is {refused}, not a regular file: the report "
+                    f"of window {report.window} was not appended there, nor are "
+                    f"later ones while it stays ({_WHY_REFUSED}). Remove it or "
+                    "point PROFILED_JSON_PATH (JsonLinesExporter's path) "
+                    "elsewhere; use '-' for standard output",
+                )
                 return ExportResult.FAILURE
             except OSError as exc:
-                self._warn_once(type(exc).__name__ + str(exc.errno),
-                                f"report of window {report.window} was not appended to "
-                                f"{self.path!r}: {exc.strerror or exc}")
+                self._warn_once(
+                    type(exc).__name__ + str(exc.errno),
+                    f"report of window {report.window} was not appended to "
+                    f"{self.path!r}: {exc.strerror or exc}",
+                )
                 return ExportResult.FAILURE
         return ExportResult.SUCCESS
 
     def _open(self) -> int:
         """The file at ``path`` for appending, created if missing; never through a symbolic
         link, never anything but a regular file (``_Refused`` says what was there)."""
-        flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0)
-                 | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        flags = (
+            os.O_WRONLY
+            | os.O_APPEND
+            | os.O_CREAT
+            | getattr(os, "O_NONBLOCK", 0)
+            | getattr(os, "O_NOFOLLOW", 0)
+            | getattr(os, "O_CLOEXEC", 0)
+        )
         try:
             fd = os.open(self.path, flags, 0o666)
         except OSError as exc:

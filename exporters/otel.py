@@ -81,7 +81,7 @@ TOP_KERNEL_EVENTS = 5  # span events per range occurrence (its heaviest kernels)
 _MAX_PENDING_PARENTS = 64  # contexts kept for windows not exported yet
 _SCOPE = "torch-profiled"
 # Histogram buckets for per-call times: 1 µs .. 100 s, three per decade (seconds).
-_BUCKETS = tuple(m * 10.0 ** e for e in range(-6, 2) for m in (1.0, 2.5, 5.0)) + (100.0,)
+_BUCKETS = tuple(m * 10.0**e for e in range(-6, 2) for m in (1.0, 2.5, 5.0)) + (100.0,)
 
 ATTRIBUTES: dict[str, str] = {
     "profiled.kind": "window, range, range.folded, op, kernel, memcpy or memset",
@@ -225,35 +225,47 @@ def _protocol(signal: str, warn) -> str:
         return "http/protobuf"  # the specification's default
     if raw.lower() in _PROTOCOLS:
         return raw.lower()
-    warn(f"protocol:{raw}", f"OTLP protocol {raw!r} is not supported here (expected "
-         f"{' or '.join(_PROTOCOLS)}); the otel exporter uses http/protobuf")
+    warn(
+        f"protocol:{raw}",
+        f"OTLP protocol {raw!r} is not supported here (expected "
+        f"{' or '.join(_PROTOCOLS)}); the otel exporter uses http/protobuf",
+    )
     return "http/protobuf"
 
 
 def _otlp_sink(signal: str, warn) -> _Sink | None:
     protocol = _protocol(signal, warn)
     kind = "grpc" if protocol == "grpc" else "http"
-    module = (f"opentelemetry.exporter.otlp.proto.{kind}."
-              f"{'trace' if signal == 'traces' else 'metric'}_exporter")
+    module = (
+        f"opentelemetry.exporter.otlp.proto.{kind}."
+        f"{'trace' if signal == 'traces' else 'metric'}_exporter"
+    )
     cls_name = "OTLPSpanExporter" if signal == "traces" else "OTLPMetricExporter"
     try:
         import importlib
 
         cls = getattr(importlib.import_module(module), cls_name)
     except ImportError as exc:
-        warn("missing-otlp",
-             f"OTLP export was asked for ({_SIGNALS[signal]}="
-             f"{_env(_SIGNALS[signal]) or 'otlp'}, protocol {protocol}) but the OTLP exporter "
-             f"is not installed ({exc.name or module} cannot be imported); install it with "
-             f"pip install 'torch-profiled[otel]' (or opentelemetry-exporter-otlp). Until then "
-             f"no window spans or metrics are sent over OTLP")
+        warn(
+            "missing-otlp",
+            f"OTLP export was asked for ({_SIGNALS[signal]}="
+            f"{_env(_SIGNALS[signal]) or 'otlp'}, protocol {protocol}) but the OTLP exporter "
+            f"is not installed ({exc.name or module} cannot be imported); install it with "
+            f"pip install 'torch-profiled[otel]' (or opentelemetry-exporter-otlp). Until then "
+            f"no window spans or metrics are sent over OTLP",
+        )
         return None
-    timeout_set = (_env(f"OTEL_EXPORTER_OTLP_{signal.upper()}_TIMEOUT")
-                   or _env("OTEL_EXPORTER_OTLP_TIMEOUT"))
+    timeout_set = _env(f"OTEL_EXPORTER_OTLP_{signal.upper()}_TIMEOUT") or _env(
+        "OTEL_EXPORTER_OTLP_TIMEOUT"
+    )
     exporter = cls() if timeout_set else cls(timeout=DEFAULT_TIMEOUT_S)
     where = getattr(exporter, "_endpoint", None) or "the default endpoint"
-    return _Sink(exporter, f"OTLP {protocol} to {where}", signal,
-                 address=_address(getattr(exporter, "_endpoint", None)))
+    return _Sink(
+        exporter,
+        f"OTLP {protocol} to {where}",
+        signal,
+        address=_address(getattr(exporter, "_endpoint", None)),
+    )
 
 
 def _address(endpoint: str | None) -> tuple[str, int] | None:
@@ -292,8 +304,10 @@ def _unanswered(address: tuple[str, int]) -> str | None:
         socket.create_connection(address, timeout=PROBE_TIMEOUT_S).close()
     except OSError as exc:
         why = exc.strerror or str(exc) or "timed out"
-        return (f"nothing answers at {address[0]}:{address[1]} ({why}), so they were not "
-                "sent and not retried; the next window checks again")
+        return (
+            f"nothing answers at {address[0]}:{address[1]} ({why}), so they were not "
+            "sent and not retried; the next window checks again"
+        )
     return None
 
 
@@ -322,8 +336,11 @@ def _sinks(signal: str, warn) -> list[_Sink]:
                 console = ConsoleMetricExporter()
             out.append(_Sink(console, "the console (standard output)", signal))
         else:
-            warn(f"{var}:{name}", f"{var}={_env(var)!r}: {name!r} is not supported by the "
-                                  f"otel exporter (expected otlp, console or none); it is ignored")
+            warn(
+                f"{var}:{name}",
+                f"{var}={_env(var)!r}: {name!r} is not supported by the "
+                f"otel exporter (expected otlp, console or none); it is ignored",
+            )
     return out
 
 
@@ -332,13 +349,15 @@ def _resource(report: WindowReport) -> Any:
     plus who recorded the window."""
     from opentelemetry.sdk.resources import Resource
 
-    return Resource.create({
-        "host.name": report.host or socket.gethostname(),
-        "process.pid": report.pid,
-        "profiled.rank": report.rank,
-        "profiled.world_size": report.world_size,
-        "profiled.device": report.device,
-    })
+    return Resource.create(
+        {
+            "host.name": report.host or socket.gethostname(),
+            "process.pid": report.pid,
+            "profiled.rank": report.rank,
+            "profiled.world_size": report.world_size,
+            "profiled.device": report.device,
+        }
+    )
 
 
 def _global_tracer_provider() -> Any:
@@ -376,8 +395,9 @@ class OTelExporter(Exporter):
 
         if detail is not None and detail not in OTEL_DETAILS:
             raise ValueError(f"detail must be one of {', '.join(OTEL_DETAILS)}, got {detail!r}")
-        if max_spans is not None and (isinstance(max_spans, bool)
-                                      or not isinstance(max_spans, int) or max_spans < 1):
+        if max_spans is not None and (
+            isinstance(max_spans, bool) or not isinstance(max_spans, int) or max_spans < 1
+        ):
             raise ValueError(f"max_spans must be an int >= 1, got {max_spans!r}")
         if detail is None or max_spans is None:
             env_detail, env_max = otel_settings_from_env()
@@ -417,8 +437,11 @@ class OTelExporter(Exporter):
             parent = self._parents.pop(report.window, None)
         occurrences = self._occurrences(report)
         if not self._lock.acquire(timeout=4 * DEFAULT_TIMEOUT_S):
-            self._warn("busy", f"window {report.window} was not exported: the previous "
-                               "window's export is still waiting on its backend; it is lost")
+            self._warn(
+                "busy",
+                f"window {report.window} was not exported: the previous "
+                "window's export is still waiting on its backend; it is lost",
+            )
             self.lost["windows"] += 1
             return ExportResult.FAILURE
         try:
@@ -444,10 +467,13 @@ class OTelExporter(Exporter):
         for a wider one (another exporter's in the same session)."""
         occurrences = report.occurrences
         if occurrences is None:
-            self._warn("no occurrences", f"window {report.window}'s report carries no per-call "
-                       "occurrences (it was not made by a session this exporter belongs to, or "
-                       "its analysis made none): only the window span is sent, without range "
-                       "spans or per-call metrics")
+            self._warn(
+                "no occurrences",
+                f"window {report.window}'s report carries no per-call "
+                "occurrences (it was not made by a session this exporter belongs to, or "
+                "its analysis made none): only the window span is sent, without range "
+                "spans or per-call metrics",
+            )
             return None
         if occurrences.budget == self.occurrence_budget:
             return occurrences
@@ -470,8 +496,9 @@ class OTelExporter(Exporter):
     def _meter_source(self) -> Any:
         return self._meter_provider or _global_meter_provider()
 
-    def _export_locked(self, report: WindowReport, occurrences: Occurrences | None,
-                       parent: Any) -> bool:
+    def _export_locked(
+        self, report: WindowReport, occurrences: Occurrences | None, parent: Any
+    ) -> bool:
         tracer_provider = self._tracer_source()
         meter_provider = self._meter_source()
         own = None
@@ -487,8 +514,13 @@ class OTelExporter(Exporter):
             if own is not None and tracer_provider is own.tracer_provider:
                 spans = own.collector.take()
                 for sink in own.span_sinks:
-                    ok &= deliver(sink, report, f"{count} spans",
-                                  lambda s=sink: s.exporter.export(spans), len(spans))
+                    ok &= deliver(
+                        sink,
+                        report,
+                        f"{count} spans",
+                        lambda s=sink: s.exporter.export(spans),
+                        len(spans),
+                    )
         if meter_provider is not None:
             self._metrics.record(meter_provider, report, occurrences)
             if own is not None and meter_provider is own.meter_provider:
@@ -496,9 +528,15 @@ class OTelExporter(Exporter):
                     data = sink.reader.get_metrics_data()
                     if data is None:
                         continue
-                    ok &= deliver(sink, report, "its metrics",
-                                  lambda s=sink, d=data: s.exporter.export(
-                                      d, timeout_millis=DEFAULT_TIMEOUT_S * 1000), 0)
+                    ok &= deliver(
+                        sink,
+                        report,
+                        "its metrics",
+                        lambda s=sink, d=data: s.exporter.export(
+                            d, timeout_millis=DEFAULT_TIMEOUT_S * 1000
+                        ),
+                        0,
+                    )
         return ok
 
     def _warn(self, key: str, message: str) -> None:
@@ -535,11 +573,13 @@ class _Delivery:
         self.lost["spans"] += spans
         if key not in self._failing:
             self._failing.add(key)
-            warn(f"otel exporter: window {report.window}: {what} were not delivered via "
-                 f"{sink.label} ({why}; gave up after {time.monotonic() - began:.1f} s) and are "
-                 "lost; the program goes on. Further failures there are counted in "
-                 "OTelExporter.lost and not repeated until a delivery succeeds",
-                 ExporterWarning)
+            warn(
+                f"otel exporter: window {report.window}: {what} were not delivered via "
+                f"{sink.label} ({why}; gave up after {time.monotonic() - began:.1f} s) and are "
+                "lost; the program goes on. Further failures there are counted in "
+                "OTelExporter.lost and not repeated until a delivery succeeds",
+                ExporterWarning,
+            )
         return False
 
     def _send(self, sink: _Sink, send) -> tuple[bool, str]:
@@ -554,8 +594,10 @@ class _Delivery:
             result = send()
         except Exception as exc:  # noqa: BLE001 - telemetry never breaks the program
             return False, f"the exporter raised {exc!r}"
-        return (getattr(result, "name", "") == "SUCCESS",
-                "the backend is down, slow or refused them")
+        return (
+            getattr(result, "name", "") == "SUCCESS",
+            "the backend is down, slow or refused them",
+        )
 
 
 def _budget(max_spans: int, detail: str) -> OccurrenceBudget:
@@ -576,8 +618,13 @@ def _version() -> str:
 # ---------------------------------------------------------------- spans
 
 
-def _emit_spans(tracer: Any, report: WindowReport, occurrences: Occurrences | None,
-                parent: Any, budget: OccurrenceBudget) -> int:
+def _emit_spans(
+    tracer: Any,
+    report: WindowReport,
+    occurrences: Occurrences | None,
+    parent: Any,
+    budget: OccurrenceBudget,
+) -> int:
     """The window span and, under it, one span per occurrence (parents come first); returns
     how many spans were made."""
     items = occurrences.items if occurrences is not None else ()
@@ -589,14 +636,18 @@ def _emit_spans(tracer: Any, report: WindowReport, occurrences: Occurrences | No
         start = first if parent is not None else min(start, first)
         end = max(end, occurrences.last_ns or end)
     attrs = _window_attributes(report)
-    attrs.update({
-        "profiled.window.range_occurrences": occurrences.range_count if occurrences else 0,
-        "profiled.otel.detail": budget.detail,
-        "profiled.otel.max_spans": budget.max_spans,
-        "profiled.otel.folded_occurrences": occurrences.folded_occurrences if occurrences else 0,
-        "profiled.otel.folded_ranges": list(occurrences.folded_ranges) if occurrences else [],
-        "profiled.otel.dropped_spans": occurrences.dropped if occurrences else 0,
-    })
+    attrs.update(
+        {
+            "profiled.window.range_occurrences": occurrences.range_count if occurrences else 0,
+            "profiled.otel.detail": budget.detail,
+            "profiled.otel.max_spans": budget.max_spans,
+            "profiled.otel.folded_occurrences": occurrences.folded_occurrences
+            if occurrences
+            else 0,
+            "profiled.otel.folded_ranges": list(occurrences.folded_ranges) if occurrences else [],
+            "profiled.otel.dropped_spans": occurrences.dropped if occurrences else 0,
+        }
+    )
     window = tracer.start_span(
         "profiled.window",
         context=parent if parent is not None else otel_context.Context(),
@@ -606,9 +657,12 @@ def _emit_spans(tracer: Any, report: WindowReport, occurrences: Occurrences | No
     root = trace.set_span_in_context(window, otel_context.Context())
     ctxs: list[Any] = []
     for occ in items:
-        span = tracer.start_span(occ.name, context=ctxs[occ.parent] if occ.parent >= 0 else root,
-                                 attributes=_occurrence_attributes(occ, report),
-                                 start_time=occ.start_ns)
+        span = tracer.start_span(
+            occ.name,
+            context=ctxs[occ.parent] if occ.parent >= 0 else root,
+            attributes=_occurrence_attributes(occ, report),
+            start_time=occ.start_ns,
+        )
         _kernel_events(span, occ)
         span.end(end_time=occ.end_ns)
         ctxs.append(trace.set_span_in_context(span, otel_context.Context()))
@@ -675,14 +729,16 @@ def _folded_attributes(occ: Occurrence, report: WindowReport) -> dict[str, Any]:
         "profiled.range.calls": occ.calls,
     }
     if stats is not None:  # the report's per-name numbers cover exactly these occurrences
-        attrs.update({
-            "profiled.cpu_time_us": stats.cpu_time_us,
-            "profiled.device_time_us": stats.device_time_us,
-            "profiled.device_busy_us": stats.device_busy_us,
-            "profiled.kernel_launches": stats.kernel_launches,
-            "profiled.verdict": str(stats.verdict),
-            "profiled.verdict_reason": stats.verdict.reason,
-        })
+        attrs.update(
+            {
+                "profiled.cpu_time_us": stats.cpu_time_us,
+                "profiled.device_time_us": stats.device_time_us,
+                "profiled.device_busy_us": stats.device_busy_us,
+                "profiled.kernel_launches": stats.kernel_launches,
+                "profiled.verdict": str(stats.verdict),
+                "profiled.verdict_reason": stats.verdict.reason,
+            }
+        )
     else:
         attrs["profiled.cpu_time_us"] = occ.cpu_time_us
     return attrs
@@ -690,12 +746,16 @@ def _folded_attributes(occ: Occurrence, report: WindowReport) -> dict[str, Any]:
 
 def _kernel_events(span: Any, occ: Occurrence) -> None:
     for kernel in occ.top_kernels:
-        span.add_event("profiled.kernel", {
-            "profiled.kernel.name": kernel.name,
-            "profiled.kernel.kind": kernel.kind,
-            "profiled.kernel.calls": kernel.calls,
-            "profiled.device_time_us": kernel.device_time_us,
-        }, timestamp=kernel.first_ns)
+        span.add_event(
+            "profiled.kernel",
+            {
+                "profiled.kernel.name": kernel.name,
+                "profiled.kernel.kind": kernel.kind,
+                "profiled.kernel.calls": kernel.calls,
+                "profiled.device_time_us": kernel.device_time_us,
+            },
+            timestamp=kernel.first_ns,
+        )
 
 
 # ---------------------------------------------------------------- metrics
@@ -713,22 +773,25 @@ class _Metrics:
             meter = provider.get_meter(_SCOPE, _version())
             instruments = (
                 meter.create_histogram(
-                    "profiled.range.cpu_time", unit="s",
+                    "profiled.range.cpu_time",
+                    unit="s",
                     description="CPU time of one call of a @profiled range",
-                    explicit_bucket_boundaries_advisory=_BUCKETS),
+                    explicit_bucket_boundaries_advisory=_BUCKETS,
+                ),
                 meter.create_histogram(
-                    "profiled.range.device_time", unit="s",
+                    "profiled.range.device_time",
+                    unit="s",
                     description="Device time of the work one call of a @profiled range launched",
-                    explicit_bucket_boundaries_advisory=_BUCKETS),
+                    explicit_bucket_boundaries_advisory=_BUCKETS,
+                ),
                 meter.create_counter(
-                    "profiled.windows", unit="{window}",
-                    description="Profiler windows exported"),
+                    "profiled.windows", unit="{window}", description="Profiler windows exported"
+                ),
             )
             self._instruments[id(provider)] = instruments
         return instruments
 
-    def record(self, provider: Any, report: WindowReport,
-               occurrences: Occurrences | None) -> None:
+    def record(self, provider: Any, report: WindowReport, occurrences: Occurrences | None) -> None:
         """One value per range call (every call, whatever the span budget), and the window."""
         cpu, device, windows = self._for(provider)
         with_device = any(a != "cpu" for a in report.activities)
@@ -740,5 +803,6 @@ class _Metrics:
                 if with_device:
                     for ns in calls.device_ns:
                         device.record(ns / 1e9, attrs)
-        windows.add(1, {"profiled.device": report.device,
-                        "profiled.window.partial": report.partial})
+        windows.add(
+            1, {"profiled.device": report.device, "profiled.window.partial": report.partial}
+        )

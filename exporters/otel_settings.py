@@ -21,14 +21,22 @@ __all__ = ["DETAIL", "MAX_SPANS", "OTEL_DETAILS", "SETTINGS", "otel_settings_fro
 OTEL_DETAILS: tuple[str, ...] = ("ranges", "ops", "kernels")
 
 DETAIL = Setting(
-    "otel_detail", "PROFILED_OTEL_DETAIL", "ranges", **one_of(OTEL_DETAILS),
+    "otel_detail",
+    "PROFILED_OTEL_DETAIL",
+    "ranges",
+    **one_of(OTEL_DETAILS),
     doc="spans the `otel` exporter sends under each window: `ranges` (a span per range call), "
-        "`ops` (+ CPU operators inside ranges), `kernels` (+ device work)")
+    "`ops` (+ CPU operators inside ranges), `kernels` (+ device work)",
+)
 
 MAX_SPANS = Setting(
-    "otel_max_spans", "PROFILED_OTEL_MAX_SPANS", 1000, **integer(1),
+    "otel_max_spans",
+    "PROFILED_OTEL_MAX_SPANS",
+    1000,
+    **integer(1),
     doc="at most this many spans per window (at least 1); past it detail is dropped, then "
-        "frequent ranges are folded")
+    "frequent ranges are folded",
+)
 
 SETTINGS: tuple[Setting, ...] = (DETAIL, MAX_SPANS)
 

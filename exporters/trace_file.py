@@ -97,9 +97,13 @@ def _not_a_directory(directory: str) -> tuple[str, str] | None:
 
 
 def _file_kind(mode: int) -> str:
-    for test, what in ((stat.S_ISREG, "a file"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device")):
+    for test, what in (
+        (stat.S_ISREG, "a file"),
+        (stat.S_ISFIFO, "a named pipe (FIFO)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
         if test(mode):
             return what
     return "not a directory"
@@ -113,14 +117,23 @@ class TraceFileExporter(Exporter):
 
     writes_trace_file = True
 
-    def __init__(self, dir: str | os.PathLike[str] = "./profiled_traces", gzip: bool = True,
-                 keep: int = 20, max_mb: float = 1024) -> None:
+    def __init__(
+        self,
+        dir: str | os.PathLike[str] = "./profiled_traces",
+        gzip: bool = True,
+        keep: int = 20,
+        max_mb: float = 1024,
+    ) -> None:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
             raise ValueError(f"keep must be an int >= 0 (0 keeps all), got {keep!r}")
-        if isinstance(max_mb, bool) or not isinstance(max_mb, (int, float)) \
-                or not 0 <= max_mb < float("inf"):
-            raise ValueError(f"max_mb must be a finite number of MiB >= 0 (0: no limit), "
-                             f"got {max_mb!r}")
+        if (
+            isinstance(max_mb, bool)
+            or not isinstance(max_mb, (int, float))
+            or not 0 <= max_mb < float("inf")
+        ):
+            raise ValueError(
+                f"max_mb must be a finite number of MiB >= 0 (0: no limit), got {max_mb!r}"
+            )
         if not isinstance(gzip, bool):
             raise TypeError(f"gzip must be a bool, got {gzip!r}")
         self.dir = os.fspath(dir)
@@ -171,15 +184,23 @@ class TraceFileExporter(Exporter):
         """One warning per kind of failure and directory, keyed by what failed and where, not
         by file name: the temporary name is new at every window, and a full disk must not
         warn at every window."""
-        again = ("Later windows failing the same way are not warned about again until a trace "
-                 "is written there (TraceFileExporter.lost counts them); the report's other "
-                 "outputs are unaffected")
-        blocked = _not_a_directory(directory) if isinstance(
-            exc, (FileExistsError, NotADirectoryError)) else None
+        again = (
+            "Later windows failing the same way are not warned about again until a trace "
+            "is written there (TraceFileExporter.lost counts them); the report's other "
+            "outputs are unaffected"
+        )
+        blocked = (
+            _not_a_directory(directory)
+            if isinstance(exc, (FileExistsError, NotADirectoryError))
+            else None
+        )
         if blocked is not None:
             where, what = blocked
-            found = (f"is {what}, not a directory" if where == directory else
-                     f"cannot be created: {where!r} on its path is {what}, not a directory")
+            found = (
+                f"is {what}, not a directory"
+                if where == directory
+                else f"cannot be created: {where!r} on its path is {what}, not a directory"
+            )
             self._warn_once(
                 ("not a directory", directory),
                 f"trace directory {self.dir!r} (PROFILED_TRACE_DIR, or TraceFileExporter's "
@@ -235,8 +256,7 @@ class TraceFileExporter(Exporter):
         except OSError:
             return True  # cannot be listed now: the next window tidies
         gone = self._prune(directory, mine)
-        return self._bound_size(directory, [f for f in files if f[1] not in gone], newest,
-                                window)
+        return self._bound_size(directory, [f for f in files if f[1] not in gone], newest, window)
 
     def _prune(self, directory: str, mine: list[tuple[int, str]]) -> set[str]:
         """Keep the newest ``keep`` files of this worker (either suffix, so that switching
@@ -249,8 +269,9 @@ class TraceFileExporter(Exporter):
                 gone.add(name)
         return gone
 
-    def _bound_size(self, directory: str, files: list[tuple[int, str, int]], newest: str,
-                    window: int) -> bool:
+    def _bound_size(
+        self, directory: str, files: list[tuple[int, str, int]], newest: str, window: int
+    ) -> bool:
         """Keep all workers' trace ``files`` in ``directory`` within ``max_bytes``, oldest (by
         the time in their names) first; see ``_tidy``."""
         if not self.max_bytes:

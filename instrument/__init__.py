@@ -1,10 +1,10 @@
 """torch-profiled: ``@profiled`` ranges, managed torch.profiler windows, pluggable exports.
 
-    from instrument import profiled
+from instrument import profiled
 
-    @profiled("matmul_bias")
-    def matmul_bias(x, w, b):
-        return x @ w + b
+@profiled("matmul_bias")
+def matmul_bias(x, w, b):
+    return x @ w + b
 """
 
 from .config import Config, ConfigWarning

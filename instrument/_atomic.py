@@ -89,7 +89,7 @@ def _deliver() -> None:
         try:
             handler(signum, sys._getframe(1))
         except BaseException:
-            for later in noted[i + 1:]:
+            for later in noted[i + 1 :]:
                 signal.raise_signal(later)
             raise
 

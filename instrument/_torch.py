@@ -440,15 +440,17 @@ class ProfilerWindow:
     def stoppable_here(self) -> bool:
         """The calling thread may stop this window: any thread for an all-threads profiler,
         else only the thread that started it."""
-        return (self.all_threads or not self.recording
-                or threading.current_thread() is self.owner)
+        return self.all_threads or not self.recording or threading.current_thread() is self.owner
 
     def owner_gone(self) -> bool:
         """The thread that started this thread-local window has ended: its profiler state
         went with the thread's locals, nothing is left to stop."""
         life = self._owner_life
-        return self.recording and not self.all_threads and not (
-            self.owner.is_alive() and life is not None and life.alive)
+        return (
+            self.recording
+            and not self.all_threads
+            and not (self.owner.is_alive() and life is not None and life.alive)
+        )
 
     def forget(self) -> None:
         """Drop a window whose owner thread ended (``owner_gone``): its profiler state went
@@ -459,14 +461,16 @@ class ProfilerWindow:
         with _range_lock:
             _profiler_changes()
             self.abandon()
-            if not _LIVE and not isinstance(PROFILER_FLAG, _AlwaysCheck) and (
-                    PROFILER_FLAG._is_profiler_enabled is OURS):
+            if (
+                not _LIVE
+                and not isinstance(PROFILER_FLAG, _AlwaysCheck)
+                and (PROFILER_FLAG._is_profiler_enabled is OURS)
+            ):
                 PROFILER_FLAG._is_profiler_enabled = False
             if not _LIVE and not profiler_on():
                 _changing_thread = threading.get_ident()
                 try:
-                    clear = torch.profiler.profile(
-                        activities=[torch.profiler.ProfilerActivity.CPU])
+                    clear = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
                     clear.start()
                     clear.stop()
                 except Exception:  # noqa: BLE001 - nothing better to do: windows go on
@@ -495,9 +499,12 @@ class ProfilerWindow:
         the deferred stop), or torch cannot stop without synchronising (then stop at once).
         A thread-local window's drain ends at that thread's steps, its next decorated call,
         or flush()/shutdown()/exit there: the drain's timer cannot stop it."""
-        if not (self.recording and "cuda" in self.activities
-                and (self.all_threads or threading.current_thread() is self.owner)
-                and hasattr(getattr(self._prof, "profiler", None), "use_device")):
+        if not (
+            self.recording
+            and "cuda" in self.activities
+            and (self.all_threads or threading.current_thread() is self.owner)
+            and hasattr(getattr(self._prof, "profiler", None), "use_device")
+        ):
             return None
         try:
             event = torch.cuda.Event()
@@ -717,20 +724,70 @@ def kineto_events(results: Any, with_flops: bool = True) -> list[Any]:
             flops = e.flops() if with_flops else 0
             nbytes = input_bytes(e.shapes(), e.dtypes()) if flops else 0
             # an operator the stop cut short has no end thread (torch's ids start at 1)
-            append(new(Event, ("cpu", name, e.start_ns(), e.duration_ns(), thread, ext, 0,
-                               flops, nbytes,
-                               (USER_ANNOTATION if cat == "user_annotation" else 0)
-                               | (UNFINISHED if e.end_thread_id() == 0 else 0))))
+            append(
+                new(
+                    Event,
+                    (
+                        "cpu",
+                        name,
+                        e.start_ns(),
+                        e.duration_ns(),
+                        thread,
+                        ext,
+                        0,
+                        flops,
+                        nbytes,
+                        (USER_ANNOTATION if cat == "user_annotation" else 0)
+                        | (UNFINISHED if e.end_thread_id() == 0 else 0),
+                    ),
+                )
+            )
         elif cls == 3:
-            runtime.append((name, e.start_ns(), e.duration_ns(), e.start_thread_id(),
-                            e.linked_correlation_id()))
+            runtime.append(
+                (
+                    name,
+                    e.start_ns(),
+                    e.duration_ns(),
+                    e.start_thread_id(),
+                    e.linked_correlation_id(),
+                )
+            )
         elif cls == 4:
-            append(new(Event, (DEVICE_CATEGORIES[cat], name, e.start_ns(), e.duration_ns(),
-                               ("dev", e.device_index(), e.device_resource_id()), 0,
-                               e.linked_correlation_id(), 0, 0, 0)))
+            append(
+                new(
+                    Event,
+                    (
+                        DEVICE_CATEGORIES[cat],
+                        name,
+                        e.start_ns(),
+                        e.duration_ns(),
+                        ("dev", e.device_index(), e.device_resource_id()),
+                        0,
+                        e.linked_correlation_id(),
+                        0,
+                        0,
+                        0,
+                    ),
+                )
+            )
         elif cls == 2:
-            append(new(Event, ("overhead", name, e.start_ns(), e.duration_ns(),
-                               ("os", e.start_thread_id()), 0, 0, 0, 0, 0)))
+            append(
+                new(
+                    Event,
+                    (
+                        "overhead",
+                        name,
+                        e.start_ns(),
+                        e.duration_ns(),
+                        ("os", e.start_thread_id()),
+                        0,
+                        0,
+                        0,
+                        0,
+                        0,
+                    ),
+                )
+            )
     _append_runtime_calls(out, runtime, op_thread)
     return out
 
@@ -767,8 +824,7 @@ def _kineto_class(name: str, cat: str) -> int:
     return 0
 
 
-def _append_runtime_calls(out: list[Any], runtime: list[tuple],
-                          op_thread: dict[int, Any]) -> None:
+def _append_runtime_calls(out: list[Any], runtime: list[tuple], op_thread: dict[int, Any]) -> None:
     """Runtime calls, each on the thread of the operator that made it (its OS thread when
     that operator is not in the window), after every operator has been seen."""
     from .events import Event

@@ -62,7 +62,6 @@ __all__ = [
 ]
 
 
-
 # ---------------------------------------------------------------- the analysis
 
 
@@ -135,19 +134,28 @@ def drop_warmup(events: list[Event]) -> list[Event]:
         return events
     lo = cut if cut is not None else -(1 << 62)
     hi = end if end is not None else 1 << 62
+
     def recorded(ev: Event) -> bool:  # a host event of the recorded steps (the markers too)
         return lo <= ev.start and (ev.start < hi or ev.name == WINDOW_END)
 
-    dropped = {ev.ext or ev.link for ev in events
-               if (ev.kind == "cpu" or ev.kind == "overhead") and not recorded(ev)}
+    dropped = {
+        ev.ext or ev.link
+        for ev in events
+        if (ev.kind == "cpu" or ev.kind == "overhead") and not recorded(ev)
+    }
     dropped.discard(0)
-    return [ev for ev in events
-            if (recorded(ev) if ev.kind == "cpu" or ev.kind == "overhead"
-                else ev.start >= lo and ev.link not in dropped)]
+    return [
+        ev
+        for ev in events
+        if (
+            recorded(ev)
+            if ev.kind == "cpu" or ev.kind == "overhead"
+            else ev.start >= lo and ev.link not in dropped
+        )
+    ]
 
 
-def _take_out_of_ranges(work_ns: int, open_ranges: tuple[tuple[_Range, list[int]], ...]
-                        ) -> int:
+def _take_out_of_ranges(work_ns: int, open_ranges: tuple[tuple[_Range, list[int]], ...]) -> int:
     """The profiler's own work inside ranges is not theirs: it leaves their CPU time and (via
     the occurrence's 4th slot) their wall time. Returns ``work_ns``."""
     for rng, occ in open_ranges:
@@ -172,8 +180,9 @@ def _nest_orphan_bookkeeping(by_thread: dict[Any, list[Event]]) -> None:
             for other, evs in by_thread.items():
                 if other in orphans:
                     continue
-                if any(o.kind == "cpu" and o.start <= start and o.start + o.dur >= end
-                       for o in evs):
+                if any(
+                    o.kind == "cpu" and o.start <= start and o.start + o.dur >= end for o in evs
+                ):
                     home = other
                     break
             if home is None:
@@ -186,8 +195,14 @@ def _nest_orphan_bookkeeping(by_thread: dict[Any, list[Event]]) -> None:
             del by_thread[thread]
 
 
-def analyze(events: Iterable[Event], range_names: Iterable[str] = (), *, top: int = 20,
-            occurrences: OccurrenceBudget | None = None, base_ns: int = 0) -> Analysis:
+def analyze(
+    events: Iterable[Event],
+    range_names: Iterable[str] = (),
+    *,
+    top: int = 20,
+    occurrences: OccurrenceBudget | None = None,
+    base_ns: int = 0,
+) -> Analysis:
     """Aggregate one window's normalised events (see module docstring).
 
     With ``occurrences`` (the span budget of the exporters that want per-call data) the
@@ -199,8 +214,9 @@ def analyze(events: Iterable[Event], range_names: Iterable[str] = (), *, top: in
         if occurrences is not None:
             from .occurrences import window_occurrences
 
-            analysis.occurrences = window_occurrences(events, range_names, occurrences,
-                                                      base_ns=base_ns)
+            analysis.occurrences = window_occurrences(
+                events, range_names, occurrences, base_ns=base_ns
+            )
         return analysis
 
 
@@ -279,7 +295,8 @@ def _walk_thread(host: _Host, evs: list[Event]) -> None:
     outer: dict[str, tuple[_Range, list[int]]] = {}  # outermost open occurrence per name
     open_ranges: tuple[tuple[_Range, list[int]], ...] = ()  # tuple(outer.values())
     for kind, name, start, dur, thread, ext, link, flops, nbytes, annotation in chain(
-            evs, (_CLOSE_ALL,)):
+        evs, (_CLOSE_ALL,)
+    ):
         while stack and stack[-1][0] <= start:
             end, cname, child, cdur, agg = stack.pop()
             self_ns = cdur - child if cdur > child else 0
@@ -334,8 +351,15 @@ def _walk_thread(host: _Host, evs: list[Event]) -> None:
         host.span(evs[0].start, last)
 
 
-def _open_range(host: _Host, outer: dict[str, tuple[_Range, list[int]]], name: str,
-                start: int, end: int, outermost: bool, annotation: int) -> _Range:
+def _open_range(
+    host: _Host,
+    outer: dict[str, tuple[_Range, list[int]]],
+    name: str,
+    start: int,
+    end: int,
+    outermost: bool,
+    annotation: int,
+) -> _Range:
     """A range call begins: count it; an outermost one (no call of the name open around it)
     opens an occurrence, [start, end, last device end, profiler work inside], in ``outer``."""
     agg = host.ranges.get(name)
@@ -351,8 +375,7 @@ def _open_range(host: _Host, outer: dict[str, tuple[_Range, list[int]]], name: s
     return agg
 
 
-def _add_flops(open_ranges: tuple[tuple[_Range, list[int]], ...], flops: int,
-               nbytes: int) -> None:
+def _add_flops(open_ranges: tuple[tuple[_Range, list[int]], ...], flops: int, nbytes: int) -> None:
     for rng, _occ in open_ranges:
         rng.flops += flops
         rng.nbytes += nbytes
@@ -412,9 +435,14 @@ def _range_stats(ranges: dict[str, _Range]) -> dict[str, RangeStats]:
             wall_time_us=wall / 1000.0,
             flops=agg.flops,
             open_calls=agg.open_calls,
-            verdict=judge(device_us=agg.device_ns / 1000.0, busy_us=busy / 1000.0,
-                          wall_us=wall / 1000.0, cpu_us=cpu_us, flops=agg.flops,
-                          input_bytes=agg.nbytes),
+            verdict=judge(
+                device_us=agg.device_ns / 1000.0,
+                busy_us=busy / 1000.0,
+                wall_us=wall / 1000.0,
+                cpu_us=cpu_us,
+                flops=agg.flops,
+                input_bytes=agg.nbytes,
+            ),
         )
     return out
 
@@ -426,13 +454,11 @@ def _summarize(host: _Host, dev: _Device, top: int, count: int) -> Analysis:
         key=lambda o: (-o.self_cpu_time_us, o.name),
     )
     kernel_stats = sorted(
-        (KernelStats(name, kind, n, t / 1000.0)
-         for (name, kind), (n, t) in dev.kernels.items()),
+        (KernelStats(name, kind, n, t / 1000.0) for (name, kind), (n, t) in dev.kernels.items()),
         key=lambda k: (-k.device_time_us, k.name),
     )
     first, last = host.first, host.last
-    wall_all = (max(0, last - first - host.work_ns)
-                if first is not None and last is not None else 0)
+    wall_all = max(0, last - first - host.work_ns) if first is not None and last is not None else 0
     window_bytes = sum(a.nbytes for a in host.ranges.values())
     self_us, device_us = host.self_ns / 1000.0, dev.total_ns / 1000.0
     return Analysis(
@@ -445,21 +471,27 @@ def _summarize(host: _Host, dev: _Device, top: int, count: int) -> Analysis:
         device_busy_us=dev.busy_ns / 1000.0,
         wall_time_us=wall_all / 1000.0,
         flops=host.flops,
-        verdict=judge(device_us=device_us, busy_us=dev.busy_ns / 1000.0,
-                      wall_us=wall_all / 1000.0, cpu_us=self_us,
-                      flops=host.flops, input_bytes=window_bytes),
+        verdict=judge(
+            device_us=device_us,
+            busy_us=dev.busy_ns / 1000.0,
+            wall_us=wall_all / 1000.0,
+            cpu_us=self_us,
+            flops=host.flops,
+            input_bytes=window_bytes,
+        ),
         event_count=count,
     )
 
 
-def analyze_trace(trace: Mapping[str, Any], range_names: Iterable[str] = (), *,
-                  top: int = 20) -> Analysis:
+def analyze_trace(
+    trace: Mapping[str, Any], range_names: Iterable[str] = (), *, top: int = 20
+) -> Analysis:
     """Analyse a loaded Chrome/Kineto trace (``tracefile.load_trace``)."""
     return analyze(events_from_trace(trace), range_names, top=top)
 
 
-def analyze_events(events: Iterable[Mapping[str, Any]], range_names: Iterable[str], *,
-                   top: int = 20) -> Analysis:
+def analyze_events(
+    events: Iterable[Mapping[str, Any]], range_names: Iterable[str], *, top: int = 20
+) -> Analysis:
     """Analyse raw Chrome trace event dicts (``trace["traceEvents"]``)."""
     return analyze(events_from_trace({"traceEvents": events}), range_names, top=top)
-

@@ -40,8 +40,7 @@ import time
 import warnings
 from typing import Any
 
-__all__ = ["SUPPORTED", "AnalysisProcess", "AnalysisProcessError", "shape_and_analyze",
-           "shared"]
+__all__ = ["SUPPORTED", "AnalysisProcess", "AnalysisProcessError", "shape_and_analyze", "shared"]
 
 START_TIMEOUT_S = 30.0
 """How long the helper may take to start (a Python interpreter on a loaded machine)."""
@@ -62,8 +61,7 @@ class AnalysisProcessError(RuntimeError):
     """The helper could not do a window's work; the caller does it in-process."""
 
 
-def shape_and_analyze(raw: str, names: Any, dist: dict[str, Any],
-                      occurrences: Any = None) -> Any:
+def shape_and_analyze(raw: str, names: Any, dist: dict[str, Any], occurrences: Any = None) -> Any:
     """Shape the raw trace at ``raw`` in place and analyze it: the helper's work, and the
     in-process fallback's when torch's events cannot be read directly. With ``occurrences``
     (a ``report.OccurrenceBudget``) the analysis carries the window's per-call occurrences."""
@@ -71,8 +69,12 @@ def shape_and_analyze(raw: str, names: Any, dist: dict[str, Any],
     from .tracefile import shape_file
 
     trace = shape_file(raw, names, dist)
-    return analyze(events_from_trace(trace), names, occurrences=occurrences,
-                   base_ns=int(trace.get("baseTimeNanoseconds") or 0))
+    return analyze(
+        events_from_trace(trace),
+        names,
+        occurrences=occurrences,
+        base_ns=int(trace.get("baseTimeNanoseconds") or 0),
+    )
 
 
 # ---------------------------------------------------------------- the parent's side
@@ -95,9 +97,15 @@ class AnalysisProcess:
         proc = self._proc
         return proc.pid if proc is not None and proc.poll() is None else None
 
-    def analyze(self, raw: str, names: Any, dist: dict[str, Any],
-                timeout: float = WINDOW_TIMEOUT_S, *,
-                occurrences: Any = None) -> tuple[Any, list[str]]:
+    def analyze(
+        self,
+        raw: str,
+        names: Any,
+        dist: dict[str, Any],
+        timeout: float = WINDOW_TIMEOUT_S,
+        *,
+        occurrences: Any = None,
+    ) -> tuple[Any, list[str]]:
         """``shape_and_analyze`` in the helper: (the Analysis, warnings it gave)."""
         with self._lock:
             if self.failed is not None:
@@ -107,11 +115,16 @@ class AnalysisProcess:
                     self._start()
                 assert self._proc is not None and self._requests is not None
                 # the helper runs in "/": a relative path would name another file there
-                _send_frame(self._requests, ("analyze", os.path.abspath(raw), tuple(names),
-                                             dict(dist), occurrences))
+                _send_frame(
+                    self._requests,
+                    ("analyze", os.path.abspath(raw), tuple(names), dict(dist), occurrences),
+                )
                 reply = _read_frame(self._proc.stdout, time.monotonic() + timeout)
-                if not (isinstance(reply, tuple) and len(reply) in (2, 3)
-                        and reply[0] in ("ok", "error")):
+                if not (
+                    isinstance(reply, tuple)
+                    and len(reply) in (2, 3)
+                    and reply[0] in ("ok", "error")
+                ):
                     raise ValueError(f"unexpected reply {type(reply).__name__}")
             except Exception as exc:  # noqa: BLE001 - whatever broke, the helper is given up
                 self._fail(f"the analysis helper process failed ({exc!r})")
@@ -128,8 +141,14 @@ class AnalysisProcess:
         ours, theirs = socket.socketpair()
         try:
             self._proc = subprocess.Popen(
-                argv, stdin=theirs.fileno(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                start_new_session=True, close_fds=True, cwd="/", env=env,
+                argv,
+                stdin=theirs.fileno(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                close_fds=True,
+                cwd="/",
+                env=env,
             )
         except BaseException:
             ours.close()
@@ -213,8 +232,17 @@ def _acquire(lock: threading.Lock, deadline: float) -> bool:
 
 # ---------------------------------------------------------------- the helper's command line
 
-ENV_KEPT = frozenset({"LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH", "DYLD_FALLBACK_LIBRARY_PATH",
-                      "LANG", "LANGUAGE", "TMPDIR", "TZ"})
+ENV_KEPT = frozenset(
+    {
+        "LD_LIBRARY_PATH",
+        "DYLD_LIBRARY_PATH",
+        "DYLD_FALLBACK_LIBRARY_PATH",
+        "LANG",
+        "LANGUAGE",
+        "TMPDIR",
+        "TZ",
+    }
+)
 """What the helper keeps of the program's environment (and ``LC_*``): where a relocated
 interpreter's shared library is, the locale (the encoding of the paths it is sent) and the
 temporary directory. Nothing of Python's (``PYTHONPATH``, ``PYTHONSTARTUP``,
@@ -235,8 +263,7 @@ def _command() -> tuple[list[str], dict[str, str]]:
         # this interpreter found its standard library through PYTHONHOME, which -I would
         # ignore: the helper gets the same home, in an environment without the rest
         prefix, exec_prefix = sys.base_prefix, sys.base_exec_prefix
-        env["PYTHONHOME"] = (prefix if prefix == exec_prefix
-                             else prefix + os.pathsep + exec_prefix)
+        env["PYTHONHOME"] = prefix if prefix == exec_prefix else prefix + os.pathsep + exec_prefix
         flags += ["-s"] + (["-P"] if sys.version_info >= (3, 11) else [])
     else:
         flags.append("-I")  # isolated: no PYTHON* variables, no user site, no current dir

@@ -128,8 +128,9 @@ def find_traces(path: str) -> list[str]:
             entries = [e for e in os.scandir(path) if not e.name.startswith(".")]
             files = sorted(e.name for e in entries if e.is_file())
         except OSError as exc:
-            raise InputError(path, f"cannot list the directory ({exc.strerror or exc})",
-                             EXPECT_PATH) from None
+            raise InputError(
+                path, f"cannot list the directory ({exc.strerror or exc})", EXPECT_PATH
+            ) from None
         chosen = [n for n in files if n.endswith(PREFERRED_SUFFIXES)]
         if not chosen:
             chosen = [n for n in files if n.endswith(TRACE_SUFFIXES)]
@@ -163,8 +164,12 @@ def _mb(n: int) -> str:
 
 def _too_large(path: str, what: str, limit_mb: int, suggest: int) -> InputError:
     """The one line for a trace past ``--max-mb``: which file, the limit, how to raise it."""
-    return InputError(path, what, f"expected at most {limit_mb} MB of JSON text (--max-mb); "
-                                  f"to read it, raise the limit, e.g. --max-mb {suggest}")
+    return InputError(
+        path,
+        what,
+        f"expected at most {limit_mb} MB of JSON text (--max-mb); "
+        f"to read it, raise the limit, e.g. --max-mb {suggest}",
+    )
 
 
 class _Readable(Protocol):
@@ -193,21 +198,34 @@ def _read_text(path: str, max_bytes: int) -> str:
     limit_mb = max_bytes // MB
     gz = path.endswith(".gz")
     if gz and size > max_bytes + max_bytes // 1000 + _GZIP_SLACK:
-        raise _too_large(path, f"the compressed file alone is {_mb(size)}: its JSON is past the "
-                               f"{limit_mb} MB limit (not read)", limit_mb, 2 * limit_mb)
+        raise _too_large(
+            path,
+            f"the compressed file alone is {_mb(size)}: its JSON is past the "
+            f"{limit_mb} MB limit (not read)",
+            limit_mb,
+            2 * limit_mb,
+        )
     if not gz and size > max_bytes:
-        raise _too_large(path, f"{_mb(size)} of JSON, past the {limit_mb} MB limit (not read)",
-                         limit_mb, -(-size // MB))
-    with (gzip.open(path, "rb") if gz else open(path, "rb")) as f:
+        raise _too_large(
+            path,
+            f"{_mb(size)} of JSON, past the {limit_mb} MB limit (not read)",
+            limit_mb,
+            -(-size // MB),
+        )
+    with gzip.open(path, "rb") if gz else open(path, "rb") as f:
         buf = _read_capped(f, max_bytes)
     if buf is None:
-        what = (f"decompresses to more than {limit_mb} MB (the .gz is {_mb(size)}; stopped "
-                "reading at the limit)" if gz else
-                f"more than {limit_mb} MB of JSON (it grew while read; stopped at the limit)")
+        what = (
+            f"decompresses to more than {limit_mb} MB (the .gz is {_mb(size)}; stopped "
+            "reading at the limit)"
+            if gz
+            else f"more than {limit_mb} MB of JSON (it grew while read; stopped at the limit)"
+        )
         raise _too_large(path, what, limit_mb, 2 * limit_mb)
     if not buf:
-        raise InputError(path, "empty file" if size == 0 else "decompresses to nothing",
-                         EXPECT_TRACE)
+        raise InputError(
+            path, "empty file" if size == 0 else "decompresses to nothing", EXPECT_TRACE
+        )
     if buf.isspace():  # ASCII whitespace; stops at the first other byte
         raise InputError(path, f"only whitespace ({len(buf):,} bytes), no JSON", EXPECT_TRACE)
     return buf.decode("utf-8")
@@ -221,23 +239,33 @@ def load_checked(path: str, max_bytes: int = DEFAULT_MAX_MB * MB) -> dict[str, A
         trace = json.loads(_read_text(path, max_bytes))
     except gzip.BadGzipFile as exc:
         if _is_gzip(path):  # a gzip header, then damage (a CRC or length mismatch)
-            raise InputError(path, f"corrupt gzip data ({exc})",
-                             "expected a complete .json.gz trace") from None
-        raise InputError(path, f"not gzip data ({exc})",
-                         "expected a gzip-compressed trace (.json.gz) or plain .json") from None
+            raise InputError(
+                path, f"corrupt gzip data ({exc})", "expected a complete .json.gz trace"
+            ) from None
+        raise InputError(
+            path,
+            f"not gzip data ({exc})",
+            "expected a gzip-compressed trace (.json.gz) or plain .json",
+        ) from None
     except EOFError:
-        raise InputError(path, "truncated gzip file (the compressed data ends early)",
-                         "expected a complete .json.gz trace") from None
+        raise InputError(
+            path,
+            "truncated gzip file (the compressed data ends early)",
+            "expected a complete .json.gz trace",
+        ) from None
     except zlib.error as exc:
-        raise InputError(path, f"corrupt gzip data ({exc})",
-                         "expected a complete .json.gz trace") from None
+        raise InputError(
+            path, f"corrupt gzip data ({exc})", "expected a complete .json.gz trace"
+        ) from None
     except OSError as exc:
         raise InputError(path, f"cannot read ({exc.strerror or exc})", EXPECT_PATH) from None
     except UnicodeDecodeError:
         if not gz and _is_gzip(path):
-            raise InputError(path, "gzip-compressed data in a file not named .gz",
-                             "expected plain JSON here (name a compressed trace .json.gz)"
-                             ) from None
+            raise InputError(
+                path,
+                "gzip-compressed data in a file not named .gz",
+                "expected plain JSON here (name a compressed trace .json.gz)",
+            ) from None
         raise InputError(path, "not JSON (not UTF-8 text)", EXPECT_TRACE) from None
     except json.JSONDecodeError as exc:
         what = f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
@@ -247,22 +275,25 @@ def load_checked(path: str, max_bytes: int = DEFAULT_MAX_MB * MB) -> dict[str, A
             what = f"truncated JSON (the document stops before its end; {exc.msg})"
         raise InputError(path, what, EXPECT_TRACE) from None
     except (ValueError, RecursionError, MemoryError) as exc:
-        raise InputError(path, f"unreadable JSON ({type(exc).__name__}: {exc})",
-                         EXPECT_TRACE) from None
+        raise InputError(
+            path, f"unreadable JSON ({type(exc).__name__}: {exc})", EXPECT_TRACE
+        ) from None
     if isinstance(trace, list):  # Chrome's "JSON array format": the events alone
         trace = {"traceEvents": trace}
     if not isinstance(trace, dict):
-        raise InputError(path, f"JSON {type(trace).__name__}, not an object with "
-                               "\"traceEvents\"", EXPECT_TRACE)
+        raise InputError(
+            path, f'JSON {type(trace).__name__}, not an object with "traceEvents"', EXPECT_TRACE
+        )
     events = trace.get("traceEvents")
     if events is None:
-        raise InputError(path, "JSON without \"traceEvents\"", EXPECT_TRACE)
+        raise InputError(path, 'JSON without "traceEvents"', EXPECT_TRACE)
     if not isinstance(events, list):
-        raise InputError(path, f"\"traceEvents\" is a JSON {type(events).__name__}, not a list",
-                         EXPECT_TRACE)
+        raise InputError(
+            path, f'"traceEvents" is a JSON {type(events).__name__}, not a list', EXPECT_TRACE
+        )
     for i, ev in enumerate(events):
         if not isinstance(ev, dict):
-            raise InputError(path, f"\"traceEvents\"[{i}] is not an object", EXPECT_TRACE)
+            raise InputError(path, f'"traceEvents"[{i}] is not an object', EXPECT_TRACE)
     return trace
 
 
@@ -303,8 +334,9 @@ def report_from_trace(
     try:
         analysis = analyze_trace(trace, names, top=rows)
     except Exception as exc:  # noqa: BLE001 - a malformed event: bad input, not a crash
-        raise InputError(path, f"events could not be analyzed ({type(exc).__name__}: {exc})",
-                         EXPECT_TRACE) from None
+        raise InputError(
+            path, f"events could not be analyzed ({type(exc).__name__}: {exc})", EXPECT_TRACE
+        ) from None
     facts = _scan_events(trace["traceEvents"])
     start_ns, end_ns = _wall_clock_ns(trace, facts.first_us, facts.last_us)
     rank, world_size = _rank_of(trace)
@@ -353,7 +385,7 @@ def _scan_events(events: list[dict[str, Any]]) -> _EventFacts:
         name = ev.get("name")
         if isinstance(name, str) and name.startswith(STEP_PREFIX):
             try:
-                facts.steps.add(int(name[len(STEP_PREFIX):]))
+                facts.steps.add(int(name[len(STEP_PREFIX) :]))
             except ValueError:
                 pass
         if ev.get("cat") in DEVICE_CATEGORIES:
@@ -369,8 +401,7 @@ def _scan_events(events: list[dict[str, Any]]) -> _EventFacts:
     return facts
 
 
-def _wall_clock_ns(trace: dict[str, Any], lo: float | None, hi: float | None
-                   ) -> tuple[int, int]:
+def _wall_clock_ns(trace: dict[str, Any], lo: float | None, hi: float | None) -> tuple[int, int]:
     """The window's start and end in epoch nanoseconds, or ``(0, 0)`` when the trace cannot
     tell: ``baseTimeNanoseconds + ts * 1000``, or, from older torch, absolute ``ts``."""
     if lo is None or hi is None:
@@ -396,8 +427,7 @@ def _device_name(trace: dict[str, Any]) -> str:
     """The first device's name from ``deviceProperties``, for a trace with device work only
     (torch lists the GPUs even in CPU-only traces); ``cpu`` when it names none."""
     props = trace.get("deviceProperties")
-    if isinstance(props, list) and props and isinstance(props[0], dict) \
-            and props[0].get("name"):
+    if isinstance(props, list) and props and isinstance(props[0], dict) and props[0].get("name"):
         return str(props[0]["name"])
     return "cpu"
 
@@ -415,16 +445,24 @@ def _collect(paths: Sequence[str]) -> list[str]:
     return files
 
 
-def _reports(paths: Sequence[str], *, rows: int, range_names: Iterable[str] = (),
-             max_bytes: int = DEFAULT_MAX_MB * MB, only_named: bool = True
-             ) -> list[WindowReport]:
+def _reports(
+    paths: Sequence[str],
+    *,
+    rows: int,
+    range_names: Iterable[str] = (),
+    max_bytes: int = DEFAULT_MAX_MB * MB,
+    only_named: bool = True,
+) -> list[WindowReport]:
     """One report per trace; a directory's traces ordered by rank, then time."""
     names = tuple(range_names)
     out: list[WindowReport] = []
     for path in paths:
-        group = [report_from_trace(f, load_checked(f, max_bytes), rows=rows, range_names=names,
-                                   only_named=only_named)
-                 for f in _collect([path])]
+        group = [
+            report_from_trace(
+                f, load_checked(f, max_bytes), rows=rows, range_names=names, only_named=only_named
+            )
+            for f in _collect([path])
+        ]
         if os.path.isdir(path):
             group.sort(key=lambda r: (r.rank, r.start_ns, r.trace_file or ""))
         out.extend(group)
@@ -510,15 +548,20 @@ def format_rank_summary(summary: dict[str, Any], rows: int) -> str:
     title = f"ranks side by side | CPU time per range (inclusive) | {len(ranks)} ranks"
     counts = set(summary["traces_per_rank"].values())
     if counts != {1}:
-        title += f" | {counts.pop()} traces each, summed" if len(counts) == 1 \
+        title += (
+            f" | {counts.pop()} traces each, summed"
+            if len(counts) == 1
             else " | each rank's traces summed"
+        )
     lines = [fit(title, WIDTH)]
     if not summary["same_steps"]:
         # the failure this section exists to catch: ranks that profiled different steps
-        listed = "; ".join(f"rank {r}: {_runs(v) or 'none'}"
-                           for r, v in summary["steps_per_rank"].items())
-        lines.append("note: the ranks recorded different steps; their times do not compare "
-                     "like with like")
+        listed = "; ".join(
+            f"rank {r}: {_runs(v) or 'none'}" for r, v in summary["steps_per_rank"].items()
+        )
+        lines.append(
+            "note: the ranks recorded different steps; their times do not compare like with like"
+        )
         lines.append(fit(f"  steps: {listed}", WIDTH))
     lines.append("-" * WIDTH)
     if each:
@@ -538,8 +581,10 @@ def format_rank_summary(summary: dict[str, Any], rows: int) -> str:
         else:
             vals = f"{_t(s['min_us']):>12}{_t(s['median_us']):>12}{_t(s['max_us']):>12}"
             more = f"{str(len(by_rank)) + '/' + str(len(ranks)):>8}"
-        rest = (f"{'rank ' + str(s['slowest_rank']):>10}{_t(s['spread_us']):>12}"
-                f"{_ratio_text(s['ratio']):>9}")
+        rest = (
+            f"{'rank ' + str(s['slowest_rank']):>10}{_t(s['spread_us']):>12}"
+            f"{_ratio_text(s['ratio']):>9}"
+        )
         return row(name, vals + rest + more)
 
     if summary["ranges"]:
@@ -589,12 +634,23 @@ def _side(path: str, max_bytes: int = DEFAULT_MAX_MB * MB) -> dict[str, Any]:
             acc[1] += o.self_cpu_time_us
         totals["self_cpu_time_total_us"] += rep.self_cpu_time_total_us
         totals["self_device_time_total_us"] += rep.self_device_time_total_us
-    return {"path": path, "traces": files, "ranges": ranges, "kernels": kernels, "ops": ops,
-            "totals": totals}
+    return {
+        "path": path,
+        "traces": files,
+        "ranges": ranges,
+        "kernels": kernels,
+        "ops": ops,
+        "totals": totals,
+    }
 
 
-def _compare(before: dict[str, list[Any]], after: dict[str, list[Any]], index: int,
-             rows: int, kinds: bool = False) -> list[dict[str, Any]]:
+def _compare(
+    before: dict[str, list[Any]],
+    after: dict[str, list[Any]],
+    index: int,
+    rows: int,
+    kinds: bool = False,
+) -> list[dict[str, Any]]:
     """Rows for names on either side, largest absolute change first."""
     out = []
     for name in set(before) | set(after):
@@ -630,8 +686,12 @@ def diff_sides(a: dict[str, Any], b: dict[str, Any], rows: int) -> dict[str, Any
     totals = {}
     for key in ("self_cpu_time_total_us", "self_device_time_total_us"):
         bv, av = a["totals"][key], b["totals"][key]
-        totals[key] = {"before_us": bv, "after_us": av, "delta_us": av - bv,
-                       "ratio": _ratio(av, bv)}
+        totals[key] = {
+            "before_us": bv,
+            "after_us": av,
+            "delta_us": av - bv,
+            "ratio": _ratio(av, bv),
+        }
     result["totals"] = totals
     return result
 
@@ -644,8 +704,10 @@ def _calls(b: int | None, a: int | None) -> str:
 
 def _change(item: dict[str, Any]) -> str:
     """A diff row's numbers: before, after, delta and after/before, aligned."""
-    return (f"{_t(item['before_us']):>12}{_t(item['after_us']):>12}"
-            f"{format_delta_us(item['delta_us']):>13}{_ratio_text(item['ratio']):>9}")
+    return (
+        f"{_t(item['before_us']):>12}{_t(item['after_us']):>12}"
+        f"{format_delta_us(item['delta_us']):>13}{_ratio_text(item['ratio']):>9}"
+    )
 
 
 def format_diff(d: dict[str, Any]) -> str:
@@ -659,15 +721,20 @@ def format_diff(d: dict[str, Any]) -> str:
 
     def section(title: str, items: list[dict[str, Any]], empty: str) -> None:
         lines.append(rule)
-        lines.append(row(title, f"{'before':>12}{'after':>12}{'delta':>13}{'ratio':>9}"
-                                 f"{'calls':>14}"))
+        lines.append(
+            row(title, f"{'before':>12}{'after':>12}{'delta':>13}{'ratio':>9}{'calls':>14}")
+        )
         if not items:
             lines.append(empty)
         for it in items:
-            name = it["name"] if "kind" not in it or it["kind"] == "kernel" \
+            name = (
+                it["name"]
+                if "kind" not in it or it["kind"] == "kernel"
                 else f"{it['name']} [{it['kind']}]"
-            lines.append(row(
-                name, _change(it) + f"{_calls(it['calls_before'], it['calls_after']):>14}"))
+            )
+            lines.append(
+                row(name, _change(it) + f"{_calls(it['calls_before'], it['calls_after']):>14}")
+            )
 
     section("range (CPU total)", d["ranges"], "(no range on either side)")
     if d["range_device_time"]:
@@ -677,8 +744,10 @@ def format_diff(d: dict[str, Any]) -> str:
     section("operator (self CPU)", d["operators"], "(no operator on either side)")
     lines.append(rule)
     labels = [("self_cpu_time_total_us", "Self CPU time total")]
-    if d["totals"]["self_device_time_total_us"]["before_us"] or \
-            d["totals"]["self_device_time_total_us"]["after_us"]:
+    if (
+        d["totals"]["self_device_time_total_us"]["before_us"]
+        or d["totals"]["self_device_time_total_us"]["after_us"]
+    ):
         labels.append(("self_device_time_total_us", "Self CUDA time total"))
     for key, label in labels:
         t = d["totals"][key]
@@ -704,8 +773,10 @@ def _missing_range_message(missing: Sequence[str], present: Iterable[str], trace
     read = f"{traces} trace{'s' if traces != 1 else ''} read"
     head = f"--range {', '.join(repr(m) for m in missing)}: no such range in the {read}"
     if not there:
-        return (f"{head}: they hold no ranges (no record_function or @profiled range ran); "
-                "expected an operator's name then (nothing printed)")
+        return (
+            f"{head}: they hold no ranges (no record_function or @profiled range ran); "
+            "expected an operator's name then (nothing printed)"
+        )
     lowered = {n.lower(): n for n in reversed(there)}  # "MB" finds "mb"
     hints = []
     for name in missing:
@@ -717,8 +788,10 @@ def _missing_range_message(missing: Sequence[str], present: Iterable[str], trace
     listed = ", ".join(repr(n) for n in there[:RANGES_LISTED])
     if len(there) > RANGES_LISTED:
         listed += f", ... ({len(there)} in all)"
-    return (f"{head}{hint}; ranges there: {listed}; expected one of them or an operator's "
-            "name (nothing printed)")
+    return (
+        f"{head}{hint}; ranges there: {listed}; expected one of them or an operator's "
+        "name (nothing printed)"
+    )
 
 
 def _summarize(args: argparse.Namespace) -> str:
@@ -726,8 +799,9 @@ def _summarize(args: argparse.Namespace) -> str:
 
     wanted = list(dict.fromkeys(args.range or ()))
     # every range kept at first: a name missing everywhere is told apart from the ranges there
-    reports = _reports(args.paths, rows=args.rows, range_names=wanted,
-                       max_bytes=args.max_mb * MB, only_named=False)
+    reports = _reports(
+        args.paths, rows=args.rows, range_names=wanted, max_bytes=args.max_mb * MB, only_named=False
+    )
     if wanted:
         found = {name for r in reports for name in r.ranges}
         missing = [n for n in wanted if n not in found]
@@ -768,10 +842,14 @@ def _positive_int(text: str) -> int:
 def _max_mb_option(parser: argparse.ArgumentParser) -> None:
     """``--max-mb``: on every command that reads traces (the bound on a gzip bomb's cost)."""
     parser.add_argument(
-        "--max-mb", type=_positive_int, default=DEFAULT_MAX_MB, metavar="MB",
+        "--max-mb",
+        type=_positive_int,
+        default=DEFAULT_MAX_MB,
+        metavar="MB",
         help=f"refuse a trace with more than MB megabytes (2^20 bytes) of JSON, for .json.gz "
-             f"once decompressed, checked while reading (default {DEFAULT_MAX_MB}: real windows "
-             f"write up to ~200 MB, and a trace takes ~5x its size in memory to analyze)")
+        f"once decompressed, checked while reading (default {DEFAULT_MAX_MB}: real windows "
+        f"write up to ~200 MB, and a trace takes ~5x its size in memory to analyze)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -780,42 +858,57 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Summarize and compare torch.profiler traces (Chrome/Kineto JSON, "
-                    ".json or .json.gz), from torch-profiled or from any torch.profiler user.",
+        ".json or .json.gz), from torch-profiled or from any torch.profiler user.",
         epilog="Exit status: 0 ok, 2 bad input or usage. See 'torch-profiled COMMAND -h'.",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     s = sub.add_parser(
-        "summarize", help="print the table for each trace (and the spread between ranks)",
+        "summarize",
+        help="print the table for each trace (and the spread between ranks)",
         description="Print the torch-profiled table for each trace: ranges (record_function / "
-                    "@profiled), top operators and kernels, totals and verdicts. Traces from "
-                    "several ranks also get a 'ranks side by side' section.",
+        "@profiled), top operators and kernels, totals and verdicts. Traces from "
+        "several ranks also get a 'ranks side by side' section.",
         epilog="With --json: one object for one trace, a list for several, and "
-               "{\"reports\": [...], \"ranks\": {...}} for traces of several ranks.",
+        '{"reports": [...], "ranks": {...}} for traces of several ranks.',
     )
-    s.add_argument("paths", nargs="+", metavar="PATH",
-                   help="a trace file (.json, .json.gz) or a directory of them")
+    s.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="a trace file (.json, .json.gz) or a directory of them",
+    )
     s.add_argument("--json", action="store_true", help="print the report(s) as JSON")
-    s.add_argument("--range", action="append", metavar="NAME",
-                   help="keep only this range (repeatable); also finds a range recorded as "
-                        "an operator")
-    s.add_argument("--rows", type=_positive_int, default=15, metavar="N",
-                   help="rows per table section (default 15)")
+    s.add_argument(
+        "--range",
+        action="append",
+        metavar="NAME",
+        help="keep only this range (repeatable); also finds a range recorded as an operator",
+    )
+    s.add_argument(
+        "--rows",
+        type=_positive_int,
+        default=15,
+        metavar="N",
+        help="rows per table section (default 15)",
+    )
     _max_mb_option(s)
     s.set_defaults(func=_summarize)
 
     d = sub.add_parser(
-        "diff", help="compare two traces (or directories): did my change make it faster?",
+        "diff",
+        help="compare two traces (or directories): did my change make it faster?",
         description="Per range, device kernel and operator (self CPU time): before, after, "
-                    "delta and ratio (after/before), largest absolute change first. A "
-                    "directory is summed over its traces. '-' marks a name missing on a side.",
+        "delta and ratio (after/before), largest absolute change first. A "
+        "directory is summed over its traces. '-' marks a name missing on a side.",
     )
     d.add_argument("before", metavar="A", help="the trace (or directory) before the change")
     d.add_argument("after", metavar="B", help="the trace (or directory) after the change")
     d.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    d.add_argument("--rows", type=_positive_int, default=15, metavar="N",
-                   help="rows per section (default 15)")
+    d.add_argument(
+        "--rows", type=_positive_int, default=15, metavar="N", help="rows per section (default 15)"
+    )
     _max_mb_option(d)
     d.set_defaults(func=_diff)
     return parser
@@ -872,6 +965,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # noqa: BLE001 - a bug or an input nobody foresaw: one line
-        _error(f"unexpected {type(exc).__name__}: {exc} (please report this with the command "
-               "and the trace)")
+        _error(
+            f"unexpected {type(exc).__name__}: {exc} (please report this with the command "
+            "and the trace)"
+        )
         return EXIT_FAILURE

@@ -67,95 +67,211 @@ MAX_TRACE_MAX_MB = 1048576.0
 # ---------------------------------------------------------------- the declarations
 
 CHILDREN = Setting(
-    "children", "PROFILED_CHILDREN", False, **boolean(),
+    "children",
+    "PROFILED_CHILDREN",
+    False,
+    **boolean(),
     doc="`1`: processes a profiled process starts (DataLoader workers, `multiprocessing` spawn, "
-        "`subprocess`) profile themselves too; by default `@profiled` returns the function "
-        "itself there")
+    "`subprocess`) profile themselves too; by default `@profiled` returns the function "
+    "itself there",
+)
 
 PARENT_PID = Setting(
-    "parent_pid", "PROFILED_PARENT_PID", None, parse=None, check=lambda name, value: value,
+    "parent_pid",
+    "PROFILED_PARENT_PID",
+    None,
+    parse=None,
+    check=lambda name, value: value,
     shown="set by the SDK",
     doc="the process id of a process whose profiling started, inherited by the processes it "
-        "starts; do not set it")
+    "starts; do not set it",
+)
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("enabled", "PROFILED_ENABLED", True, **boolean(),
-            doc="`0`: `@profiled` returns the function itself (read when the decorator is "
-                "applied), context forms do nothing, no profiler starts"),
-    Setting("exporters", "PROFILED_EXPORTERS", ("console", "trace"), **kinds.exporters(),
-            doc="comma-separated exporter names; empty or `none`: no exporters, and no "
-                "profiler window opens (nor when every name is unknown: one warning)"),
-    Setting("schedule", "PROFILED_SCHEDULE", Schedule(), **kinds.schedule(),
-            doc="the ambient session's schedule; missing keys keep their defaults"),
-    Setting("activities", "PROFILED_ACTIVITIES", None, **kinds.activities(), shown="auto",
-            doc="`auto` (CPU plus the accelerator torch sees) or a subset of "
-                f"`{','.join(KNOWN_ACTIVITIES)}`"),
-    Setting("record_shapes", "PROFILED_RECORD_SHAPES", False, **boolean(),
-            doc="record operator input shapes"),
-    Setting("profile_memory", "PROFILED_PROFILE_MEMORY", False, **boolean(),
-            doc="record tensor allocations"),
-    Setting("all_threads", "PROFILED_ALL_THREADS", False, **boolean(),
-            doc="`1`: windows record every thread, not only the one that started the window. "
-                "Unsafe where other threads run torch operators while a window starts or "
-                "stops (torch's all-threads profiling can then crash the process; see known "
-                "limits); `PROFILED_PROFILE_MEMORY=1` windows still record one thread"),
-    Setting("with_stack", "PROFILED_WITH_STACK", False, **boolean(),
-            doc="record Python stacks"),
-    Setting("with_flops", "PROFILED_WITH_FLOPS", False, **boolean(),
-            doc="estimate FLOPs of matrix multiplications and convolutions"),
-    Setting("trace_dir", "PROFILED_TRACE_DIR", "./profiled_traces", **kinds.path(),
-            doc="where the `trace` exporter writes"),
-    Setting("trace_gzip", "PROFILED_TRACE_GZIP", True, **boolean(),
-            doc="`.pt.trace.json.gz` (1) or `.pt.trace.json` (0)"),
-    Setting("trace_keep", "PROFILED_TRACE_KEEP", 20, **integer(0, note="0 keeps all"),
-            doc="newest trace files kept per worker (0: all)"),
-    Setting("trace_max_mb", "PROFILED_TRACE_MAX_MB", 1024.0,
-            **number(0.0, MAX_TRACE_MAX_MB, unit=" of MiB", note="1 TiB; 0: no limit"),
-            doc="MiB of trace files kept in the trace directory, all workers together, oldest "
-                "removed first; other files there are never touched (fractions allowed; 0: no "
-                "limit; at most 1048576)"),
-    Setting("ranks", "PROFILED_RANKS", RankSet(), **kinds.ranks(),
-            doc="ranks that profile: `all`, `0,3`, `0-7` or a mix (ranks up to 2147483647, at "
-                "most 1024 terms); other ranks start no profiler. A rank is torch.distributed's "
-                "when it is initialised at the first decorated call, else `RANK` (`LOCAL_RANK`; "
-                "0 without either)"),
-    Setting("json_path", "PROFILED_JSON_PATH", "./profiled_reports.jsonl", **kinds.path(),
-            doc="where the `json` exporter appends one line per window (`-`: standard "
-                "output); must be a regular file: a link, FIFO or directory there is refused "
-                "with one warning"),
+    Setting(
+        "enabled",
+        "PROFILED_ENABLED",
+        True,
+        **boolean(),
+        doc="`0`: `@profiled` returns the function itself (read when the decorator is "
+        "applied), context forms do nothing, no profiler starts",
+    ),
+    Setting(
+        "exporters",
+        "PROFILED_EXPORTERS",
+        ("console", "trace"),
+        **kinds.exporters(),
+        doc="comma-separated exporter names; empty or `none`: no exporters, and no "
+        "profiler window opens (nor when every name is unknown: one warning)",
+    ),
+    Setting(
+        "schedule",
+        "PROFILED_SCHEDULE",
+        Schedule(),
+        **kinds.schedule(),
+        doc="the ambient session's schedule; missing keys keep their defaults",
+    ),
+    Setting(
+        "activities",
+        "PROFILED_ACTIVITIES",
+        None,
+        **kinds.activities(),
+        shown="auto",
+        doc="`auto` (CPU plus the accelerator torch sees) or a subset of "
+        f"`{','.join(KNOWN_ACTIVITIES)}`",
+    ),
+    Setting(
+        "record_shapes",
+        "PROFILED_RECORD_SHAPES",
+        False,
+        **boolean(),
+        doc="record operator input shapes",
+    ),
+    Setting(
+        "profile_memory",
+        "PROFILED_PROFILE_MEMORY",
+        False,
+        **boolean(),
+        doc="record tensor allocations",
+    ),
+    Setting(
+        "all_threads",
+        "PROFILED_ALL_THREADS",
+        False,
+        **boolean(),
+        doc="`1`: windows record every thread, not only the one that started the window. "
+        "Unsafe where other threads run torch operators while a window starts or "
+        "stops (torch's all-threads profiling can then crash the process; see known "
+        "limits); `PROFILED_PROFILE_MEMORY=1` windows still record one thread",
+    ),
+    Setting("with_stack", "PROFILED_WITH_STACK", False, **boolean(), doc="record Python stacks"),
+    Setting(
+        "with_flops",
+        "PROFILED_WITH_FLOPS",
+        False,
+        **boolean(),
+        doc="estimate FLOPs of matrix multiplications and convolutions",
+    ),
+    Setting(
+        "trace_dir",
+        "PROFILED_TRACE_DIR",
+        "./profiled_traces",
+        **kinds.path(),
+        doc="where the `trace` exporter writes",
+    ),
+    Setting(
+        "trace_gzip",
+        "PROFILED_TRACE_GZIP",
+        True,
+        **boolean(),
+        doc="`.pt.trace.json.gz` (1) or `.pt.trace.json` (0)",
+    ),
+    Setting(
+        "trace_keep",
+        "PROFILED_TRACE_KEEP",
+        20,
+        **integer(0, note="0 keeps all"),
+        doc="newest trace files kept per worker (0: all)",
+    ),
+    Setting(
+        "trace_max_mb",
+        "PROFILED_TRACE_MAX_MB",
+        1024.0,
+        **number(0.0, MAX_TRACE_MAX_MB, unit=" of MiB", note="1 TiB; 0: no limit"),
+        doc="MiB of trace files kept in the trace directory, all workers together, oldest "
+        "removed first; other files there are never touched (fractions allowed; 0: no "
+        "limit; at most 1048576)",
+    ),
+    Setting(
+        "ranks",
+        "PROFILED_RANKS",
+        RankSet(),
+        **kinds.ranks(),
+        doc="ranks that profile: `all`, `0,3`, `0-7` or a mix (ranks up to 2147483647, at "
+        "most 1024 terms); other ranks start no profiler. A rank is torch.distributed's "
+        "when it is initialised at the first decorated call, else `RANK` (`LOCAL_RANK`; "
+        "0 without either)",
+    ),
+    Setting(
+        "json_path",
+        "PROFILED_JSON_PATH",
+        "./profiled_reports.jsonl",
+        **kinds.path(),
+        doc="where the `json` exporter appends one line per window (`-`: standard "
+        "output); must be a regular file: a link, FIFO or directory there is refused "
+        "with one warning",
+    ),
     *otel_settings.SETTINGS,
-    Setting("every", "PROFILED_EVERY", None, **integer(1, optional=True),
-            doc="open a window (the schedule's warm-up + active steps) every N steps, forever "
-                "(`PROFILED_MAX_WINDOWS` caps them); N >= warm-up + active; the schedule's "
-                "`wait`/`repeat` then do not apply"),
-    Setting("sample_rate", "PROFILED_SAMPLE_RATE", 1.0, **number(0.0, 1.0), shown="1.0",
-            doc="probability that a step which may open a window (every N-th, or any idle "
-                "step without `PROFILED_EVERY`) does"),
-    Setting("max_windows", "PROFILED_MAX_WINDOWS", None, **integer(1, optional=True),
-            doc="at most this many windows per process (triggered ones too)"),
-    Setting("min_interval_s", "PROFILED_MIN_INTERVAL_S", 0.0,
-            **number(0.0, MAX_MIN_INTERVAL_S, note="seconds, at most one week"),
-            doc="seconds from the end of a window to the next sampled one (per-process clock: "
-                "ranks may diverge; at most 604800)"),
-    Setting("seed", "PROFILED_SEED", 0, **integer(),
-            doc="seed of the sampling draw: the same seed opens the same windows on every rank"),
-    Setting("trigger", "PROFILED_TRIGGER", None, **kinds.trigger(),
-            doc="on-demand windows: `SIGUSR2` or `SIGUSR1` (no other signal), or a file path "
-                "(create it as a regular file of your own to open a window at the next step; "
-                "it is removed when taken; anything else there is left alone)"),
-    Setting("export_timeout_s", "PROFILED_EXPORT_TIMEOUT_S", 10.0,
-            **number(0.0, MAX_EXPORT_TIMEOUT_S, low_open=True,
-                     note="seconds, at most one hour"),
-            doc="how long the end of the sessions and the analysis helper together (and "
-                "interpreter exit) wait for queued reports before they go on and say what was "
-                "not exported (more than 0, at most 3600)"),
-    Setting("analysis_process", "PROFILED_ANALYSIS_PROCESS", True, **boolean(),
-            doc="`1`: each window's trace is read, shaped and analyzed in a helper process "
-                "(one per profiled process, no torch, started at the first window), off the "
-                "program's GIL; `0`: on the SDK's export thread (on an H200 training step a "
-                "sampled window then costs ~160 ms instead of ~47 ms, see BENCHMARKS.md). A "
-                "helper that fails or hangs is replaced by the export thread, with one "
-                "warning; on systems other than POSIX the export thread does the work"),
+    Setting(
+        "every",
+        "PROFILED_EVERY",
+        None,
+        **integer(1, optional=True),
+        doc="open a window (the schedule's warm-up + active steps) every N steps, forever "
+        "(`PROFILED_MAX_WINDOWS` caps them); N >= warm-up + active; the schedule's "
+        "`wait`/`repeat` then do not apply",
+    ),
+    Setting(
+        "sample_rate",
+        "PROFILED_SAMPLE_RATE",
+        1.0,
+        **number(0.0, 1.0),
+        shown="1.0",
+        doc="probability that a step which may open a window (every N-th, or any idle "
+        "step without `PROFILED_EVERY`) does",
+    ),
+    Setting(
+        "max_windows",
+        "PROFILED_MAX_WINDOWS",
+        None,
+        **integer(1, optional=True),
+        doc="at most this many windows per process (triggered ones too)",
+    ),
+    Setting(
+        "min_interval_s",
+        "PROFILED_MIN_INTERVAL_S",
+        0.0,
+        **number(0.0, MAX_MIN_INTERVAL_S, note="seconds, at most one week"),
+        doc="seconds from the end of a window to the next sampled one (per-process clock: "
+        "ranks may diverge; at most 604800)",
+    ),
+    Setting(
+        "seed",
+        "PROFILED_SEED",
+        0,
+        **integer(),
+        doc="seed of the sampling draw: the same seed opens the same windows on every rank",
+    ),
+    Setting(
+        "trigger",
+        "PROFILED_TRIGGER",
+        None,
+        **kinds.trigger(),
+        doc="on-demand windows: `SIGUSR2` or `SIGUSR1` (no other signal), or a file path "
+        "(create it as a regular file of your own to open a window at the next step; "
+        "it is removed when taken; anything else there is left alone)",
+    ),
+    Setting(
+        "export_timeout_s",
+        "PROFILED_EXPORT_TIMEOUT_S",
+        10.0,
+        **number(0.0, MAX_EXPORT_TIMEOUT_S, low_open=True, note="seconds, at most one hour"),
+        doc="how long the end of the sessions and the analysis helper together (and "
+        "interpreter exit) wait for queued reports before they go on and say what was "
+        "not exported (more than 0, at most 3600)",
+    ),
+    Setting(
+        "analysis_process",
+        "PROFILED_ANALYSIS_PROCESS",
+        True,
+        **boolean(),
+        doc="`1`: each window's trace is read, shaped and analyzed in a helper process "
+        "(one per profiled process, no torch, started at the first window), off the "
+        "program's GIL; `0`: on the SDK's export thread (on an H200 training step a "
+        "sampled window then costs ~160 ms instead of ~47 ms, see BENCHMARKS.md). A "
+        "helper that fails or hangs is replaced by the export thread, with one "
+        "warning; on systems other than POSIX the export thread does the work",
+    ),
     STRICT,
     CHILDREN,
     PARENT_PID,
@@ -245,10 +361,14 @@ class Config:
         values["strict"] = strict
         window = _window_if_every_too_short(values["every"], values["schedule"])
         if window is not None:
-            refuse("PROFILED_EVERY", str(values["every"]),
-                   f"PROFILED_EVERY={values['every']} is shorter than one window (warm-up + "
-                   f"active = {window} steps of PROFILED_SCHEDULE)",
-                   f"PROFILED_EVERY={window}", strict)
+            refuse(
+                "PROFILED_EVERY",
+                str(values["every"]),
+                f"PROFILED_EVERY={values['every']} is shorter than one window (warm-up + "
+                f"active = {window} steps of PROFILED_SCHEDULE)",
+                f"PROFILED_EVERY={window}",
+                strict,
+            )
             values["every"] = window
         if values["enabled"] and child_of_profiled(env):
             values["enabled"] = False  # a child of a profiled process: silent (see CHILDREN)

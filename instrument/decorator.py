@@ -113,7 +113,8 @@ def _ranged(f: Callable[..., Any], name: str, args: Any, kwargs: Any) -> Any:
 # The step=True function running in this thread / asyncio task, if any: a ``step()`` inside
 # it ends a second step per call (``Session.step`` says so, once).
 IN_STEP_FUNCTION: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "profiled_in_step_function", default=None)
+    "profiled_in_step_function", default=None
+)
 
 
 def _step_call(f: Callable[..., Any], name: str, sess: Any, args: Any, kwargs: Any) -> Any:
@@ -364,8 +365,12 @@ def _wrap(target: Any, name: str | None, is_step: bool) -> Any:
     if isinstance(target, type) and issubclass(target, torch.nn.Module):
         return _wrap_module_class(target, name, is_step)
     _check_target(target)
-    range_name = name or getattr(target, "__qualname__", None) or getattr(
-        target, "__name__", None) or type(target).__qualname__
+    range_name = (
+        name
+        or getattr(target, "__qualname__", None)
+        or getattr(target, "__name__", None)
+        or type(target).__qualname__
+    )
     RANGE_NAMES.add(range_name)
     if inspect.isasyncgenfunction(target):
         return _wrap_async_generator(target, range_name, is_step)
@@ -441,7 +446,7 @@ class _Profiled:
         else:
             return None
         state = stack[i][1]
-        _CM_STACK.set(stack[:i] + stack[i + 1:])
+        _CM_STACK.set(stack[:i] + stack[i + 1 :])
         if state is not None:
             _exit(state, self.step)
         elif self.step:

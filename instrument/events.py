@@ -63,27 +63,58 @@ UNFINISHED = 2
 
 CPU_OP_CATEGORIES = frozenset({"cpu_op", "user_annotation", "python_function"})
 RUNTIME_CATEGORIES = frozenset(
-    {"cuda_runtime", "cuda_driver", "privateuse1_runtime", "privateuse1_driver", "xpu_runtime",
-     "xpu_driver", "mtia_runtime", "hpu_runtime"}
+    {
+        "cuda_runtime",
+        "cuda_driver",
+        "privateuse1_runtime",
+        "privateuse1_driver",
+        "xpu_runtime",
+        "xpu_driver",
+        "mtia_runtime",
+        "hpu_runtime",
+    }
 )
-DEVICE_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset",
-                     "mtia_ccp_events": "kernel"}
+DEVICE_CATEGORIES = {
+    "kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "mtia_ccp_events": "kernel",
+}
 # Names torch's own table drops (torch.autograd.profiler_util._filter_name).
-FILTERED_NAMES = frozenset({
-    "profiler::_record_function_exit", "profiler::_call_end_callbacks_on_jit_fut",
-    "profiler::_record_function_enter", "profiler::_record_function_enter_new",
-    "profiler::_record_function_exit._RecordFunction", "aten::is_leaf", "aten::output_nr",
-    "aten::_version",
-})
-BOOKKEEPING_NAMES = frozenset({"Activity Buffer Request", "Iteration Start: PyTorch Profiler",
-                               "Record Window End"})
+FILTERED_NAMES = frozenset(
+    {
+        "profiler::_record_function_exit",
+        "profiler::_call_end_callbacks_on_jit_fut",
+        "profiler::_record_function_enter",
+        "profiler::_record_function_enter_new",
+        "profiler::_record_function_exit._RecordFunction",
+        "aten::is_leaf",
+        "aten::output_nr",
+        "aten::_version",
+    }
+)
+BOOKKEEPING_NAMES = frozenset(
+    {"Activity Buffer Request", "Iteration Start: PyTorch Profiler", "Record Window End"}
+)
 BOOKKEEPING_PREFIXES = ("ProfilerStep#", "PyTorch Profiler", "profiled::")
 # bookkeeping that is the profiler's own work (not user code between operators, which is what
 # the self time of ``ProfilerStep#N`` is): excluded from ranges' CPU and wall time too
 PROFILER_WORK_NAMES = frozenset({"Activity Buffer Request", "Iteration Start: PyTorch Profiler"})
-_DTYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "int": 4,
-                "long int": 8, "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1,
-                "c10::complex<float>": 8, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1}
+_DTYPE_BYTES = {
+    "float": 4,
+    "double": 8,
+    "c10::Half": 2,
+    "c10::BFloat16": 2,
+    "int": 4,
+    "long int": 8,
+    "short int": 2,
+    "signed char": 1,
+    "unsigned char": 1,
+    "bool": 1,
+    "c10::complex<float>": 8,
+    "c10::Float8_e4m3fn": 1,
+    "c10::Float8_e5m2": 1,
+}
 
 
 def is_bookkeeping(name: str) -> bool:
@@ -166,19 +197,63 @@ def _events_from_trace(trace: Mapping[str, Any]) -> list[Event]:
                     flops = mm_flops(name, dims)
                 if flops:
                     nbytes = input_bytes(dims, args.get("Input type") or ())
-            append(new(Event, ("cpu", name, start, dur, thread,
-                               int(args.get("External id", 0) or 0), 0, flops, nbytes,
-                               (cat == "user_annotation")
-                               | (UNFINISHED if args.get("finished") is False else 0))))
+            append(
+                new(
+                    Event,
+                    (
+                        "cpu",
+                        name,
+                        start,
+                        dur,
+                        thread,
+                        int(args.get("External id", 0) or 0),
+                        0,
+                        flops,
+                        nbytes,
+                        (cat == "user_annotation")
+                        | (UNFINISHED if args.get("finished") is False else 0),
+                    ),
+                )
+            )
         elif cat in RUNTIME_CATEGORIES:
             if is_bookkeeping(name):
                 append(new(Event, ("overhead", name, start, dur, thread, 0, 0, 0, 0, 0)))
                 continue
-            append(new(Event, ("cpu", name, start, dur, thread, 0,
-                               int(args.get("External id", 0) or 0), 0, 0, 0)))
+            append(
+                new(
+                    Event,
+                    (
+                        "cpu",
+                        name,
+                        start,
+                        dur,
+                        thread,
+                        0,
+                        int(args.get("External id", 0) or 0),
+                        0,
+                        0,
+                        0,
+                    ),
+                )
+            )
         elif cat in DEVICE_CATEGORIES:
-            append(new(Event, (DEVICE_CATEGORIES[cat], name, start, dur, thread, 0,
-                               int(args.get("External id", 0) or 0), 0, 0, 0)))
+            append(
+                new(
+                    Event,
+                    (
+                        DEVICE_CATEGORIES[cat],
+                        name,
+                        start,
+                        dur,
+                        thread,
+                        0,
+                        int(args.get("External id", 0) or 0),
+                        0,
+                        0,
+                        0,
+                    ),
+                )
+            )
         elif cat == "overhead" or (cat != "Trace" and is_bookkeeping(name)):
             append(new(Event, ("overhead", name, start, dur, thread, 0, 0, 0, 0, 0)))
     return out

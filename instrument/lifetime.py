@@ -41,14 +41,20 @@ def _check_env_exporter_names(names: Sequence[Any]) -> None:
         check_exporter_names(names)
     except ValueError as exc:
         raw = os.environ.get("PROFILED_EXPORTERS", "")
-        raise ValueError(f"PROFILED_EXPORTERS={quote(raw)} is invalid ({reason(exc)}); "
-                         "PROFILED_STRICT=1 makes this an error") from None
+        raise ValueError(
+            f"PROFILED_EXPORTERS={quote(raw)} is invalid ({reason(exc)}); "
+            "PROFILED_STRICT=1 makes this an error"
+        ) from None
 
 
 def _builtin_kwargs(config: Config) -> dict[str, dict[str, Any]]:
     return {
-        "trace": {"dir": config.trace_dir, "gzip": config.trace_gzip, "keep": config.trace_keep,
-                  "max_mb": config.trace_max_mb},
+        "trace": {
+            "dir": config.trace_dir,
+            "gzip": config.trace_gzip,
+            "keep": config.trace_keep,
+            "max_mb": config.trace_max_mb,
+        },
         "json": {"path": config.json_path},
     }
 
@@ -84,17 +90,25 @@ def _make_ambient() -> Session | None:
         if state.shut_down:
             return None
         config = ambient_config()
-        exporters = (resolve_exporters(config.exporters, builtin_kwargs=_builtin_kwargs(config),
-                                       warn=_warn_once) if config.enabled else [])
+        exporters = (
+            resolve_exporters(
+                config.exporters, builtin_kwargs=_builtin_kwargs(config), warn=_warn_once
+            )
+            if config.enabled
+            else []
+        )
         sess = Session(config, exporters, ambient=True)
         if not exporters:
             # disabled, or nothing would see a window: open none (PROFILED_EXPORTERS=none, or
             # every name unknown, each of which has warned already)
             sess.finished = True
             if config.enabled and config.exporters:
-                _warn_once("no exporter named in PROFILED_EXPORTERS could be used, so no "
-                           "profiler windows are opened (decorated calls cost what idle ones "
-                           "do)", ExporterWarning)
+                _warn_once(
+                    "no exporter named in PROFILED_EXPORTERS could be used, so no "
+                    "profiler windows are opened (decorated calls cost what idle ones "
+                    "do)",
+                    ExporterWarning,
+                )
         state.ambient = state.current = sess
         _register_atexit()
         state.refresh_idle()
@@ -115,8 +129,10 @@ def enter_explicit(sess: Session) -> None:
             with amb._lock, atomic():
                 if amb._windows.window is not None:
                     if not amb._windows.steps:
-                        amb._skip_reason = ("an explicit session() started before the "
-                                            "ambient window recorded a step")
+                        amb._skip_reason = (
+                            "an explicit session() started before the "
+                            "ambient window recorded a step"
+                        )
                     amb._windows.end(partial=True)
                 amb._stops.finish_drain(force=True)  # its profiler must stop before ours
         state.cpu_ops.resume_here()  # a stop the timer ended left this thread paused
@@ -157,9 +173,13 @@ def session(
     _reject_unknown(fields)
     given: dict[str, Any] = dict(fields)
     for key, value in (
-        ("exporters", exporters), ("schedule", schedule), ("activities", activities),
-        ("record_shapes", record_shapes), ("profile_memory", profile_memory),
-        ("with_stack", with_stack), ("with_flops", with_flops),
+        ("exporters", exporters),
+        ("schedule", schedule),
+        ("activities", activities),
+        ("record_shapes", record_shapes),
+        ("profile_memory", profile_memory),
+        ("with_stack", with_stack),
+        ("with_flops", with_flops),
     ):
         if value is not None:
             given[key] = value
@@ -263,8 +283,7 @@ def _close_sessions() -> float:
     """Close every session within one deadline (returned, ``time.monotonic()``)."""
     with state.lock:
         sessions = state.take_sessions()
-    timeout = max((s.config.export_timeout_s for s in sessions),
-                  default=Config().export_timeout_s)
+    timeout = max((s.config.export_timeout_s for s in sessions), default=Config().export_timeout_s)
     deadline = time.monotonic() + timeout
     for sess in sessions:
         try:
@@ -309,8 +328,11 @@ def _at_exit() -> None:
     """Runs at threading shutdown, before non-daemon threads are joined: if one still runs
     (a training thread the main thread left running), end the sessions only after it, from
     ``atexit``."""
-    others = [t for t in threading.enumerate()
-              if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    others = [
+        t
+        for t in threading.enumerate()
+        if t is not threading.main_thread() and not t.daemon and t.is_alive()
+    ]
     if others:
         atexit.register(shutdown)
         return

@@ -87,7 +87,7 @@ class _Hooks:
         stack = _STACK.get()
         for i in range(len(stack) - 1, -1, -1):
             if stack[i][0] is self:
-                _close_stale(stack[i + 1:])  # forwards that never reached their hook
+                _close_stale(stack[i + 1 :])  # forwards that never reached their hook
                 _STACK.set(stack[:i])
                 _exit(stack[i][1], self.step, self.root)
                 return None
@@ -164,8 +164,7 @@ def _patterns(arg: Any, what: str) -> tuple[Any, ...] | None:
     except TypeError:
         items = (arg,)
     for p in items:
-        ok = (isinstance(p, str) and p) or (
-            isinstance(p, type) and issubclass(p, torch.nn.Module))
+        ok = (isinstance(p, str) and p) or (isinstance(p, type) and issubclass(p, torch.nn.Module))
         if not ok:
             raise TypeError(
                 f"instrument_module({what}=...) takes glob patterns over module paths "

@@ -85,19 +85,22 @@ class Walk:
     range_count: int
 
 
-def walk_trace(trace: Mapping[str, Any], range_names: Iterable[str] = (), *,
-               detail: str = "ranges") -> Walk:
+def walk_trace(
+    trace: Mapping[str, Any], range_names: Iterable[str] = (), *, detail: str = "ranges"
+) -> Walk:
     """The occurrences in a loaded trace (``tracefile.load_trace``); see the module docstring."""
     if detail not in DETAILS:
         raise ValueError(f"detail must be one of {', '.join(DETAILS)}, got {detail!r}")
     with no_gc():
         base = int(trace.get("baseTimeNanoseconds") or 0)
-        return walk_events(events_from_trace(trace), frozenset(range_names),
-                           DETAILS.index(detail), base)
+        return walk_events(
+            events_from_trace(trace), frozenset(range_names), DETAILS.index(detail), base
+        )
 
 
-def window_occurrences(events: list[Event], range_names: Iterable[str],
-                       budget: OccurrenceBudget, *, base_ns: int = 0) -> Occurrences:
+def window_occurrences(
+    events: list[Event], range_names: Iterable[str], budget: OccurrenceBudget, *, base_ns: int = 0
+) -> Occurrences:
     """A window's occurrences fitted to ``budget`` (``spans.plan_spans``), and every range
     call's CPU and device time (for per-call histograms, whatever the budget)."""
     walk = walk_events(events, frozenset(range_names), budget.level, base_ns)
@@ -113,12 +116,13 @@ def window_occurrences(events: list[Event], range_names: Iterable[str],
     return Occurrences(
         budget=budget,
         items=assemble(nodes, plan, lambda node, parent: _occurrence(node, parent, top)),
-        range_count=walk.range_count, folded_occurrences=plan.folded_occurrences,
+        range_count=walk.range_count,
+        folded_occurrences=plan.folded_occurrences,
         dropped=plan.dropped,
         first_ns=min((n.start_ns for n in nodes), default=None),
         last_ns=max((n.end_ns for n in nodes), default=None),
-        calls=FrozenMap({name: RangeCalls(tuple(c), tuple(d))
-                         for name, (c, d) in calls.items()}))
+        calls=FrozenMap({name: RangeCalls(tuple(c), tuple(d)) for name, (c, d) in calls.items()}),
+    )
 
 
 def _occurrence(node: Node, parent: int, top: int) -> Occurrence:
@@ -126,25 +130,49 @@ def _occurrence(node: Node, parent: int, top: int) -> Occurrence:
     if node.kind != RANGE:
         cpu = node.duration_ns / 1000.0 if node.kind == OP else 0.0
         device = 0.0 if node.kind == OP else node.duration_ns / 1000.0
-        return Occurrence(node.kind, node.name, node.start_ns, node.end_ns, parent, node.depth,
-                          cpu_time_us=cpu, device_time_us=device)
+        return Occurrence(
+            node.kind,
+            node.name,
+            node.start_ns,
+            node.end_ns,
+            parent,
+            node.depth,
+            cpu_time_us=cpu,
+            device_time_us=device,
+        )
     cpu_us, device_us = node.duration_ns / 1000.0, node.device_ns / 1000.0
     busy_us = node.busy_ns / 1000.0
     tid = node.thread[1] if isinstance(node.thread, tuple) and len(node.thread) > 1 else None
     kernels = sorted(node.kernels.items(), key=lambda kv: (-kv[1][1], kv[0]))[:top]
     return Occurrence(
-        RANGE, node.name, node.start_ns, node.end_ns, parent, node.depth,
+        RANGE,
+        node.name,
+        node.start_ns,
+        node.end_ns,
+        parent,
+        node.depth,
         thread_id=tid if isinstance(tid, int) and not isinstance(tid, bool) else None,
-        cpu_time_us=cpu_us, device_time_us=device_us, device_busy_us=busy_us,
-        kernel_launches=node.launches, flops=node.flops,
-        verdict=judge(device_us=device_us, busy_us=busy_us, wall_us=node.wall_ns / 1000.0,
-                      cpu_us=cpu_us, flops=node.flops, input_bytes=node.nbytes),
-        top_kernels=tuple(KernelCall(name, kind, calls, ns / 1000.0, first)
-                          for (name, kind), (calls, ns, first) in kernels))
+        cpu_time_us=cpu_us,
+        device_time_us=device_us,
+        device_busy_us=busy_us,
+        kernel_launches=node.launches,
+        flops=node.flops,
+        verdict=judge(
+            device_us=device_us,
+            busy_us=busy_us,
+            wall_us=node.wall_ns / 1000.0,
+            cpu_us=cpu_us,
+            flops=node.flops,
+            input_bytes=node.nbytes,
+        ),
+        top_kernels=tuple(
+            KernelCall(name, kind, calls, ns / 1000.0, first)
+            for (name, kind), (calls, ns, first) in kernels
+        ),
+    )
 
 
-def walk_events(events: Iterable[Event], names: frozenset[str], level: int,
-                base: int) -> Walk:
+def walk_events(events: Iterable[Event], names: frozenset[str], level: int, base: int) -> Walk:
     """The nodes of normalised ``events`` at detail ``level`` (an index in ``DETAILS``);
     ``base`` turns their times into epoch ns."""
     by_thread: dict[Any, list[Event]] = {}
@@ -159,8 +187,9 @@ def walk_events(events: Iterable[Event], names: frozenset[str], level: int,
     links: dict[int, tuple[int, int]] = {}
     ranges = 0
     for thread, evs in by_thread.items():
-        ranges += _walk_thread(nodes, links, thread, sorted(evs, key=_order), names,
-                               level >= 1, base)
+        ranges += _walk_thread(
+            nodes, links, thread, sorted(evs, key=_order), names, level >= 1, base
+        )
     want_device = level >= 2
     for ev in device:
         owner = links.get(ev.link)
@@ -170,13 +199,19 @@ def walk_events(events: Iterable[Event], names: frozenset[str], level: int,
         _each_range(nodes, owner[0], _add_device, ev.kind, ev.name, start, end)
         if want_device:
             parent = nodes[owner[1]]
-            nodes.append(Node(ev.kind, ev.name, start, end, ev.thread, owner[1],
-                              parent.depth + 1))
+            nodes.append(Node(ev.kind, ev.name, start, end, ev.thread, owner[1], parent.depth + 1))
     return Walk(nodes=nodes, range_count=ranges)
 
 
-def _walk_thread(nodes: list[Node], links: dict[int, tuple[int, int]], thread: Any,
-                 evs: list[Event], names: frozenset[str], want_ops: bool, base: int) -> int:
+def _walk_thread(
+    nodes: list[Node],
+    links: dict[int, tuple[int, int]],
+    thread: Any,
+    evs: list[Event],
+    names: frozenset[str],
+    want_ops: bool,
+    base: int,
+) -> int:
     """Add one thread's ranges (and operators inside them, ``want_ops``) to ``nodes``;
     returns how many ranges it had."""
     ranges = 0

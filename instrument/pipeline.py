@@ -46,8 +46,15 @@ from exporters._warn import warn
 
 from .report import WindowReport
 
-__all__ = ["ANALYSIS_QUEUE_SIZE", "ANALYSIS_SHARE_AT_CLOSE", "QUEUE_SIZE", "TRACE_SHARE_AT_CLOSE",
-           "TRACE_WAIT_S", "ExportPipeline", "export_report"]
+__all__ = [
+    "ANALYSIS_QUEUE_SIZE",
+    "ANALYSIS_SHARE_AT_CLOSE",
+    "QUEUE_SIZE",
+    "TRACE_SHARE_AT_CLOSE",
+    "TRACE_WAIT_S",
+    "ExportPipeline",
+    "export_report",
+]
 
 QUEUE_SIZE = 8  # reports waiting per exporter (small: plain data, the trace file is on disk)
 ANALYSIS_QUEUE_SIZE = 8  # stopped windows waiting for analysis (each holds a whole profile)
@@ -86,20 +93,29 @@ def _raised(exc: BaseException) -> str:
     ``Exception`` says it went no further (it would otherwise look like the program's)."""
     if isinstance(exc, Exception):
         return repr(exc)
-    return (f"{exc!r} (caught on torch-profiled's export thread: it stops that call only, "
-            "not the program)")
+    return (
+        f"{exc!r} (caught on torch-profiled's export thread: it stops that call only, "
+        "not the program)"
+    )
 
 
-def _export_one(exporter: Any, report: WindowReport, catch: type[BaseException] = Exception,
-                label: str | None = None) -> ExportResult | None:
+def _export_one(
+    exporter: Any,
+    report: WindowReport,
+    catch: type[BaseException] = Exception,
+    label: str | None = None,
+) -> ExportResult | None:
     """``catch`` is ``BaseException`` on a lane (an SDK thread nothing may end) and
     ``Exception`` on the caller's thread (``KeyboardInterrupt`` there is the program's)."""
     try:
         return exporter.export(report)
     except catch as exc:  # telemetry never breaks the program
-        warn(f"exporter {label or _name(exporter)} raised {_raised(exc)} on window "
-             f"{report.window}; its output for this window is lost, the other exporters "
-             "still ran", ExporterWarning)
+        warn(
+            f"exporter {label or _name(exporter)} raised {_raised(exc)} on window "
+            f"{report.window}; its output for this window is lost, the other exporters "
+            "still ran",
+            ExporterWarning,
+        )
         return None
 
 
@@ -122,8 +138,13 @@ class _Job:
 
     __slots__ = ("done", "kind", "on_done", "payload", "result", "wake")
 
-    def __init__(self, kind: str, payload: Any, on_done: Callable[[], None] | None = None,
-                 wake: threading.Condition | None = None):
+    def __init__(
+        self,
+        kind: str,
+        payload: Any,
+        on_done: Callable[[], None] | None = None,
+        wake: threading.Condition | None = None,
+    ):
         self.kind = kind  # "report" | "notice" | "shutdown" | "window" | "noop"
         self.payload = payload
         self.done = threading.Event()
@@ -148,8 +169,9 @@ class _Worker:
     """A daemon thread draining a bounded deque; full means the oldest job is dropped. It ends
     after a ``shutdown`` job, or once stopped (``stop_accepting``) and idle."""
 
-    def __init__(self, name: str, handle: Callable[[_Job], Any], what: str,
-                 maxsize: int = QUEUE_SIZE) -> None:
+    def __init__(
+        self, name: str, handle: Callable[[_Job], Any], what: str, maxsize: int = QUEUE_SIZE
+    ) -> None:
         self.name = name
         self.what = what  # how the warning names a dropped job: "window report for console"
         self.maxsize = maxsize
@@ -176,8 +198,7 @@ class _Worker:
                         self._queue.remove(dropped)
                 self._queue.append(job)
                 if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name=self.name,
-                                                    daemon=True)
+                    self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                     self._thread.start()
                 self._cond.notify_all()
         if stopped:
@@ -191,10 +212,12 @@ class _Worker:
             self.dropped += 1
             if not self._warned:
                 self._warned = True
-                warn(f"torch-profiled: the {self.what} queue is full ({self.maxsize} "
-                     "waiting): the oldest was dropped; exporting cannot keep up with the "
-                     "windows (this warning is given once; see the session's dropped counts)",
-                     ExporterWarning)
+                warn(
+                    f"torch-profiled: the {self.what} queue is full ({self.maxsize} "
+                    "waiting): the oldest was dropped; exporting cannot keep up with the "
+                    "windows (this warning is given once; see the session's dropped counts)",
+                    ExporterWarning,
+                )
 
     def _next(self) -> _Job | None:
         """The next job, or None when stopped and nothing is left (the thread ends)."""
@@ -213,9 +236,11 @@ class _Worker:
             try:
                 result = self._handle(job)
             except BaseException as exc:  # noqa: BLE001 - an SDK thread: nothing may end it
-                warn(f"torch-profiled: the {self.name} thread caught {_raised(exc)} during a "
-                     f"{job.kind} job; that job's output is lost, the thread goes on",
-                     ExporterWarning)
+                warn(
+                    f"torch-profiled: the {self.name} thread caught {_raised(exc)} during a "
+                    f"{job.kind} job; that job's output is lost, the thread goes on",
+                    ExporterWarning,
+                )
             finally:
                 with self._cond:
                     self._busy = None
@@ -271,8 +296,7 @@ class _Lane(_Worker):
     """One exporter instance's worker; ``label`` names it in counts and warnings."""
 
     def __init__(self, exporter: Any, label: str) -> None:
-        super().__init__(f"torch-profiled-export-{label}", self._do,
-                         f"window report for {label}")
+        super().__init__(f"torch-profiled-export-{label}", self._do, f"window report for {label}")
         self.exporter = exporter
         self.label = label
         self.writes_trace_file = bool(getattr(exporter, "writes_trace_file", False))
@@ -298,8 +322,7 @@ class _Lane(_Worker):
             try:
                 exporter.shutdown()
             except BaseException as exc:  # noqa: BLE001
-                warn(f"exporter {self.label} raised {_raised(exc)} in shutdown()",
-                     ExporterWarning)
+                warn(f"exporter {self.label} raised {_raised(exc)} in shutdown()", ExporterWarning)
         return None
 
 
@@ -319,10 +342,10 @@ class ExportPipeline:
         self.exporters = list(exporters)
         self._build = build
         self._cleanup = cleanup
-        self._lanes = [_Lane(e, label) for e, label in zip(self.exporters,
-                                                           _labels(self.exporters))]
-        self._analysis = _Worker("torch-profiled-analysis", self._analyze, "window analysis",
-                                 ANALYSIS_QUEUE_SIZE)
+        self._lanes = [_Lane(e, label) for e, label in zip(self.exporters, _labels(self.exporters))]
+        self._analysis = _Worker(
+            "torch-profiled-analysis", self._analyze, "window analysis", ANALYSIS_QUEUE_SIZE
+        )
         self.exported = 0  # reports handed to the lanes
         self._closing = False
         self._closed = False
@@ -457,8 +480,10 @@ class ExportPipeline:
     def _give_up(self) -> dict[str, int]:
         """Stop every worker; what they still hold or hold up is counted, per queue."""
         lost: dict[str, int] = {}
-        for name, worker in (("analysis", self._analysis),
-                             *((lane.label, lane) for lane in self._lanes)):
+        for name, worker in (
+            ("analysis", self._analysis),
+            *((lane.label, lane) for lane in self._lanes),
+        ):
             count = worker.pending_reports()
             for job in worker.stop_accepting():
                 job.finish(None)

@@ -32,9 +32,15 @@ class Plan:
 class WindowPlanner:
     """The window-opening policy of one session."""
 
-    def __init__(self, schedule: Schedule, sampling: Sampling, *, max_windows: int | None = None,
-                 min_interval_s: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        schedule: Schedule,
+        sampling: Sampling,
+        *,
+        max_windows: int | None = None,
+        min_interval_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.schedule = schedule
         self.sampling = sampling
         self.max_windows = max_windows
@@ -65,8 +71,11 @@ class WindowPlanner:
         opens, by_trigger = self._opens_at(step, window_open)
         if not opens:
             return Plan(Action.NONE, by_trigger=by_trigger, cycle_over=over)
-        first = Action.WARMUP if sched.warmup else (
-            Action.RECORD if sched.active > 1 else Action.RECORD_AND_SAVE)
+        first = (
+            Action.WARMUP
+            if sched.warmup
+            else (Action.RECORD if sched.active > 1 else Action.RECORD_AND_SAVE)
+        )
         return Plan(first, opens=True, by_trigger=by_trigger, cycle_over=over)
 
     def capped(self) -> bool:
@@ -133,5 +142,4 @@ class WindowPlanner:
         # the schedule: torch's table, a window starting where its cycle does
         if sched.action(step) is Action.NONE:
             return False, False
-        return (step == 0 or sched.action(step - 1) in (Action.NONE, Action.RECORD_AND_SAVE),
-                False)
+        return (step == 0 or sched.action(step - 1) in (Action.NONE, Action.RECORD_AND_SAVE), False)

@@ -233,8 +233,13 @@ def _parse_term(part: str) -> Span:
 # ---------------------------------------------------------------- launcher variables
 
 _LAUNCHER = {
-    var: Setting(var.lower(), var, default, doc=f"set by the launcher: {what}",
-                 **integer(0 if "RANK" in var else 1))
+    var: Setting(
+        var.lower(),
+        var,
+        default,
+        doc=f"set by the launcher: {what}",
+        **integer(0 if "RANK" in var else 1),
+    )
     for var, default, what in (
         ("RANK", 0, "this process's rank"),
         ("WORLD_SIZE", 1, "the job's number of processes"),
@@ -266,8 +271,12 @@ def launcher_ranks_from_env(
     world_size = dataclasses.replace(_LAUNCHER[world_var], default=rank + 1)
     world = world_size.read(env, strict)
     if rank >= world:
-        refuse(f"{rank_var}/{world_var}", f"{rank}/{world}",
-               f"{rank_var}={rank} is not below {world_var}={world}",
-               f"the world size {rank + 1}", strict)
+        refuse(
+            f"{rank_var}/{world_var}",
+            f"{rank}/{world}",
+            f"{rank_var}={rank} is not below {world_var}={world}",
+            f"the world size {rank + 1}",
+            strict,
+        )
         world = rank + 1
     return rank, world

@@ -50,8 +50,7 @@ from exporters._warn import warn
 
 from .pipeline import QUEUE_SIZE
 
-__all__ = ["MAX_WAITING", "PREFIX", "clean_stale", "directory", "new_path", "release",
-           "remove"]
+__all__ = ["MAX_WAITING", "PREFIX", "clean_stale", "directory", "new_path", "release", "remove"]
 
 PREFIX = "torch-profiled-"
 MAX_WAITING = QUEUE_SIZE + 2
@@ -230,8 +229,9 @@ def _bound(folder: str, keep: int) -> int:
     """Leave at most ``keep`` raw traces in ``folder``, oldest removed first; how many of
     those removed were still handed out (under ``_lock``)."""
     try:
-        names = sorted((int(m.group(1)), name) for name in os.listdir(folder)
-                       if (m := _TRACE.match(name)))
+        names = sorted(
+            (int(m.group(1)), name) for name in os.listdir(folder) if (m := _TRACE.match(name))
+        )
     except OSError:
         return 0
     dropped = 0
@@ -252,10 +252,13 @@ def _warn_bound(folder: str, dropped: int) -> None:
     if _warned:
         return
     _warned = True
-    warn(f"torch-profiled: {MAX_WAITING} raw window traces were still waiting for exporters "
-         f"in {folder!r} (exporters that missed their deadline keep them); the oldest "
-         f"{dropped} removed: an exporter still working on one loses that window's trace. "
-         "The program goes on (this warning is given once per process)", ExporterWarning)
+    warn(
+        f"torch-profiled: {MAX_WAITING} raw window traces were still waiting for exporters "
+        f"in {folder!r} (exporters that missed their deadline keep them); the oldest "
+        f"{dropped} removed: an exporter still working on one loses that window's trace. "
+        "The program goes on (this warning is given once per process)",
+        ExporterWarning,
+    )
 
 
 def remove(path: str | None) -> None:

@@ -19,8 +19,20 @@ from typing import Any, TypeVar
 
 from .verdict import CPU_ONLY, Verdict
 
-__all__ = ["DETAILS", "FrozenMap", "KernelCall", "KernelStats", "Occurrence", "OccurrenceBudget",
-           "Occurrences", "OpStats", "RangeCalls", "RangeStats", "Verdict", "WindowReport"]
+__all__ = [
+    "DETAILS",
+    "FrozenMap",
+    "KernelCall",
+    "KernelStats",
+    "Occurrence",
+    "OccurrenceBudget",
+    "Occurrences",
+    "OpStats",
+    "RangeCalls",
+    "RangeStats",
+    "Verdict",
+    "WindowReport",
+]
 
 V = TypeVar("V")
 
@@ -139,8 +151,11 @@ class OccurrenceBudget:
     def __post_init__(self) -> None:
         if self.detail not in DETAILS:
             raise ValueError(f"detail must be one of {', '.join(DETAILS)}, got {self.detail!r}")
-        if isinstance(self.max_spans, bool) or not isinstance(self.max_spans, int) \
-                or self.max_spans < 1:
+        if (
+            isinstance(self.max_spans, bool)
+            or not isinstance(self.max_spans, int)
+            or self.max_spans < 1
+        ):
             raise ValueError(f"max_spans must be an int >= 1, got {self.max_spans!r}")
 
     @property
@@ -154,9 +169,11 @@ class OccurrenceBudget:
         given = [b for b in budgets if b is not None]
         if not given:
             return None
-        return OccurrenceBudget(max(b.max_spans for b in given),
-                                DETAILS[max(b.level for b in given)],
-                                max(b.top_kernels for b in given))
+        return OccurrenceBudget(
+            max(b.max_spans for b in given),
+            DETAILS[max(b.level for b in given)],
+            max(b.top_kernels for b in given),
+        )
 
 
 @dataclass(frozen=True)

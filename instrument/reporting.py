@@ -60,9 +60,14 @@ class ReportBuilder:
     """Builds one session's window reports (``build``, on the export worker); with
     ``occurrences`` (a budget) they carry the windows' per-call occurrences."""
 
-    def __init__(self, config: Config, activities: Sequence[str],
-                 warn_: Callable[[str], None], cancelled: Callable[[], bool],
-                 occurrences: OccurrenceBudget | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        activities: Sequence[str],
+        warn_: Callable[[str], None],
+        cancelled: Callable[[], bool],
+        occurrences: OccurrenceBudget | None = None,
+    ) -> None:
         self.config = config
         self.occurrences = occurrences
         self.activities = tuple(activities)
@@ -74,8 +79,7 @@ class ReportBuilder:
         try:
             return self._build(ended)
         except Exception as exc:  # noqa: BLE001
-            self._warn(f"window {ended.index} could not be analyzed ({exc!r}); its report is "
-                       "lost")
+            self._warn(f"window {ended.index} could not be analyzed ({exc!r}); its report is lost")
             return None
 
     def _build(self, ended: EndedWindow) -> WindowReport | None:
@@ -101,20 +105,28 @@ class ReportBuilder:
             else:
                 # reading, shaping and analyzing the trace: in the helper process, off this
                 # program's GIL, unless it is off or cannot
-                analysis = (self._in_helper(raw, names, dist)
-                            if self.config.analysis_process else None)
+                analysis = (
+                    self._in_helper(raw, names, dist) if self.config.analysis_process else None
+                )
                 if analysis is None:
                     analysis = shape_and_analyze(raw, names, dist, self.occurrences)
         except BaseException:
             rawtraces.remove(raw)  # no report will carry it: nobody else would remove it
             raise
         return WindowReport(
-            window=ended.index, steps=ended.steps, partial=ended.partial,
-            start_ns=ended.start_ns, end_ns=ended.end_ns,
-            rank=int(dist["rank"]), world_size=int(dist["world_size"]),
-            host=_torch.host_name(), pid=os.getpid(),
-            device=_torch.device_name(self.activities), activities=tuple(self.activities),
-            raw_trace_path=raw, **analysis.report_fields(),
+            window=ended.index,
+            steps=ended.steps,
+            partial=ended.partial,
+            start_ns=ended.start_ns,
+            end_ns=ended.end_ns,
+            rank=int(dist["rank"]),
+            world_size=int(dist["world_size"]),
+            host=_torch.host_name(),
+            pid=os.getpid(),
+            device=_torch.device_name(self.activities),
+            activities=tuple(self.activities),
+            raw_trace_path=raw,
+            **analysis.report_fields(),
         )
 
     def _in_helper(self, raw: str, names: frozenset[str], dist: dict[str, Any]) -> Any:
@@ -145,8 +157,7 @@ def remove_raw(report: WindowReport) -> None:
     rawtraces.remove(report.raw_trace_path)
 
 
-def why_no_report(skip_reason: str | None, steps: int, schedule: Schedule,
-                  ambient: bool) -> str:
+def why_no_report(skip_reason: str | None, steps: int, schedule: Schedule, ambient: bool) -> str:
     """The one line a session that exported no report ends with."""
     if skip_reason:
         return f"no table: {skip_reason}."
@@ -156,9 +167,11 @@ def why_no_report(skip_reason: str | None, steps: int, schedule: Schedule,
         return f"no table: no window recorded a step in the {steps} step(s) that ended."
     if steps == 0:
         if not ambient:
-            return ("no table: no step ended before the session ended (in a session a step "
-                    "ends at s.step() or when a step=True function returns: call s.step() "
-                    "at the end of each step).")
+            return (
+                "no table: no step ended before the session ended (in a session a step "
+                "ends at s.step() or when a step=True function returns: call s.step() "
+                "at the end of each step)."
+            )
         return (
             "no table: no step ended before the program stopped (a step ends when a "
             "step=True function returns or at instrument.step(); in a program with "
@@ -169,5 +182,3 @@ def why_no_report(skip_reason: str | None, steps: int, schedule: Schedule,
         f"records from step {first_record}, so at least {needed} steps are needed; "
         "run more steps or set PROFILED_SCHEDULE."
     )
-
-

@@ -61,16 +61,23 @@ class Session:
         self.activities = config.activities or _torch.default_activities()
         self._record_warmup = any(a != "cpu" for a in self.activities)
         self._lock = threading.RLock()
-        self._reports = ReportBuilder(config, self.activities, self._warn,
-                                      lambda: self._pipeline.closed,
-                                      occurrence_budget(self.exporters))
+        self._reports = ReportBuilder(
+            config,
+            self.activities,
+            self._warn,
+            lambda: self._pipeline.closed,
+            occurrence_budget(self.exporters),
+        )
         self._pipeline = ExportPipeline(self.exporters, self._reports.build, remove_raw)
         self._window_hooks = [
             e.window_started for e in self.exporters if callable(getattr(e, "window_started", None))
         ]
-        self._planner = WindowPlanner(config.schedule, config.sampling,
-                                      max_windows=config.max_windows,
-                                      min_interval_s=config.min_interval_s)
+        self._planner = WindowPlanner(
+            config.schedule,
+            config.sampling,
+            max_windows=config.max_windows,
+            min_interval_s=config.min_interval_s,
+        )
         self._stops = Stops(self)
         self._windows = Windows(self, self._stops)
         self.step_index = 0  # the step in progress
@@ -106,9 +113,11 @@ class Session:
         inside = decorator.IN_STEP_FUNCTION.get()
         if inside is not None and not self._warned_double_step:
             self._warned_double_step = True
-            self._warn(f"step() was called inside the step=True function {inside!r}: each of "
-                       "its calls ends two steps (this one and its return); use one or the "
-                       "other")
+            self._warn(
+                f"step() was called inside the step=True function {inside!r}: each of "
+                "its calls ends two steps (this one and its return); use one or the "
+                "other"
+            )
         self._steps_declared = True
         self._advance()
 
@@ -133,13 +142,18 @@ class Session:
                 self._stops.resume_cpu_ops()
         state.refresh_idle()
         # outside the lock: decorated calls in other threads must not wait for exporters
-        lost = self._pipeline.close(max(0.0, deadline - time.monotonic()), why_no_report(
-            self._skip_reason, self.step_index, self.schedule, self.ambient))
+        lost = self._pipeline.close(
+            max(0.0, deadline - time.monotonic()),
+            why_no_report(self._skip_reason, self.step_index, self.schedule, self.ambient),
+        )
         if lost:
             what = ", ".join(f"{name}: {n}" for name, n in lost.items())
-            warn(f"torch-profiled: window reports not exported within "
-                 f"PROFILED_EXPORT_TIMEOUT_S={self.config.export_timeout_s:g}s were dropped "
-                 f"({what}); the program goes on", ExporterWarning)
+            warn(
+                f"torch-profiled: window reports not exported within "
+                f"PROFILED_EXPORT_TIMEOUT_S={self.config.export_timeout_s:g}s were dropped "
+                f"({what}); the program goes on",
+                ExporterWarning,
+            )
         else:  # else a lane may still read a raw trace (the next process cleans up)
             rawtraces.release()
 
@@ -205,8 +219,11 @@ class Session:
                     self._windows.transition(Action.NONE, first, 0)
                     self._action = first
                     self._check_finished()
-            elif self._skip_reason and self.config.trigger and not any(
-                    c in self.config.trigger for c in (os.sep, "/", ".")):
+            elif (
+                self._skip_reason
+                and self.config.trigger
+                and not any(c in self.config.trigger for c in (os.sep, "/", "."))
+            ):
                 # a rank that does not profile still takes the trigger's signal (not a file:
                 # that is for the ranks that profile), and drops it: an operator signalling
                 # every rank must not terminate this one (SIGUSR2's default action)
@@ -231,9 +248,12 @@ class Session:
                     self._check_finished()
                     if self.finished:
                         return
-            if (not self._planner.in_cycle() and windows.window is None
-                    and self.step_index + 1 < self._idle_until
-                    and not self._planner.trigger_pending):
+            if (
+                not self._planner.in_cycle()
+                and windows.window is None
+                and self.step_index + 1 < self._idle_until
+                and not self._planner.trigger_pending
+            ):
                 self.step_index += 1  # an idle step: nothing else changes
                 return
             ident = threading.get_ident()
@@ -241,8 +261,11 @@ class Session:
                 self._step_threads_mixed = self._step_thread is not None
                 self._step_thread = ident
             window = windows.window
-            if (window is not None and window.recording
-                    and self._action in (Action.WARMUP, Action.RECORD)):
+            if (
+                window is not None
+                and window.recording
+                and self._action in (Action.WARMUP, Action.RECORD)
+            ):
                 self._next_step()  # inside a window: no profiler starts or stops here
             else:
                 with atomic():  # a window may start or end: never cut short by a signal
@@ -260,8 +283,11 @@ class Session:
             self._warn(self._skip_reason)
             windows.drop()
             state.set_first_call_hook(None)
-        elif prev in (Action.RECORD, Action.RECORD_AND_SAVE) and windows.window is not None \
-                and windows.window.recording:
+        elif (
+            prev in (Action.RECORD, Action.RECORD_AND_SAVE)
+            and windows.window is not None
+            and windows.window.recording
+        ):
             windows.steps.append(self.step_index)
         self.step_index += 1
         cur = self._planner.advance(self.step_index, window_open=windows.window is not None)
@@ -295,5 +321,7 @@ def _rank_skip_reason(config: Config) -> str | None:
     dist = _torch.distributed_info()
     if ranks.selects(dist["rank"]):
         return None
-    return (f"rank {dist['rank']} (of {dist['world_size']}) is not among the ranks that profile "
-            f"(PROFILED_RANKS={ranks}), so this process started no profiler")
+    return (
+        f"rank {dist['rank']} (of {dist['world_size']}) is not among the ranks that profile "
+        f"(PROFILED_RANKS={ranks}), so this process started no profiler"
+    )

@@ -18,8 +18,7 @@ from .ranks import RankSet
 from .sampling import Schedule
 from .triggers import TRIGGER_SIGNALS
 
-__all__ = ["KNOWN_ACTIVITIES", "activities", "exporters", "path", "ranks", "schedule",
-           "trigger"]
+__all__ = ["KNOWN_ACTIVITIES", "activities", "exporters", "path", "ranks", "schedule", "trigger"]
 
 KNOWN_ACTIVITIES: tuple[str, ...] = ("cpu", "cuda", "xpu", "mtia", "hpu", "privateuse1")
 

@@ -67,12 +67,16 @@ def write(readme: Path = README) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m instrument.settings_table",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m instrument.settings_table", description=__doc__.split("\n\n")[0]
+    )
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--write", action="store_true", help="rewrite the README's table")
-    action.add_argument("--check", action="store_true",
-                        help="exit 1 when the README's table differs from the declarations")
+    action.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when the README's table differs from the declarations",
+    )
     parser.add_argument("--readme", type=Path, default=README, help="default: %(default)s")
     args = parser.parse_args(argv)
     if args.write:
@@ -81,9 +85,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if check(args.readme):
         return 0
-    print(f"{args.readme}: the table of PROFILED_* variables differs from the declarations "
-          "in instrument/config.py; run python -m instrument.settings_table --write",
-          file=sys.stderr)
+    print(
+        f"{args.readme}: the table of PROFILED_* variables differs from the declarations "
+        "in instrument/config.py; run python -m instrument.settings_table --write",
+        file=sys.stderr,
+    )
     return 1
 
 

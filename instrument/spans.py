@@ -72,12 +72,17 @@ def plan_spans(nodes: Sequence[Any], max_spans: int) -> SpanPlan:
     kept = [False] * len(nodes)
     for i in ranges:
         kept[i] = nodes[i].name not in out
-    plan = SpanPlan(kept=kept, folded={name: by_name[name] for name in folded},
-                    folded_occurrences=sum(calls[name] for name in folded),
-                    dropped=sum(calls[name] for name in omitted))
+    plan = SpanPlan(
+        kept=kept,
+        folded={name: by_name[name] for name in folded},
+        folded_occurrences=sum(calls[name] for name in folded),
+        dropped=sum(calls[name] for name in omitted),
+    )
     room = budget - sum(kept) - len(folded)
-    details = sorted((i for i, n in enumerate(nodes) if n.kind != RANGE and n.kind != FOLDED),
-                     key=lambda i: (nodes[i].depth, nodes[i].start_ns))
+    details = sorted(
+        (i for i, n in enumerate(nodes) if n.kind != RANGE and n.kind != FOLDED),
+        key=lambda i: (nodes[i].depth, nodes[i].start_ns),
+    )
     for i in details:
         parent = nodes[i].parent
         if room > 0 and parent >= 0 and kept[parent]:
@@ -88,18 +93,27 @@ def plan_spans(nodes: Sequence[Any], max_spans: int) -> SpanPlan:
     return plan
 
 
-def assemble(nodes: Sequence[Any], plan: SpanPlan,
-             convert: Callable[[Any, int], Occurrence]) -> tuple[Occurrence, ...]:
+def assemble(
+    nodes: Sequence[Any], plan: SpanPlan, convert: Callable[[Any, int], Occurrence]
+) -> tuple[Occurrence, ...]:
     """The occurrences ``plan`` keeps: one aggregate per folded name first, then the kept
     nodes in their order, ``convert(node, parent)`` each, where ``parent`` is the index of the
     nearest kept node around it or of the aggregate it was folded into (-1: none)."""
     out: list[Occurrence] = []
     where = [-1] * len(nodes)  # the index in ``out`` that stands for each node
     for name, idxs in plan.folded.items():
-        out.append(Occurrence(
-            FOLDED, name, min(nodes[i].start_ns for i in idxs),
-            max(nodes[i].end_ns for i in idxs), -1, 0, calls=sum(nodes[i].calls for i in idxs),
-            cpu_time_us=sum(nodes[i].cpu_time_us for i in idxs)))
+        out.append(
+            Occurrence(
+                FOLDED,
+                name,
+                min(nodes[i].start_ns for i in idxs),
+                max(nodes[i].end_ns for i in idxs),
+                -1,
+                0,
+                calls=sum(nodes[i].calls for i in idxs),
+                cpu_time_us=sum(nodes[i].cpu_time_us for i in idxs),
+            )
+        )
         for i in idxs:
             where[i] = len(out) - 1
     kept = plan.kept
@@ -126,13 +140,23 @@ def fit(occurrences: Occurrences, budget: OccurrenceBudget) -> Occurrences:
     for i, o in enumerate(items):
         if _LEVEL.get(o.kind, 2) <= level:
             index[i] = len(nodes)
-            nodes.append(replace(o, parent=index.get(o.parent, -1),
-                                 top_kernels=o.top_kernels[:budget.top_kernels]))
+            nodes.append(
+                replace(
+                    o,
+                    parent=index.get(o.parent, -1),
+                    top_kernels=o.top_kernels[: budget.top_kernels],
+                )
+            )
     plan = plan_spans(nodes, budget.max_spans)
 
     kept = assemble(nodes, plan, lambda node, parent: replace(node, parent=parent))
     return Occurrences(
-        budget=budget, items=kept,
-        range_count=occurrences.range_count, folded_occurrences=plan.folded_occurrences,
+        budget=budget,
+        items=kept,
+        range_count=occurrences.range_count,
+        folded_occurrences=plan.folded_occurrences,
         dropped=occurrences.dropped + (len(items) - len(nodes)) + plan.dropped,
-        first_ns=occurrences.first_ns, last_ns=occurrences.last_ns, calls=occurrences.calls)
+        first_ns=occurrences.first_ns,
+        last_ns=occurrences.last_ns,
+        calls=occurrences.calls,
+    )

@@ -61,6 +61,7 @@ it. Decorations outlive sessions, so ``reset()`` keeps it."""
 
 # ---------------------------------------------------------------- bindings
 
+
 def _no_session() -> None:
     return None
 
@@ -77,9 +78,12 @@ _session: Session | None = None
 _hook: Hook | None = None
 
 
-def bind(*, calls: Callable[[], Session | None] | None = None,
-         explicit: tuple[Callable[[Session], None], Callable[[Session], None]] | None = None,
-         mirror: Callable[[bool, Session | None, Hook | None], None] | None = None) -> None:
+def bind(
+    *,
+    calls: Callable[[], Session | None] | None = None,
+    explicit: tuple[Callable[[Session], None], Callable[[Session], None]] | None = None,
+    mirror: Callable[[bool, Session | None, Hook | None], None] | None = None,
+) -> None:
     """What the upper layers give: ``calls``, the lifetime module's ``session_for_calls``;
     ``explicit``, its (enter, exit) of a ``with session(...)`` block; ``mirror``, the
     decorator's writer of its hot-path globals (idle, session, first-call hook)."""
@@ -122,6 +126,7 @@ def declare_steps() -> None:
 
 
 # ---------------------------------------------------------------- the CPU-op pause
+
 
 class _PausedThread:
     """Kept in the paused thread's thread-local storage: if the thread ends still paused, its
@@ -183,6 +188,7 @@ cpu_ops = CpuOps()
 
 
 # ---------------------------------------------------------------- derived flags
+
 
 def _seen() -> tuple[Any, ...]:
     cur = current

@@ -85,7 +85,8 @@ class Stops:
     pending: PendingStop | None = None
     # the last deferred stops, (steps waited, kernels had run): for the benches
     drain_log: collections.deque[tuple[int, bool]] = field(
-        default_factory=lambda: collections.deque(maxlen=64))
+        default_factory=lambda: collections.deque(maxlen=64)
+    )
 
     def defer(self, window: _torch.ProfilerWindow, event: Any, recorded: Recorded) -> None:
         """Let the profiler run on until ``event`` has completed (``finish_drain``, at a later
@@ -98,8 +99,12 @@ class Stops:
         timer.daemon = True
         timer.name = "torch-profiled-drain"
         drain = DeferredStop(window, event, recorded, timer)
-        if (DRAIN_PAUSES_CPU_OPS and not sess._step_threads_mixed
-                and sess._step_thread == threading.get_ident() and state.cpu_ops.pause()):
+        if (
+            DRAIN_PAUSES_CPU_OPS
+            and not sess._step_threads_mixed
+            and sess._step_thread == threading.get_ident()
+            and state.cpu_ops.pause()
+        ):
             drain.paused_thread = sess._step_thread
         self.draining = drain
         timer.start()
@@ -143,8 +148,11 @@ class Stops:
                 synced = True
             except Exception:  # noqa: BLE001 - a device error: take torch's own way out
                 synced = False
-        self.stop_then(window, sync=not synced,
-                       then=lambda: self.hand_over(window, drain.recorded, deferred=True))
+        self.stop_then(
+            window,
+            sync=not synced,
+            then=lambda: self.hand_over(window, drain.recorded, deferred=True),
+        )
 
     def resume_cpu_ops(self) -> None:
         """The calling thread records CPU ops again, unless this session's deferred stop runs
@@ -156,8 +164,14 @@ class Stops:
             return
         state.cpu_ops.resume_here()
 
-    def stop_then(self, window: _torch.ProfilerWindow, *, sync: bool = True,
-                  lost: str = "; window lost", then: Callable[[], None] | None = None) -> None:
+    def stop_then(
+        self,
+        window: _torch.ProfilerWindow,
+        *,
+        sync: bool = True,
+        lost: str = "; window lost",
+        then: Callable[[], None] | None = None,
+    ) -> None:
         """Stop ``window``'s profiler, then ``then()`` (its hand-over to the pipeline).
 
         Torch keeps a thread-local profiler in the locals of the thread that started it: only
@@ -178,8 +192,9 @@ class Stops:
     def pending_is_here(self) -> bool:
         """The pending stop is this thread's to do (or its thread has ended). Lock-free."""
         pending = self.pending
-        return pending is not None and (pending.window.stoppable_here()
-                                        or pending.window.owner_gone())
+        return pending is not None and (
+            pending.window.stoppable_here() or pending.window.owner_gone()
+        )
 
     def run_pending(self) -> None:
         """Do the stop ``stop_then`` left for the window's owner thread, if this is that
@@ -191,8 +206,10 @@ class Stops:
         if window.owner_gone():
             self.pending = None
             window.forget()
-            self.session._warn(f"the thread that recorded a window ({window.owner.name}) ended "
-                               "before it could stop its profiler; that window is lost")
+            self.session._warn(
+                f"the thread that recorded a window ({window.owner.name}) ended "
+                "before it could stop its profiler; that window is lost"
+            )
         elif window.stoppable_here():
             self.pending = None
             self.stop_then(window, sync=pending.sync, lost=pending.lost, then=pending.then)
@@ -201,8 +218,9 @@ class Stops:
         if self.session in state.PENDING:
             state.PENDING.remove(self.session)
 
-    def stop(self, window: _torch.ProfilerWindow, *, sync: bool = True,
-             lost: str = "; window lost") -> bool:
+    def stop(
+        self, window: _torch.ProfilerWindow, *, sync: bool = True, lost: str = "; window lost"
+    ) -> bool:
         """Stop ``window``'s profiler; False where it was not stopped cleanly. A torch profiler
         the program started while the window recorded took torch's profiling state over:
         stopping ours would end the program's (and crash its trace export), so the window is
@@ -224,15 +242,24 @@ class Stops:
             return False
         return True
 
-
-    def hand_over(self, window: _torch.ProfilerWindow, recorded: Recorded, *,
-                  deferred: bool = False) -> None:
+    def hand_over(
+        self, window: _torch.ProfilerWindow, recorded: Recorded, *, deferred: bool = False
+    ) -> None:
         """A stopped window goes to the pipeline (its report is built on the worker)."""
         sess = self.session
         index = sess._window_index
         sess._window_index += 1
         sess.windows_ended += 1
-        sess._pipeline.submit(EndedWindow(
-            window, index, recorded.steps, recorded.partial, recorded.start_ns,
-            recorded.end_ns, frozenset(state.RANGE_NAMES), _torch.distributed_info(),
-            time.monotonic() if deferred else None))
+        sess._pipeline.submit(
+            EndedWindow(
+                window,
+                index,
+                recorded.steps,
+                recorded.partial,
+                recorded.start_ns,
+                recorded.end_ns,
+                frozenset(state.RANGE_NAMES),
+                _torch.distributed_info(),
+                time.monotonic() if deferred else None,
+            )
+        )

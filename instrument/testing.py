@@ -1,14 +1,14 @@
 """Helpers for tests, ours and users': capture reports without touching the environment.
 
-    from instrument import Schedule
-    from instrument.testing import capture
+from instrument import Schedule
+from instrument.testing import capture
 
-    def test_my_model_is_profiled():
-        with capture(schedule=Schedule(wait=0, warmup=0, active=2)) as cap:
-            for _ in range(2):
-                model_step()
-                cap.step()  # capture() is an explicit session: steps end at step() only
-        assert cap.reports[0].ranges["model_step"].calls == 2
+def test_my_model_is_profiled():
+    with capture(schedule=Schedule(wait=0, warmup=0, active=2)) as cap:
+        for _ in range(2):
+            model_step()
+            cap.step()  # capture() is an explicit session: steps end at step() only
+    assert cap.reports[0].ranges["model_step"].calls == 2
 """
 
 from __future__ import annotations

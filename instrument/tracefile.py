@@ -22,8 +22,16 @@ from typing import Any
 
 from exporters._files import write_atomic  # the one atomic-write helper
 
-__all__ = ["MARKER_PREFIX", "STEP_MARKER", "STEP_PREFIX", "WINDOW_END", "load_trace", "shape_file",
-           "shape_trace", "write_json_atomic"]
+__all__ = [
+    "MARKER_PREFIX",
+    "STEP_MARKER",
+    "STEP_PREFIX",
+    "WINDOW_END",
+    "load_trace",
+    "shape_file",
+    "shape_trace",
+    "write_json_atomic",
+]
 
 STEP_PREFIX = "ProfilerStep#"
 MARKER_PREFIX = "profiled::"
@@ -63,14 +71,16 @@ def shape_trace(
         end = next((m for m in markers if m.get("name") == WINDOW_END), None)
         if first_step is not None or end is not None:
             kept = _keep_recorded(
-                kept, float(first_step.get("ts", 0.0)) if first_step is not None else None,
-                float(end.get("ts", 0.0)) if end is not None else None)
+                kept,
+                float(first_step.get("ts", 0.0)) if first_step is not None else None,
+                float(end.get("ts", 0.0)) if end is not None else None,
+            )
         tid = markers[0].get("tid")
         for here, nxt in zip(markers, markers[1:]):
             if here.get("name") == WINDOW_END:
                 continue
             span = dict(here)
-            span["name"] = STEP_PREFIX + here["name"][len(STEP_MARKER):]
+            span["name"] = STEP_PREFIX + here["name"][len(STEP_MARKER) :]
             span["cat"] = "user_annotation"
             span["tid"] = tid
             span["dur"] = round(float(nxt["ts"]) - float(here["ts"]), 3)
@@ -84,12 +94,14 @@ def shape_trace(
     return trace
 
 
-_DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation",
-                          "mtia_ccp_events"})
+_DEVICE_CATS = frozenset(
+    {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "mtia_ccp_events"}
+)
 
 
-def _keep_recorded(events: list[dict[str, Any]], cut: float | None,
-                   end: float | None) -> list[dict[str, Any]]:
+def _keep_recorded(
+    events: list[dict[str, Any]], cut: float | None, end: float | None
+) -> list[dict[str, Any]]:
     """Keep what the recorded steps did: drop host events that began before the first
     recorded step (``cut``: the warm-up) or at or after the window's end marker (``end``: a
     CUDA window whose stop was deferred records a few more steps), the device work they
@@ -127,8 +139,11 @@ def _keep_recorded(events: list[dict[str, Any]], cut: float | None,
         args = ev.get("args") or {}
         ts = float(ev.get("ts", 0.0))
         if ev.get("ph") == "X":
-            if ts < lo or args.get("External id") in dropped_ids or \
-                    args.get("correlation") in dropped_corr:
+            if (
+                ts < lo
+                or args.get("External id") in dropped_ids
+                or args.get("correlation") in dropped_corr
+            ):
                 continue
         elif ts < lo or (ev.get("id") in dropped_corr if ev.get("cat") == "ac2g" else ts >= hi):
             continue  # a launch -> kernel arrow of a dropped launch; other arrows by time
@@ -136,8 +151,9 @@ def _keep_recorded(events: list[dict[str, Any]], cut: float | None,
     return kept
 
 
-def shape_file(path: str, range_names: Iterable[str], distributed: dict[str, Any]
-               ) -> dict[str, Any]:
+def shape_file(
+    path: str, range_names: Iterable[str], distributed: dict[str, Any]
+) -> dict[str, Any]:
     """Shape the raw window trace at ``path`` in place (a scratch file: no ``fsync``) and
     return the shaped trace."""
     trace = shape_trace(load_trace(path), range_names, distributed)

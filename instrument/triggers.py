@@ -70,8 +70,9 @@ class _SignalTrigger(Trigger):
         if threading.current_thread() is not threading.main_thread():
             return  # signal.signal only works there; the handler stays, calling a closed session
         if signal.getsignal(self.signum) is self._handler:
-            signal.signal(self.signum, self._previous if self._previous is not None
-                          else signal.SIG_DFL)
+            signal.signal(
+                self.signum, self._previous if self._previous is not None else signal.SIG_DFL
+            )
 
 
 class _FileTrigger(Trigger):
@@ -81,8 +82,9 @@ class _FileTrigger(Trigger):
         self._callback = callback
         self._stop = threading.Event()
         self._warned = False  # about something at the path that is not a request (once)
-        self._thread = threading.Thread(target=self._poll, name="torch-profiled-trigger",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._poll, name="torch-profiled-trigger", daemon=True
+        )
         self._thread.start()
 
     def _poll(self) -> None:
@@ -109,8 +111,11 @@ class _FileTrigger(Trigger):
         except FileNotFoundError:
             return False  # another process took it
         except OSError as exc:  # not ours to remove (EPERM, EACCES, EISDIR after a swap...)
-            why = "is a directory" if exc.errno == errno.EISDIR else (
-                f"cannot be removed ({exc.strerror or exc})")
+            why = (
+                "is a directory"
+                if exc.errno == errno.EISDIR
+                else (f"cannot be removed ({exc.strerror or exc})")
+            )
             self._blocked(why)
             return False
         return True
@@ -122,10 +127,13 @@ class _FileTrigger(Trigger):
         self._warned = True
         uid = _euid()
         whose = f"a regular file owned by uid {uid}" if uid is not None else "a regular file"
-        warn(f"PROFILED_TRIGGER path {self.path} holds something that cannot fire the trigger: "
-             f"it {why}. Only {whose} (this program's user), which the trigger removes, opens "
-             "a window; what is there is left alone and the trigger keeps watching the path "
-             "(use a path in a directory only this user can write to)", UserWarning)
+        warn(
+            f"PROFILED_TRIGGER path {self.path} holds something that cannot fire the trigger: "
+            f"it {why}. Only {whose} (this program's user), which the trigger removes, opens "
+            "a window; what is there is left alone and the trigger keeps watching the path "
+            "(use a path in a directory only this user can write to)",
+            UserWarning,
+        )
 
     def disarm(self) -> None:
         self._stop.set()
@@ -157,15 +165,20 @@ def arm(spec: str, callback: Callable[[], None]) -> Trigger | None:
     is not in ``TRIGGER_SIGNALS`` (``config`` refuses those first)."""
     if spec.startswith("SIG") and os.sep not in spec and "/" not in spec and "." not in spec:
         if spec not in TRIGGER_SIGNALS or not hasattr(signal.Signals, spec):
-            warn(f"PROFILED_TRIGGER={spec}: not a signal a trigger may take over; expected one "
-                 f"of {', '.join(TRIGGER_SIGNALS)}; the trigger is off", UserWarning)
+            warn(
+                f"PROFILED_TRIGGER={spec}: not a signal a trigger may take over; expected one "
+                f"of {', '.join(TRIGGER_SIGNALS)}; the trigger is off",
+                UserWarning,
+            )
             return None
         signum = signal.Signals[spec]
         if threading.current_thread() is not threading.main_thread():
-            warn(f"PROFILED_TRIGGER={spec}: the profiling session started outside the main "
-                 "thread, where Python cannot install signal handlers; the trigger is off "
-                 "(use a file trigger, or make the first decorated call from the main thread)",
-                 UserWarning)
+            warn(
+                f"PROFILED_TRIGGER={spec}: the profiling session started outside the main "
+                "thread, where Python cannot install signal handlers; the trigger is off "
+                "(use a file trigger, or make the first decorated call from the main thread)",
+                UserWarning,
+            )
             return None
         return _SignalTrigger(signum, callback)
     return _FileTrigger(spec, callback)

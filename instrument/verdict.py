@@ -92,6 +92,7 @@ def judge(
         detail = "compute-heavy" if intensity >= COMPUTE_HEAVY_FLOP_PER_BYTE else "memory-heavy"
         numbers += f", {intensity:.0f} FLOP/byte"
     if share < OVERHEAD_BOUND_BELOW:
-        return Verdict(OVERHEAD_BOUND, numbers + ": the device idles while the CPU dispatches",
-                       detail)
+        return Verdict(
+            OVERHEAD_BOUND, numbers + ": the device idles while the CPU dispatches", detail
+        )
     return Verdict(COMPUTE_BOUND, numbers + ": the device is the bottleneck", detail)

@@ -89,11 +89,14 @@ class Windows:
             if state.PENDING:
                 sess._skip_reason = (
                     "a window's profiler records only the thread that started it, and that "
-                    "thread has not come back to stop it, so the next window could not start")
+                    "thread has not come back to stop it, so the next window could not start"
+                )
                 return False
         if _torch.end_orphaned_profiler():
-            sess._warn("a profiler of torch-profiled's was still on with no window to end it "
-                       "(a start or stop cut short); it was switched off, its events dropped")
+            sess._warn(
+                "a profiler of torch-profiled's was still on with no window to end it "
+                "(a start or stop cut short); it was switched off, its events dropped"
+            )
         if _torch.profiler_on():
             sess._skip_reason = foreign_reason()
             return False
@@ -104,9 +107,13 @@ class Windows:
             # our warm-up fail in its own prepare (seen on an H200 with torch 2.11), and
             # telemetry must never break the program. Warm-up steps are still counted.
             window = _torch.ProfilerWindow(
-                sess.activities, record_shapes=config.record_shapes,
-                profile_memory=config.profile_memory, with_stack=config.with_stack,
-                with_flops=config.with_flops, all_threads=config.all_threads)
+                sess.activities,
+                record_shapes=config.record_shapes,
+                profile_memory=config.profile_memory,
+                with_stack=config.with_stack,
+                with_flops=config.with_flops,
+                all_threads=config.all_threads,
+            )
         except Exception as exc:  # noqa: BLE001
             sess._skip_reason = f"the profiler could not be prepared ({exc!r})"
             sess._warn(f"the profiler could not be prepared ({exc!r}); window skipped")
@@ -152,8 +159,12 @@ class Windows:
     def start_if_due(self, action: Action, step: int) -> None:
         """The ambient session's first decorated call of the step: start a due window."""
         sess = self.session
-        if (self.start_due and self.window is not None and not sess.closed
-                and (sess.config.all_threads or threading.get_ident() == sess._step_thread)):
+        if (
+            self.start_due
+            and self.window is not None
+            and not sess.closed
+            and (sess.config.all_threads or threading.get_ident() == sess._step_thread)
+        ):
             self.start_due = False
             with atomic():
                 self.begin(action, step)
@@ -194,8 +205,9 @@ class Windows:
             self.discard()
             return False
         if not started:  # another session's window (ending on its thread) is on
-            sess._skip_reason = ("another torch-profiled window's profiler was still on when "
-                                 "this one was due")
+            sess._skip_reason = (
+                "another torch-profiled window's profiler was still on when this one was due"
+            )
             self.drop()
             return False
         return True
@@ -236,8 +248,9 @@ class Windows:
                 self.stops.stop_then(window)
             raise
 
-    def _wind_down(self, window: _torch.ProfilerWindow, steps: tuple[int, ...],
-                   partial: bool) -> None:
+    def _wind_down(
+        self, window: _torch.ProfilerWindow, steps: tuple[int, ...], partial: bool
+    ) -> None:
         """The ended window's stop: now, or deferred until its kernels have run."""
         sess = self.session
         if window.recording and not window.overtaken():
@@ -245,13 +258,17 @@ class Windows:
         recorded = Recorded(steps, partial, self.start_ns, time.time_ns())
         sess._planner.window_ended()
         short_steps = steps and (recorded.end_ns - recorded.start_ns) / len(steps) < (
-            stops.DEFER_MAX_STEP_NS)
-        event = (window.end_marker_event()
-                 if short_steps and not partial and stops.MAX_DRAIN_STEPS > 0
-                 and not window.overtaken() else None)
+            stops.DEFER_MAX_STEP_NS
+        )
+        event = (
+            window.end_marker_event()
+            if short_steps and not partial and stops.MAX_DRAIN_STEPS > 0 and not window.overtaken()
+            else None
+        )
         if event is None:  # the caller's whole cost of a window end: the stop, the hand-over
-            self.stops.stop_then(window, then=(lambda: self.stops.hand_over(window, recorded))
-                                 if steps else None)
+            self.stops.stop_then(
+                window, then=(lambda: self.stops.hand_over(window, recorded)) if steps else None
+            )
         else:  # (~20-30 ms less on an H200 than torch's synchronising stop)
             self.stops.defer(window, event, recorded)
 
@@ -259,8 +276,12 @@ class Windows:
         """A profiler of the program's started and stopped while the window recorded (on its
         thread, or any for an all-threads window): its exit ended ours."""
         window = self.window
-        return (window is not None and window.recording and window.overtaken()
-                and not _torch.profiler_on())
+        return (
+            window is not None
+            and window.recording
+            and window.overtaken()
+            and not _torch.profiler_on()
+        )
 
 
 def foreign_reason() -> str:

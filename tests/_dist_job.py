@@ -39,8 +39,9 @@ def main() -> None:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     if args.init:
-        dist.init_process_group(args.backend, init_method=args.init, rank=args.rank,
-                                world_size=args.world_size)
+        dist.init_process_group(
+            args.backend, init_method=args.init, rank=args.rank, world_size=args.world_size
+        )
     else:
         dist.init_process_group(args.backend)
     torch.set_num_threads(1)

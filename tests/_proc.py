@@ -26,20 +26,29 @@ def sdk_env(extra: dict[str, str] | None = None, **more: str) -> dict[str, str]:
     return env
 
 
-def run(*args: str, env: dict[str, str] | None = None, cwd: Any = None,
-        timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, env: dict[str, str] | None = None, cwd: Any = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     """``python ARGS`` (e.g. ``"-c", code`` or ``"-m", "instrument", "summarize", path``) to
     its end; text output captured. ``env`` replaces :func:`sdk_env` when given."""
-    return subprocess.run([sys.executable, *args], env=sdk_env() if env is None else env,
-                          cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *args],
+        env=sdk_env() if env is None else env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
-def start(*args: str, env: dict[str, str] | None = None, cwd: Any = None,
-          **popen: Any) -> subprocess.Popen:
+def start(
+    *args: str, env: dict[str, str] | None = None, cwd: Any = None, **popen: Any
+) -> subprocess.Popen:
     """``python ARGS`` running, stdout and stderr piped as text unless ``popen`` says
     otherwise; the caller waits for it (or kills it)."""
     popen.setdefault("stdout", subprocess.PIPE)
     popen.setdefault("stderr", subprocess.PIPE)
     popen.setdefault("text", True)
-    return subprocess.Popen([sys.executable, *args], env=sdk_env() if env is None else env,
-                            cwd=cwd, **popen)
+    return subprocess.Popen(
+        [sys.executable, *args], env=sdk_env() if env is None else env, cwd=cwd, **popen
+    )

@@ -69,19 +69,23 @@ class Received(RequestHandler):
                 resource = attributes(rs.resource.attributes)
                 for ss in rs.scope_spans:
                     for sp in ss.spans:
-                        out.append({
-                            "name": sp.name,
-                            "trace_id": sp.trace_id.hex(),
-                            "span_id": sp.span_id.hex(),
-                            "parent_id": sp.parent_span_id.hex() or None,
-                            "start": sp.start_time_unix_nano,
-                            "end": sp.end_time_unix_nano,
-                            "attributes": attributes(sp.attributes),
-                            "events": [(e.name, e.time_unix_nano, attributes(e.attributes))
-                                       for e in sp.events],
-                            "resource": resource,
-                            "scope": ss.scope.name,
-                        })
+                        out.append(
+                            {
+                                "name": sp.name,
+                                "trace_id": sp.trace_id.hex(),
+                                "span_id": sp.span_id.hex(),
+                                "parent_id": sp.parent_span_id.hex() or None,
+                                "start": sp.start_time_unix_nano,
+                                "end": sp.end_time_unix_nano,
+                                "attributes": attributes(sp.attributes),
+                                "events": [
+                                    (e.name, e.time_unix_nano, attributes(e.attributes))
+                                    for e in sp.events
+                                ],
+                                "resource": resource,
+                                "scope": ss.scope.name,
+                            }
+                        )
         return out
 
     def metrics(self) -> dict[str, list[Any]]:
@@ -151,11 +155,14 @@ class GrpcReceiver:
     def __init__(self, handler: RequestHandler) -> None:
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(
-            _TraceServiceServicer(handler.handle_trace), self.server)
+            _TraceServiceServicer(handler.handle_trace), self.server
+        )
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
-            _MetricsServiceServicer(handler.handle_metrics), self.server)
+            _MetricsServiceServicer(handler.handle_metrics), self.server
+        )
         logs_service_pb2_grpc.add_LogsServiceServicer_to_server(
-            _LogsServiceServicer(handler.handle_logs), self.server)
+            _LogsServiceServicer(handler.handle_logs), self.server
+        )
         self.port = self.server.add_insecure_port("127.0.0.1:0")
 
     def start(self) -> None:

@@ -16,8 +16,16 @@ def E(name, ts, dur, cat="cpu_op", tid=1, external=0, correlation=None):
     args = {"External id": external}
     if correlation is not None:
         args["correlation"] = correlation
-    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
-            "args": args}
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": 1,
+        "tid": tid,
+        "ts": ts,
+        "dur": dur,
+        "args": args,
+    }
 
 
 def test_device_time_follows_the_launching_operator_not_time():
@@ -101,8 +109,10 @@ def test_real_window_numbers_match_its_trace_file(tmp_path):
     from exporters import TraceFileExporter
 
     x, w, b = torch.randn(64, 64), torch.randn(64, 64), torch.randn(64)
-    with capture(schedule=Schedule(wait=0, warmup=1, active=3),
-                 exporters=[TraceFileExporter(tmp_path, gzip=False)]) as cap:
+    with capture(
+        schedule=Schedule(wait=0, warmup=1, active=3),
+        exporters=[TraceFileExporter(tmp_path, gzip=False)],
+    ) as cap:
         for _ in range(4):
             mb(x, w, b)
             cap.step()
@@ -113,8 +123,10 @@ def test_real_window_numbers_match_its_trace_file(tmp_path):
     mm = [e for e in trace["traceEvents"] if e.get("name") == "aten::mm"]
     assert ours["aten::mm"].calls == len(mm) == 3
     expected_self = sum(e["dur"] for e in mm) - sum(
-        e["dur"] for e in trace["traceEvents"]
-        if e.get("ph") == "X" and e.get("name") in ("aten::resolve_conj",)
+        e["dur"]
+        for e in trace["traceEvents"]
+        if e.get("ph") == "X"
+        and e.get("name") in ("aten::resolve_conj",)
         and any(m["ts"] <= e["ts"] <= m["ts"] + m["dur"] and m["tid"] == e["tid"] for m in mm)
     )
     assert ours["aten::mm"].self_cpu_time_us == pytest.approx(expected_self, rel=1e-6)
@@ -150,8 +162,9 @@ def _window_with(fn, activities, iterations):
     from instrument import _torch, configure
 
     configure(enabled=False)  # no ambient session: this test runs its own window
-    window = _torch.ProfilerWindow(activities, record_shapes=False, profile_memory=False,
-                                   with_stack=False, with_flops=False)
+    window = _torch.ProfilerWindow(
+        activities, record_shapes=False, profile_memory=False, with_stack=False, with_flops=False
+    )
     window.start()
     for _ in range(iterations):
         fn()
@@ -191,8 +204,11 @@ def test_kineto_path_agrees_with_key_averages_on_cpu(tmp_path):
 
 @pytest.mark.cuda
 def test_kineto_path_agrees_with_key_averages_on_cuda(tmp_path):
-    x, w, b = (torch.randn(256, 256, device="cuda"), torch.randn(256, 256, device="cuda"),
-               torch.randn(256, device="cuda"))
+    x, w, b = (
+        torch.randn(256, 256, device="cuda"),
+        torch.randn(256, 256, device="cuda"),
+        torch.randn(256, device="cuda"),
+    )
     mb(x, w, b)
     torch.cuda.synchronize()
     window = _window_with(lambda: mb(x, w, b), ("cpu", "cuda"), 50)
@@ -234,8 +250,9 @@ def test_work_recorded_after_the_window_end_marker_is_cut(tmp_path):
         return a @ a
 
     a = torch.randn(16, 16)
-    win = _torch.ProfilerWindow(("cpu",), record_shapes=False, profile_memory=False,
-                                with_stack=False, with_flops=False)
+    win = _torch.ProfilerWindow(
+        ("cpu",), record_shapes=False, profile_memory=False, with_stack=False, with_flops=False
+    )
     win.start()
     tail_mm(a)  # warm-up
     for s in range(3):
@@ -256,15 +273,19 @@ def test_work_recorded_after_the_window_end_marker_is_cut(tmp_path):
     assert everything.ranges["tail_mm"].calls == 6  # the raw trace holds them all
     shaped = shape_trace(load_trace(str(raw)), names, {"rank": 0, "world_size": 1})
     assert analyze(events_from_trace(shaped), names).ranges["tail_mm"].calls == 3
-    assert [e["name"] for e in shaped["traceEvents"] if e.get("name", "").startswith(
-        "ProfilerStep#")] == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
+    assert [
+        e["name"] for e in shaped["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")
+    ] == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
     mms = [e for e in shaped["traceEvents"] if e.get("name") == "aten::mm"]
     assert len(mms) == 3
     raw_events = load_trace(str(raw))["traceEvents"]
     end = next(float(e["ts"]) for e in raw_events if e.get("name") == WINDOW_END)
     assert any(e.get("ph") in ("s", "f") and float(e["ts"]) >= end for e in raw_events)
-    assert not [e for e in shaped["traceEvents"]
-                if e.get("ph") in ("s", "f", "t") and float(e.get("ts", 0)) >= end]
+    assert not [
+        e
+        for e in shaped["traceEvents"]
+        if e.get("ph") in ("s", "f", "t") and float(e.get("ts", 0)) >= end
+    ]
     events = win.events()
     if events is not None:  # torch with typed Kineto events (2.13): the in-thread path
         assert analyze(drop_warmup(events), names).ranges["tail_mm"].calls == 3

@@ -62,8 +62,9 @@ def raw_trace(tmp_path):
     from instrument import _torch
     from instrument.tracefile import STEP_MARKER
 
-    win = _torch.ProfilerWindow(("cpu",), record_shapes=False, profile_memory=False,
-                                with_stack=False, with_flops=False)
+    win = _torch.ProfilerWindow(
+        ("cpu",), record_shapes=False, profile_memory=False, with_stack=False, with_flops=False
+    )
     win.start()
     a = torch.randn(32, 32)
     mm(a)  # warm-up: dropped
@@ -140,8 +141,9 @@ def test_sessions_use_the_helper_and_agree_with_in_process():
     assert a.ranges["mm"].calls == b.ranges["mm"].calls == 3
     assert a.steps == b.steps
     assert set(a.ranges) == set(b.ranges)
-    assert [op.name for op in a.top_ops] and {op.name for op in a.top_ops} == \
-        {op.name for op in b.top_ops}
+    assert [op.name for op in a.top_ops] and {op.name for op in a.top_ops} == {
+        op.name for op in b.top_ops
+    }
 
 
 def test_a_killed_helper_costs_no_report():
@@ -158,8 +160,11 @@ def test_a_killed_helper_costs_no_report():
         second = _run_window()
     assert first.reports[0].ranges["mm"].calls == 3
     assert second.reports[0].ranges["mm"].calls == 3
-    said = [str(w.message) for w in caught if issubclass(w.category, ProfilerWarning)
-            and "helper" in str(w.message)]
+    said = [
+        str(w.message)
+        for w in caught
+        if issubclass(w.category, ProfilerWarning) and "helper" in str(w.message)
+    ]
     assert len(said) == 1 and "in this process from now on" in said[0], said
     helper.failed = None  # for the tests after this one: a fresh handle next time
     analysis_process._shared = None
@@ -386,7 +391,8 @@ def _plant(directory, marks, *, only_found: bool = False) -> None:
         names = {n for n in sys.stdlib_module_names if importlib.util.find_spec(n)}
     for name in names:
         (directory / f"{name}.py").write_text(  # _io: also while the interpreter starts
-            f"__import__('_io').open({str(marks / name)!r}, 'w').close()\n")
+            f"__import__('_io').open({str(marks / name)!r}, 'w').close()\n"
+        )
 
 
 def _home_beside_the_real_one(tmp_path):
@@ -431,8 +437,11 @@ def test_the_helper_imports_nothing_from_the_programs_surroundings(tmp_path, set
         sdk = tmp_path / "site"
         _plant(sdk, marks, only_found=True)
         for package in ("instrument", "exporters"):
-            shutil.copytree(os.path.join(REPO, package), sdk / package,
-                            ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(
+                os.path.join(REPO, package),
+                sdk / package,
+                ignore=shutil.ignore_patterns("__pycache__"),
+            )
         args.append(str(sdk))
     else:
         env["PYTHONPATH"] = REPO

@@ -21,23 +21,50 @@ def run_bench(name, tmp_path, *args, timeout=300):
     env["TMPDIR"] = str(tmp_path / "tmp")  # what a bench leaves in the temporary directory
     # torch's compile cache, which importing torch._dynamo creates under TMPDIR unless this is
     # set (it sets it in its own process, so children of a process that imported it inherit it)
-    env.setdefault("TORCHINDUCTOR_CACHE_DIR",
-                   os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
+    env.setdefault(
+        "TORCHINDUCTOR_CACHE_DIR",
+        os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"),
+    )
     os.makedirs(env["TMPDIR"], exist_ok=True)
-    return _proc.run(os.path.join(REPO, "bench", name), *args, cwd=tmp_path, env=env,
-                     timeout=timeout)
+    return _proc.run(
+        os.path.join(REPO, "bench", name), *args, cwd=tmp_path, env=env, timeout=timeout
+    )
 
 
 def test_e2e_overhead_runs_every_variant_and_writes_its_json(tmp_path):
-    out = run_bench("e2e_overhead.py", tmp_path, "--rounds", "1", "--every", "8",
-                    "--run-steps", "16", "--json", str(tmp_path / "e2e.json"))
+    out = run_bench(
+        "e2e_overhead.py",
+        tmp_path,
+        "--rounds",
+        "1",
+        "--every",
+        "8",
+        "--run-steps",
+        "16",
+        "--json",
+        str(tmp_path / "e2e.json"),
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads((tmp_path / "e2e.json").read_text())
-    variants = {"unprofiled", "idle", "idle_modules", "counting", "sampled", "sampled_in_thread",
-                "sampled_drain_cpu", "torch_profiler", "torch_profiler_export"}
+    variants = {
+        "unprofiled",
+        "idle",
+        "idle_modules",
+        "counting",
+        "sampled",
+        "sampled_in_thread",
+        "sampled_drain_cpu",
+        "torch_profiler",
+        "torch_profiler_export",
+    }
     assert set(doc["steps_per_s"]) == variants
-    assert set(doc["window_costs_s"]) == {"sampled", "sampled_in_thread", "sampled_drain_cpu",
-                                          "torch_profiler", "torch_profiler_export"}
+    assert set(doc["window_costs_s"]) == {
+        "sampled",
+        "sampled_in_thread",
+        "sampled_drain_cpu",
+        "torch_profiler",
+        "torch_profiler_export",
+    }
     assert all(len(runs) == 1 and runs[0] > 0 for runs in doc["steps_per_s"].values())
     assert set(doc["targets"]) == {"idle", "sampled"}
     assert "windows timed" in out.stdout and "(2 windows timed per sampled variant)" in out.stdout
@@ -46,13 +73,32 @@ def test_e2e_overhead_runs_every_variant_and_writes_its_json(tmp_path):
 
 
 def test_stop_cost_times_every_phase(tmp_path):
-    out = run_bench("stop_cost.py", tmp_path, "--windows", "2", "--idle", "2",
-                    "--json", str(tmp_path / "sc.json"))
+    out = run_bench(
+        "stop_cost.py",
+        tmp_path,
+        "--windows",
+        "2",
+        "--idle",
+        "2",
+        "--json",
+        str(tmp_path / "sc.json"),
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads((tmp_path / "sc.json").read_text())
     assert len(doc["windows"]) == 2
-    phases = {"start", "drain", "stop", "export", "load", "shape", "write", "events", "analyze",
-              "after", "events_n"}
+    phases = {
+        "start",
+        "drain",
+        "stop",
+        "export",
+        "load",
+        "shape",
+        "write",
+        "events",
+        "analyze",
+        "after",
+        "events_n",
+    }
     assert phases <= set(doc["windows"][0])
     assert all(w["events_n"] > 0 for w in doc["windows"])
 
@@ -64,8 +110,16 @@ def test_e2e_overhead_rejects_a_run_that_is_not_whole_windows(tmp_path):
 
 
 def test_module_hooks_bench_runs(tmp_path):
-    out = run_bench("module_hooks.py", tmp_path, "--repeats", "1", "--forwards", "3",
-                    "--json", str(tmp_path / "mh.json"))
+    out = run_bench(
+        "module_hooks.py",
+        tmp_path,
+        "--repeats",
+        "1",
+        "--forwards",
+        "3",
+        "--json",
+        str(tmp_path / "mh.json"),
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads((tmp_path / "mh.json").read_text())
     assert doc["modules"] == 101 and len(doc["ns"]) == 6

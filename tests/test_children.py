@@ -49,12 +49,17 @@ def test_a_spawned_child_is_silent_unless_asked(run_python, tmp_path, children):
     script = tmp_path / "prog.py"
     script.write_text(PROGRAM)
     out = tmp_path / "reports.jsonl"
-    env = {"PROFILED_EVERY": "4", "PROFILED_EXPORTERS": "json,console",
-           "PROFILED_JSON_PATH": str(out), "PROFILED_ACTIVITIES": "cpu"}
+    env = {
+        "PROFILED_EVERY": "4",
+        "PROFILED_EXPORTERS": "json,console",
+        "PROFILED_JSON_PATH": str(out),
+        "PROFILED_ACTIVITIES": "cpu",
+    }
     if children:
         env["PROFILED_CHILDREN"] = children
-    result = run_python(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')",
-                        env=env, timeout=240)
+    result = run_python(
+        f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')", env=env, timeout=240
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "child exit 0" in result.stdout
     pids = _pids(out)

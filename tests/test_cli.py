@@ -93,8 +93,14 @@ def traces(tmp_path_factory):
         for _ in range(5):
             _mb_loop(x, w, b, 5)
             p.step()
-    return {"dir": d, "plain": plain, "plain_ka": plain_ka, "tb": str(tb_dir),
-            "tb_ka": seen["ka"], "trace": json.load(open(plain))}
+    return {
+        "dir": d,
+        "plain": plain,
+        "plain_ka": plain_ka,
+        "tb": str(tb_dir),
+        "tb_ka": seen["ka"],
+        "trace": json.load(open(plain)),
+    }
 
 
 # ---------------------------------------------------------------- summarize
@@ -125,12 +131,14 @@ def test_plain_trace_totals_and_ops_agree_with_key_averages(traces):
     ours = report.self_cpu_time_total_us + report.profiler_overhead_us
     assert ours == pytest.approx(torch_total, rel=0.01)
     assert report.ranges["mb"].calls == ka["mb"].count == ITERS
-    assert report.ranges["mb"].self_cpu_time_us == pytest.approx(ka["mb"].self_cpu_time_total,
-                                                                 rel=0.01)
+    assert report.ranges["mb"].self_cpu_time_us == pytest.approx(
+        ka["mb"].self_cpu_time_total, rel=0.01
+    )
     for op in report.top_ops:
         assert op.calls == ka[op.name].count, op.name
-        assert op.self_cpu_time_us == pytest.approx(ka[op.name].self_cpu_time_total, rel=0.01,
-                                                    abs=0.01), op.name
+        assert op.self_cpu_time_us == pytest.approx(
+            ka[op.name].self_cpu_time_total, rel=0.01, abs=0.01
+        ), op.name
     assert report.verdict.kind == "cpu-only"
     assert report.device == "cpu" and report.activities == ("cpu",)
     assert report.rank == 0 and report.world_size == 1
@@ -189,8 +197,9 @@ def test_json_output(traces, capsys, tmp_path):
 
 def test_range_filter(traces, capsys, tmp_path):
     trace = copy.deepcopy(traces["trace"])
-    trace["traceEvents"] += [dict(e, name="other") for e in trace["traceEvents"]
-                             if e.get("name") == "mb"][:1]
+    trace["traceEvents"] += [
+        dict(e, name="other") for e in trace["traceEvents"] if e.get("name") == "mb"
+    ][:1]
     path = _write(tmp_path / "two_ranges.json", trace)
     rc, out, _ = _main(capsys, "summarize", "--json", path)
     assert set(json.loads(out)["ranges"]) == {"mb", "other"}
@@ -198,8 +207,11 @@ def test_range_filter(traces, capsys, tmp_path):
     assert rc == 0 and set(json.loads(out)["ranges"]) == {"mb"}
     rc, out, _ = _main(capsys, "summarize", "--range", "other", path)
     assert rc == 0
-    names = [ln.split()[0] for ln in out.split("@profiled range")[1].split("---")[0].splitlines()
-             if ln.strip()][1:]
+    names = [
+        ln.split()[0]
+        for ln in out.split("@profiled range")[1].split("---")[0].splitlines()
+        if ln.strip()
+    ][1:]
     assert "other" in names and "mb" not in names
     # a range recorded as a plain operator (@profiled inside someone else's profiler)
     rc, out, _ = _main(capsys, "summarize", "--json", "--range", "aten::mm", path)
@@ -226,8 +238,11 @@ def _rank_dir(tmp_path, trace, factors):
     d = tmp_path / "ranks"
     d.mkdir()
     for rank, factor in enumerate(factors):
-        t = _scaled(trace, factor,
-                    distributedInfo={"backend": "gloo", "rank": rank, "world_size": len(factors)})
+        t = _scaled(
+            trace,
+            factor,
+            distributedInfo={"backend": "gloo", "rank": rank, "world_size": len(factors)},
+        )
         _write(d / f"host_{rank}.{rank}.pt.trace.json", t)
     (d / "notes.json").write_text("{}")  # ignored: the .pt.trace.json files are preferred
     return str(d)
@@ -280,8 +295,10 @@ def test_sdk_trace_files(tmp_path, capsys):
         return x @ x
 
     x = torch.randn(32, 32)
-    with capture(schedule=Schedule(wait=0, warmup=1, active=2),
-                 exporters=[TraceFileExporter(tmp_path / "sdk")]) as cap:
+    with capture(
+        schedule=Schedule(wait=0, warmup=1, active=2),
+        exporters=[TraceFileExporter(tmp_path / "sdk")],
+    ) as cap:
         for _ in range(3):
             work(x)
             cap.step()
@@ -295,8 +312,16 @@ def test_sdk_trace_files(tmp_path, capsys):
 
 def _gpu_trace(kernel_us: float, extra_kernel: bool = False) -> dict:
     def ev(name, ts, dur, cat, tid=1, ext=0):
-        return {"ph": "X", "cat": cat, "name": name, "pid": 7, "tid": tid, "ts": ts, "dur": dur,
-                "args": {"External id": ext, "correlation": ext}}
+        return {
+            "ph": "X",
+            "cat": cat,
+            "name": name,
+            "pid": 7,
+            "tid": tid,
+            "ts": ts,
+            "dur": dur,
+            "args": {"External id": ext, "correlation": ext},
+        }
 
     events = [
         ev("step", 0, 100, "user_annotation", ext=1),
@@ -305,11 +330,16 @@ def _gpu_trace(kernel_us: float, extra_kernel: bool = False) -> dict:
         ev("gemm", 1000, kernel_us, "kernel", tid=9, ext=2),
     ]
     if extra_kernel:
-        events += [ev("aten::add", 40, 10, "cpu_op", ext=3),
-                   ev("cudaLaunchKernel", 42, 5, "cuda_runtime", ext=3),
-                   ev("add_kernel", 2000, 7, "kernel", tid=9, ext=3)]
-    return {"deviceProperties": [{"id": 0, "name": "NVIDIA H200"}],
-            "baseTimeNanoseconds": 1_700_000_000 * 10**9, "traceEvents": events}
+        events += [
+            ev("aten::add", 40, 10, "cpu_op", ext=3),
+            ev("cudaLaunchKernel", 42, 5, "cuda_runtime", ext=3),
+            ev("add_kernel", 2000, 7, "kernel", tid=9, ext=3),
+        ]
+    return {
+        "deviceProperties": [{"id": 0, "name": "NVIDIA H200"}],
+        "baseTimeNanoseconds": 1_700_000_000 * 10**9,
+        "traceEvents": events,
+    }
 
 
 def test_device_trace_summary(tmp_path, capsys):
@@ -341,16 +371,27 @@ def test_diff_twice_slower_range(traces, capsys, tmp_path):
     assert mb["name"] == "mb" and mb["ratio"] == pytest.approx(2.0, rel=1e-3)
     assert mb["delta_us"] == pytest.approx(mb["before_us"], rel=1e-3)
     ops = doc["operators"]
-    assert [abs(o["delta_us"]) for o in ops] == sorted((abs(o["delta_us"]) for o in ops),
-                                                        reverse=True)
+    assert [abs(o["delta_us"]) for o in ops] == sorted(
+        (abs(o["delta_us"]) for o in ops), reverse=True
+    )
     assert doc["totals"]["self_cpu_time_total_us"]["ratio"] == pytest.approx(2.0, rel=1e-3)
 
 
 def _ranges_trace(durations: dict[str, float]) -> dict:
     events, ts = [], 0.0
     for i, (name, dur) in enumerate(durations.items()):
-        events.append({"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": 1,
-                       "ts": ts, "dur": dur, "args": {"External id": i + 1}})
+        events.append(
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": name,
+                "pid": 1,
+                "tid": 1,
+                "ts": ts,
+                "dur": dur,
+                "args": {"External id": i + 1},
+            }
+        )
         ts += dur + 1
     return {"traceEvents": events}
 
@@ -399,7 +440,7 @@ def _bad_inputs(tmp_path, trace) -> dict[str, tuple[str, str]]:
         "truncated.json.gz": (raw[: len(raw) // 2], "truncated gzip"),
         "not_gzip.json.gz": (b"{}", "not gzip"),
         "gzip_named.json": (raw, "gzip-compressed"),
-        "no_events.json": (b'{"schemaVersion": 1}', "without \"traceEvents\""),
+        "no_events.json": (b'{"schemaVersion": 1}', 'without "traceEvents"'),
         "events_not_list.json": (b'{"traceEvents": 3}', "not a list"),
         "event_not_object.json": (b'{"traceEvents": [1]}', "not an object"),
         "json_number.json": (b"42", "not an object"),
@@ -422,8 +463,12 @@ def _bad_inputs(tmp_path, trace) -> dict[str, tuple[str, str]]:
 
 def test_every_bad_input_is_one_line_and_exit_2(traces, tmp_path, capsys):
     for case, (path, phrase) in _bad_inputs(tmp_path, traces["trace"]).items():
-        for argv in (["summarize", path], ["summarize", "--json", traces["plain"], path],
-                     ["diff", traces["plain"], path], ["diff", path, traces["plain"]]):
+        for argv in (
+            ["summarize", path],
+            ["summarize", "--json", traces["plain"], path],
+            ["diff", traces["plain"], path],
+            ["diff", path, traces["plain"]],
+        ):
             rc, out, err = _main(capsys, *argv)
             assert rc == 2, (case, argv, err)
             assert out == "", (case, argv)
@@ -449,8 +494,12 @@ def test_usage(capsys):
     assert rc == 2 and "summarize" in err and "diff" in err and out == ""
     rc, out, _ = _main(capsys, "--version")
     assert rc == 0 and out.strip() == f"torch-profiled {instrument.__version__}"
-    for argv in (["frobnicate"], ["summarize"], ["diff", "only_one"], ["summarize", "--bogus",
-                                                                        "x.json"]):
+    for argv in (
+        ["frobnicate"],
+        ["summarize"],
+        ["diff", "only_one"],
+        ["summarize", "--bogus", "x.json"],
+    ):
         rc, out, err = _main(capsys, *argv)
         assert rc == 2, argv
         assert "torch-profiled" in err and "Traceback" not in err
@@ -483,8 +532,10 @@ def test_console_script_and_cheap_import():
     with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
         scripts = tomllib.load(f)["project"]["scripts"]
     assert scripts["torch-profiled"] == "instrument.cli:main"
-    code = ("import instrument, sys; before = set(sys.modules); import instrument.cli; "
-            "print(sorted(set(sys.modules) - before))")
+    code = (
+        "import instrument, sys; before = set(sys.modules); import instrument.cli; "
+        "print(sorted(set(sys.modules) - before))"
+    )
     out = _proc.run("-c", code)
     assert out.returncode == 0, out.stderr
     assert eval(out.stdout) == ["instrument.cli"]  # nothing else: analysis loads on use
@@ -510,8 +561,21 @@ def _space_bomb(path, mb: int) -> str:
 
 def _event_bomb(path, mb: float) -> str:
     """A valid trace (the JSON of ``mb`` MB of real-looking events): parses fine without a limit."""
-    event = json.dumps({"ph": "X", "cat": "user_annotation", "name": "mb", "pid": 1, "tid": 1,
-                        "ts": 1.0, "dur": 1.0, "args": {}}).encode() + b","
+    event = (
+        json.dumps(
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": "mb",
+                "pid": 1,
+                "tid": 1,
+                "ts": 1.0,
+                "dur": 1.0,
+                "args": {},
+            }
+        ).encode()
+        + b","
+    )
     n = int(mb * (1 << 20)) // len(event) + 1
 
     def pieces():
@@ -559,8 +623,9 @@ def test_gzip_bomb_stops_at_the_limit_with_bounded_memory(run_python, tmp_path, 
     small = str(tmp_path / "small.json.gz")  # the baseline run's trace: a real one, gzipped
     with gzip.open(small, "wt") as f:
         json.dump(traces["trace"], f)
-    base, peak, (rc, err) = _peak_rss_mb(run_python, small, "summarize", "--max-mb",
-                                         str(LIMIT_MB), bomb)
+    base, peak, (rc, err) = _peak_rss_mb(
+        run_python, small, "summarize", "--max-mb", str(LIMIT_MB), bomb
+    )
     assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith(f"torch-profiled: error: {bomb}: decompresses to more than 5 MB")
     assert "--max-mb 10" in err  # how to raise it
@@ -571,9 +636,11 @@ def test_gzip_bomb_stops_at_the_limit_with_bounded_memory(run_python, tmp_path, 
 
 def test_limit_applies_to_a_valid_trace_on_every_command_and_can_be_raised(tmp_path, capsys):
     bomb = _event_bomb(tmp_path / "big.json.gz", 3)  # a real trace of 3 MB of JSON
-    for argv in (["summarize", "--max-mb", "1", bomb], ["summarize", "--json", "--max-mb", "2",
-                                                        bomb],
-                 ["diff", "--max-mb", "1", bomb, bomb]):
+    for argv in (
+        ["summarize", "--max-mb", "1", bomb],
+        ["summarize", "--json", "--max-mb", "2", bomb],
+        ["diff", "--max-mb", "1", bomb, bomb],
+    ):
         rc, out, err = _main(capsys, *argv)
         assert rc == 2 and out == "", (argv, err)
         assert err.count("\n") == 1 and f"{bomb}: decompresses to more than " in err, err
@@ -592,8 +659,7 @@ def test_limit_applies_to_a_valid_trace_on_every_command_and_can_be_raised(tmp_p
     assert rc == 0, err
 
 
-def test_default_limit_refuses_from_the_size_on_disk_without_reading(run_python, tmp_path,
-                                                                      traces):
+def test_default_limit_refuses_from_the_size_on_disk_without_reading(run_python, tmp_path, traces):
     """Past the default 1024 MB: a plain file by its size, a .gz too large to hold a trace
     within the limit by its compressed size; neither is read (sparse files: nothing on disk)."""
     plain = _sparse(tmp_path / "bomb.json", 1025 * (1 << 20))
@@ -639,8 +705,9 @@ def test_missing_range_lists_the_ranges_there_and_the_closest(traces, capsys):
 
 
 def test_missing_range_message_with_many_ranges(traces, capsys, tmp_path):
-    names = ["forward", "backward", "optimizer_step", "data_loading"] + \
-        [f"stage_{i:02d}" for i in range(20)]
+    names = ["forward", "backward", "optimizer_step", "data_loading"] + [
+        f"stage_{i:02d}" for i in range(20)
+    ]
     path = _write(tmp_path / "many.json", _named_ranges_trace(traces["trace"], names))
     rc, out, err = _main(capsys, "summarize", "--range", "fowrard", path, traces["plain"])
     assert rc == 2 and out == "" and err.count("\n") == 1
@@ -648,8 +715,17 @@ def test_missing_range_message_with_many_ranges(traces, capsys, tmp_path):
     listed = re.search(r"ranges there: (.*?); expected", err).group(1)
     everything = sorted(names + ["mb"])
     assert listed == ", ".join(repr(n) for n in everything[:20]) + ", ... (25 in all)"
-    rc, _, err = _main(capsys, "summarize", "--range", "FORWARD", "--range", "backward",
-                       "--range", "optimiser_step", path)
+    rc, _, err = _main(
+        capsys,
+        "summarize",
+        "--range",
+        "FORWARD",
+        "--range",
+        "backward",
+        "--range",
+        "optimiser_step",
+        path,
+    )
     assert rc == 2
     assert "--range 'FORWARD', 'optimiser_step': no such range" in err
     assert "(did you mean 'forward' for 'FORWARD', 'optimizer_step' for 'optimiser_step'?)" in err

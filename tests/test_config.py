@@ -102,7 +102,11 @@ def test_defaults_are_the_readme_table():
     assert config.schedule.to_env() == DEFAULT_SCHEDULE_ENV
     assert config.activities is None  # auto
     assert (config.record_shapes, config.profile_memory, config.with_stack, config.with_flops) == (
-        False, False, False, False)
+        False,
+        False,
+        False,
+        False,
+    )
     assert config.trace_dir == "./profiled_traces"
     assert config.trace_gzip is True
     assert config.trace_keep == 20
@@ -123,13 +127,15 @@ def test_boolean_variables_accept_every_documented_spelling(var):
 
 
 def test_valued_variables_parse():
-    config, caught = from_env({
-        "PROFILED_EXPORTERS": " Console , MEMORY,trace ",
-        "PROFILED_SCHEDULE": "wait=2, warmup=0, active=5, repeat=0, skip_first=7",
-        "PROFILED_ACTIVITIES": "CPU, cuda",
-        "PROFILED_TRACE_DIR": "/data/my traces",
-        "PROFILED_TRACE_KEEP": "0",
-    })
+    config, caught = from_env(
+        {
+            "PROFILED_EXPORTERS": " Console , MEMORY,trace ",
+            "PROFILED_SCHEDULE": "wait=2, warmup=0, active=5, repeat=0, skip_first=7",
+            "PROFILED_ACTIVITIES": "CPU, cuda",
+            "PROFILED_TRACE_DIR": "/data/my traces",
+            "PROFILED_TRACE_KEEP": "0",
+        }
+    )
     assert caught == []
     assert config.exporters == ("console", "memory", "trace")
     assert config.schedule == Schedule(wait=2, warmup=0, active=5, repeat=0, skip_first=7)
@@ -152,9 +158,15 @@ def test_exporters_empty_or_none_means_no_exporters(text, monkeypatch):
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("auto", None), ("AUTO", None), ("", None), ("cpu", ("cpu",)), ("cpu,cuda", ("cpu", "cuda")),
-     ("cuda,cpu,cuda", ("cuda", "cpu")), ("xpu,mtia,hpu,privateuse1", ("xpu", "mtia", "hpu",
-                                                                     "privateuse1"))],
+    [
+        ("auto", None),
+        ("AUTO", None),
+        ("", None),
+        ("cpu", ("cpu",)),
+        ("cpu,cuda", ("cpu", "cuda")),
+        ("cuda,cpu,cuda", ("cuda", "cpu")),
+        ("xpu,mtia,hpu,privateuse1", ("xpu", "mtia", "hpu", "privateuse1")),
+    ],
 )
 def test_activities_values(text, expected):
     config, caught = from_env({"PROFILED_ACTIVITIES": text})
@@ -192,8 +204,20 @@ def test_schedule_partial_keys_keep_defaults(text, expected):
 
 @pytest.mark.parametrize(
     "text",
-    ["active=0", "foo=1", "wait=x", "wait=-1", "skip_first=-3", "repeat=-1", "active=1.5",
-     "warmup", "=3", "wait=1,wait=2", "wait=", "active=3;wait=1"],
+    [
+        "active=0",
+        "foo=1",
+        "wait=x",
+        "wait=-1",
+        "skip_first=-3",
+        "repeat=-1",
+        "active=1.5",
+        "warmup",
+        "=3",
+        "wait=1,wait=2",
+        "wait=",
+        "active=3;wait=1",
+    ],
 )
 def test_bad_schedules_are_invalid(text):
     with pytest.raises(ValueError):
@@ -259,8 +283,9 @@ def test_strict_raises_value_error_instead(var, bad, field, default_text, strict
 def test_strict_with_good_values_is_quiet():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        config = Config.from_env({"PROFILED_STRICT": "1", "PROFILED_TRACE_KEEP": "3",
-                                  "PROFILED_SCHEDULE": "active=2"})
+        config = Config.from_env(
+            {"PROFILED_STRICT": "1", "PROFILED_TRACE_KEEP": "3", "PROFILED_SCHEDULE": "active=2"}
+        )
     assert config.strict is True and config.trace_keep == 3
     assert config.schedule == Schedule(active=2)
 
@@ -353,8 +378,12 @@ def test_configure_overrides_the_environment(monkeypatch):
     monkeypatch.setenv("PROFILED_TRACE_KEEP", "7")
     assert instrument.session().config.schedule == Schedule(active=2)
 
-    instrument.configure(schedule=Schedule(wait=1, warmup=0, active=5), record_shapes=True,
-                         activities="cpu", exporters=["memory"])
+    instrument.configure(
+        schedule=Schedule(wait=1, warmup=0, active=5),
+        record_shapes=True,
+        activities="cpu",
+        exporters=["memory"],
+    )
     sess = instrument.session()
     assert sess.config.schedule == Schedule(wait=1, warmup=0, active=5)
     assert sess.schedule == Schedule(wait=1, warmup=0, active=5)
@@ -397,13 +426,14 @@ def test_schedule_matches_torch_profiler_schedule():
         for wait, warmup, active, repeat, skip_first in itertools.product(
             range(3), range(3), range(1, 4), range(3), (0, 1, 4)
         ):
-            ours = Schedule(wait=wait, warmup=warmup, active=active, repeat=repeat,
-                            skip_first=skip_first)
-            theirs = torch.profiler.schedule(wait=wait, warmup=warmup, active=active,
-                                             repeat=repeat, skip_first=skip_first)
+            ours = Schedule(
+                wait=wait, warmup=warmup, active=active, repeat=repeat, skip_first=skip_first
+            )
+            theirs = torch.profiler.schedule(
+                wait=wait, warmup=warmup, active=active, repeat=repeat, skip_first=skip_first
+            )
             for step in range(61):
-                assert ours.action(step).name == _torch_action_name(theirs, step), (
-                    ours, step)
+                assert ours.action(step).name == _torch_action_name(theirs, step), (ours, step)
                 checked += 1
     assert checked == 3 * 3 * 3 * 3 * 3 * 61
     # every state of ours is one of torch's (torch also has DEVICE_STOPPED, which no
@@ -414,8 +444,16 @@ def test_schedule_matches_torch_profiler_schedule():
 def test_default_schedule_is_one_window_of_steps_1_to_3():
     s = Schedule()
     actions = [s.action(i) for i in range(8)]
-    assert actions == [Action.WARMUP, Action.RECORD, Action.RECORD, Action.RECORD_AND_SAVE,
-                       Action.NONE, Action.NONE, Action.NONE, Action.NONE]
+    assert actions == [
+        Action.WARMUP,
+        Action.RECORD,
+        Action.RECORD,
+        Action.RECORD_AND_SAVE,
+        Action.NONE,
+        Action.NONE,
+        Action.NONE,
+        Action.NONE,
+    ]
     assert s.last_step == 3
     assert not s.finished(3) and s.finished(4)
 
@@ -437,8 +475,7 @@ def test_finished_exactly_when_no_later_step_does_anything():
     for wait, warmup, active, repeat, skip_first in itertools.product(
         range(3), range(2), range(1, 3), range(1, 3), (0, 3)
     ):
-        s = Schedule(wait=wait, warmup=warmup, active=active, repeat=repeat,
-                     skip_first=skip_first)
+        s = Schedule(wait=wait, warmup=warmup, active=active, repeat=repeat, skip_first=skip_first)
         assert s.last_step == skip_first + repeat * (wait + warmup + active) - 1
         assert s.action(s.last_step) is Action.RECORD_AND_SAVE
         for step in range(40):
@@ -463,21 +500,25 @@ def test_next_active_agrees_with_action_everywhere():
     ):
         sched = Schedule(wait=wait, warmup=warmup, active=active, repeat=repeat, skip_first=skip)
         for step in range(40):
-            expected = next((s for s in range(step, 80) if sched.action(s) is not Action.NONE),
-                            None)
+            expected = next(
+                (s for s in range(step, 80) if sched.action(s) is not Action.NONE), None
+            )
             assert sched.next_active(step) == expected, (sched, step)
 
 
 # ---------------------------------------------------------------- absurd values (issue 15, 5)
 
 
-@pytest.mark.parametrize(("var", "bad", "bound"), [
-    ("PROFILED_TRACE_MAX_MB", "1e303", "<= 1048576 (1 TiB"),
-    ("PROFILED_EXPORT_TIMEOUT_S", "1e300", "<= 3600 (seconds, at most one hour)"),
-    ("PROFILED_MIN_INTERVAL_S", "1e300", "<= 604800 (seconds, at most one week)"),
-    ("PROFILED_RANKS", "0-4000000000", "rank above 2147483647"),
-    ("PROFILED_TRIGGER", "SIGTERM", "expected one of SIGUSR2, SIGUSR1"),
-])
+@pytest.mark.parametrize(
+    ("var", "bad", "bound"),
+    [
+        ("PROFILED_TRACE_MAX_MB", "1e303", "<= 1048576 (1 TiB"),
+        ("PROFILED_EXPORT_TIMEOUT_S", "1e300", "<= 3600 (seconds, at most one hour)"),
+        ("PROFILED_MIN_INTERVAL_S", "1e300", "<= 604800 (seconds, at most one week)"),
+        ("PROFILED_RANKS", "0-4000000000", "rank above 2147483647"),
+        ("PROFILED_TRIGGER", "SIGTERM", "expected one of SIGUSR2, SIGUSR1"),
+    ],
+)
 def test_absurd_values_say_what_was_expected(var, bad, bound):
     _, caught = from_env({var: bad})
     assert len(caught) == 1
@@ -485,18 +526,31 @@ def test_absurd_values_say_what_was_expected(var, bad, bound):
 
 
 def test_values_in_code_past_their_bounds_raise_at_once():
-    for fields in ({"export_timeout_s": 1e300}, {"export_timeout_s": float("inf")},
-                   {"export_timeout_s": 3601}, {"min_interval_s": float("nan")},
-                   {"min_interval_s": 604801}, {"trace_max_mb": 1e303},
-                   {"trace_max_mb": float("nan")}, {"trace_max_mb": 10**400},
-                   {"ranks": range(4_000_000_000)}, {"ranks": [2**31]},
-                   {"ranks": range(0, 2 * MAX_TERMS + 2, 2)}, {"trigger": "SIGTERM"},
-                   {"trigger": "SIGSEGV"}):
+    for fields in (
+        {"export_timeout_s": 1e300},
+        {"export_timeout_s": float("inf")},
+        {"export_timeout_s": 3601},
+        {"min_interval_s": float("nan")},
+        {"min_interval_s": 604801},
+        {"trace_max_mb": 1e303},
+        {"trace_max_mb": float("nan")},
+        {"trace_max_mb": 10**400},
+        {"ranks": range(4_000_000_000)},
+        {"ranks": [2**31]},
+        {"ranks": range(0, 2 * MAX_TERMS + 2, 2)},
+        {"trigger": "SIGTERM"},
+        {"trigger": "SIGSEGV"},
+    ):
         with pytest.raises(ValueError, match=next(iter(fields))):
             Config(**fields)
     # the bounds themselves are fine
-    config = Config(export_timeout_s=3600, min_interval_s=604800, trace_max_mb=1048576,
-                    ranks=range(2**31), trigger="USR1")
+    config = Config(
+        export_timeout_s=3600,
+        min_interval_s=604800,
+        trace_max_mb=1048576,
+        ranks=range(2**31),
+        trigger="USR1",
+    )
     assert config.ranks.to_env() == "0-2147483647" and config.trigger == "SIGUSR1"
 
 
@@ -507,8 +561,13 @@ def test_rank_ranges_are_held_as_runs_never_one_entry_per_rank():
     try:
         config, caught = from_env({"PROFILED_RANKS": "0-2147483647"})
         ranks = config.ranks
-        checks = [ranks.selects(0), ranks.selects(123_456_789), ranks.selects(2**31 - 1),
-                  not ranks.selects(2**31), 2**31 - 1 in ranks]
+        checks = [
+            ranks.selects(0),
+            ranks.selects(123_456_789),
+            ranks.selects(2**31 - 1),
+            not ranks.selects(2**31),
+            2**31 - 1 in ranks,
+        ]
         spelled = str(ranks)
         same = ranks == RankSet(range(2**31)) == pickle.loads(pickle.dumps(ranks))
         mixed = RankSet.parse("5-2000000000, 0, 3,2000000001-2147483647")
@@ -540,15 +599,18 @@ def test_too_many_rank_terms_is_a_bad_value():
 HUGE = 1_000_000
 
 
-@pytest.mark.parametrize(("var", "bad"), [
-    ("PROFILED_RANKS", "x" * HUGE),
-    ("PROFILED_RANKS", "0-" + "9" * (HUGE - 2)),
-    ("PROFILED_TRACE_MAX_MB", "9" * HUGE),
-    ("PROFILED_EXPORT_TIMEOUT_S", "1" * HUGE),
-    ("PROFILED_TRACE_KEEP", "7" * HUGE),
-    ("PROFILED_ENABLED", "y" * HUGE),
-    ("PROFILED_TRIGGER", "Q" * HUGE),
-])
+@pytest.mark.parametrize(
+    ("var", "bad"),
+    [
+        ("PROFILED_RANKS", "x" * HUGE),
+        ("PROFILED_RANKS", "0-" + "9" * (HUGE - 2)),
+        ("PROFILED_TRACE_MAX_MB", "9" * HUGE),
+        ("PROFILED_EXPORT_TIMEOUT_S", "1" * HUGE),
+        ("PROFILED_TRACE_KEEP", "7" * HUGE),
+        ("PROFILED_ENABLED", "y" * HUGE),
+        ("PROFILED_TRIGGER", "Q" * HUGE),
+    ],
+)
 def test_a_huge_value_makes_a_short_message(var, bad):
     config, caught = from_env({var: bad})
     assert config == Config() and len(caught) == 1
@@ -580,15 +642,23 @@ print("peak MiB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, fl
 """
 
 
-@pytest.mark.parametrize(("var", "bad", "warns"), [
-    ("PROFILED_TRACE_MAX_MB", "1e303", True),  # was: OverflowError from the first decorated call
-    ("PROFILED_EXPORT_TIMEOUT_S", "1e300", True),  # was: shutdown failed (OverflowError)
-    ("PROFILED_RANKS", "0-4000000000", True),  # was: out of memory at the first call
-    ("PROFILED_RANKS", "0-20000000", False),  # valid: was 4.4 s and 2.5 GB at the first call
-])
+@pytest.mark.parametrize(
+    ("var", "bad", "warns"),
+    [
+        (
+            "PROFILED_TRACE_MAX_MB",
+            "1e303",
+            True,
+        ),  # was: OverflowError from the first decorated call
+        ("PROFILED_EXPORT_TIMEOUT_S", "1e300", True),  # was: shutdown failed (OverflowError)
+        ("PROFILED_RANKS", "0-4000000000", True),  # was: out of memory at the first call
+        ("PROFILED_RANKS", "0-20000000", False),  # valid: was 4.4 s and 2.5 GB at the first call
+    ],
+)
 def test_an_absurd_value_costs_one_warning_in_a_real_program(run_python, var, bad, warns):
-    result = run_python(CRASH_PROGRAM, env={var: bad, "PROFILED_EXPORTERS": "trace",
-                                            "PROFILED_TRACE_DIR": "traces"})
+    result = run_python(
+        CRASH_PROGRAM, env={var: bad, "PROFILED_EXPORTERS": "trace", "PROFILED_TRACE_DIR": "traces"}
+    )
     assert result.returncode == 0, result.stderr
     assert "first call returned" in result.stdout
     assert "shutdown complete" in result.stdout and ".pt.trace.json" in result.stdout

@@ -32,8 +32,10 @@ def _window(n, tmp_path, steps=5):
     x, w, b = _tensors(n)
     matmul_bias(x, w, b)
     torch.cuda.synchronize()
-    with capture(schedule=Schedule(wait=1, warmup=1, active=3),
-                 exporters=[TraceFileExporter(tmp_path, gzip=False)]) as cap:
+    with capture(
+        schedule=Schedule(wait=1, warmup=1, active=3),
+        exporters=[TraceFileExporter(tmp_path, gzip=False)],
+    ) as cap:
         for _ in range(steps):
             matmul_bias(x, w, b)
             cap.step()
@@ -104,8 +106,10 @@ def test_ranges_from_threads_carry_device_time(tmp_path):
     # window's start and stop, not while it starts or stops)
     with capture(schedule=Schedule(wait=0, warmup=1, active=2), all_threads=True) as cap:
         cap.step()
-        threads = [threading.Thread(target=lambda: [matmul_bias(x, w, b) for _ in range(5)])
-                   for _ in range(4)]
+        threads = [
+            threading.Thread(target=lambda: [matmul_bias(x, w, b) for _ in range(5)])
+            for _ in range(4)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -119,8 +123,9 @@ def test_ranges_from_threads_carry_device_time(tmp_path):
 
 
 @pytest.mark.parametrize("all_threads", [False, True])
-def test_a_window_stops_once_its_kernels_ran_without_synchronising(tmp_path, monkeypatch,
-                                                                   all_threads):
+def test_a_window_stops_once_its_kernels_ran_without_synchronising(
+    tmp_path, monkeypatch, all_threads
+):
     """The window's end only marks it and records a CUDA event; the profiler stops at a later
     step boundary once that event completed, without a device synchronisation, and the
     report and trace hold the recorded steps' work only (what ran after the end is cut).
@@ -131,8 +136,11 @@ def test_a_window_stops_once_its_kernels_ran_without_synchronising(tmp_path, mon
     x, w, b = _tensors(2048)
     matmul_bias(x, w, b)
     torch.cuda.synchronize()
-    with capture(schedule=Schedule(warmup=1, active=3), all_threads=all_threads,
-                 exporters=[TraceFileExporter(tmp_path, gzip=False)]) as cap:
+    with capture(
+        schedule=Schedule(warmup=1, active=3),
+        all_threads=all_threads,
+        exporters=[TraceFileExporter(tmp_path, gzip=False)],
+    ) as cap:
         sess = cap.session
         for _ in range(4):  # warm-up + 3 recorded steps: the 4th step() ends the window
             matmul_bias(x, w, b)
@@ -155,8 +163,11 @@ def test_a_window_stops_once_its_kernels_ran_without_synchronising(tmp_path, mon
     per_call = _window(2048, tmp_path / "sync").ranges["matmul_bias"].kernel_launches // 3
     assert r.kernel_launches == 3 * per_call  # every recorded kernel, none from after the end
     trace = json.load(open(report.trace_file))
-    ranges = [e for e in trace["traceEvents"] if e.get("name") == "matmul_bias"
-              and e.get("cat") == "user_annotation"]
+    ranges = [
+        e
+        for e in trace["traceEvents"]
+        if e.get("name") == "matmul_bias" and e.get("cat") == "user_annotation"
+    ]
     assert len(ranges) == 3
     assert sum(1 for e in trace["traceEvents"] if e.get("cat") == "kernel") == 3 * per_call
 

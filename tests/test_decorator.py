@@ -66,7 +66,8 @@ def trace_events(report, name=None):
     with open(report.trace_file, encoding="utf-8") as f:
         trace = json.load(f)
     return [
-        ev for ev in trace["traceEvents"]
+        ev
+        for ev in trace["traceEvents"]
         if ev.get("ph") == "X" and (name is None or ev.get("name") == name)
     ]
 
@@ -172,8 +173,13 @@ def test_every_form_records_its_range_under_its_name():
     with recording() as cap:
         assert [bare(), parens(), named()] == [1, 2, 3]
         c = C()
-        assert ([c.method(), C.cm_above(), c.cm_below(), C.sm_above(), c.sm_below()]
-                == [4, 5, 6, 7, 8])
+        assert [c.method(), C.cm_above(), c.cm_below(), C.sm_above(), c.sm_below()] == [
+            4,
+            5,
+            6,
+            7,
+            8,
+        ]
         assert asyncio.run(coro()) == 9
         assert list(gen()) == [10]
         assert asyncio.run(async_block()) == [11]
@@ -225,8 +231,10 @@ def test_ranges_are_user_annotations_in_the_trace_file(tmp_path):
     assert {e["cat"] for evs in by_name.values() for e in evs} == {"user_annotation"}
     # each inner range lies inside an outer one, and its operator inside it
     for ev in by_name["inner"] + by_name["block"]:
-        assert any(o["ts"] <= ev["ts"] and ev["ts"] + ev["dur"] <= o["ts"] + o["dur"]
-                   for o in by_name["outer"])
+        assert any(
+            o["ts"] <= ev["ts"] and ev["ts"] + ev["dur"] <= o["ts"] + o["dur"]
+            for o in by_name["outer"]
+        )
     assert report.ranges["outer"].calls == 2 and report.ranges["inner"].calls == 4
     assert report.ranges["outer"].self_cpu_time_us < report.ranges["outer"].cpu_time_us
 
@@ -712,8 +720,9 @@ def test_nested_ranges_of_different_names():
 
     ranges = cap.reports[0].ranges
     assert (ranges["outer"].calls, ranges["middle"].calls, ranges["inner"].calls) == (1, 3, 3)
-    assert (ranges["outer"].cpu_time_us >= ranges["middle"].cpu_time_us
-            >= ranges["inner"].cpu_time_us)
+    assert (
+        ranges["outer"].cpu_time_us >= ranges["middle"].cpu_time_us >= ranges["inner"].cpu_time_us
+    )
     assert ranges["middle"].self_cpu_time_us < ranges["middle"].cpu_time_us
 
 
@@ -989,8 +998,9 @@ def test_user_profiler_started_after_the_session_warmed_up():
         return x + 1
 
     mem = InMemoryExporter()
-    instrument.configure(schedule=Schedule(wait=0, warmup=2, active=2), exporters=[mem],
-                         activities=["cpu"])  # CPU windows start at the first recorded step
+    instrument.configure(
+        schedule=Schedule(wait=0, warmup=2, active=2), exporters=[mem], activities=["cpu"]
+    )  # CPU windows start at the first recorded step
     leaf(torch.ones(2))  # step 0 (warm-up) ends: a window is due (opened, not yet prepared)
     assert not profiler_on()
     with warnings.catch_warnings(record=True) as caught:
@@ -1106,8 +1116,7 @@ def test_a_step_function_takes_over_step_counting():
     # the ambient session, where root calls end steps until a step=True function is applied
     helper = _marked("helper")
     mem = InMemoryExporter()
-    instrument.configure(schedule=Schedule(wait=0, warmup=1, active=1, repeat=2),
-                         exporters=[mem])
+    instrument.configure(schedule=Schedule(wait=0, warmup=1, active=1, repeat=2), exporters=[mem])
     helper(0)  # no step declared yet: this root call ends step 0 (warm-up)
     train_step = _marked("train", step=True)  # declares steps when applied
     train_step(1)  # recorded in step 1; ends it (window 0 saved)

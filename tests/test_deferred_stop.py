@@ -130,8 +130,9 @@ def test_a_program_that_stops_stepping_is_stopped_by_the_timer(stand_in, monkeyp
         assert sess._stops.draining is not None
         deadline = time.monotonic() + 30
         # no step ends: only the timer thread can stop it (it clears the drain, then stops)
-        while (sess._stops.draining is not None or _torch.profiler_on()) \
-                and time.monotonic() < deadline:
+        while (
+            sess._stops.draining is not None or _torch.profiler_on()
+        ) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert sess._stops.draining is None
         assert not _torch.profiler_on()
@@ -212,15 +213,18 @@ def test_a_profiler_the_program_starts_meanwhile_survives_the_windows_end(case, 
     # recording: theirs starts at step 2 (of the recorded 1-3); draining: at step 4, after the
     # window's end, while its deferred stop waits (a stand-in event that never completes)
     script = textwrap.dedent(_PROGRAM).format(
-        setup=_STAND_IN if case == "draining" else "", start_at=2 if case == "recording" else 4)
+        setup=_STAND_IN if case == "draining" else "", start_at=2 if case == "recording" else 4
+    )
     proc = _proc.run("-c", script, str(tmp_path / "theirs.json"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
 
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["windows"] == 0  # the session's window was dropped, not stopped
-    assert any("your own torch.profiler started while a torch-profiled window recorded" in m
-               for m in out["said"]), out["said"]
+    assert any(
+        "your own torch.profiler started while a torch-profiled window recorded" in m
+        for m in out["said"]
+    ), out["said"]
     # the program's profiler recorded on past the window's end, to its own stop; started during
     # the drain, it misses the step it started in (the drain paused the stepping thread's CPU
     # ops; the step's end drops the window and resumes them)
@@ -292,23 +296,26 @@ def _ambient_window_stopped_by_the_timer(monkeypatch, mem) -> None:
     CPU ops back on."""
     monkeypatch.setattr(stops_mod, "DRAIN_PAUSES_CPU_OPS", True)
     monkeypatch.setattr(stops_mod, "DRAIN_MAX_S", 0.2)
-    instrument.configure(exporters=[mem], activities=["cpu"],
-                         schedule=Schedule(warmup=1, active=3, repeat=1))
+    instrument.configure(
+        exporters=[mem], activities=["cpu"], schedule=Schedule(warmup=1, active=3, repeat=1)
+    )
     for _ in range(4):
         work()
     sess = state.ambient
     assert sess._stops.draining is not None
     # the timer clears the drain, then stops the profiler on its own thread (a while, under load)
     deadline = time.monotonic() + 30
-    while ((sess._stops.draining is not None or _torch.profiler_on())
-           and time.monotonic() < deadline):
+    while (
+        sess._stops.draining is not None or _torch.profiler_on()
+    ) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert sess._stops.draining is None and not _torch.profiler_on()
 
 
 @pytest.mark.parametrize("then", ["step", "flush", "shutdown", "explicit session"])
-def test_after_the_timer_stopped_a_drain_the_thread_records_cpu_ops_again(stand_in, monkeypatch,
-                                                                         then):
+def test_after_the_timer_stopped_a_drain_the_thread_records_cpu_ops_again(
+    stand_in, monkeypatch, then
+):
     events, done_after = stand_in
     done_after[0] = None
     mem = InMemoryExporter()
@@ -338,13 +345,18 @@ def test_a_session_closed_from_another_thread_during_the_drain(stand_in, monkeyp
     done_after[0] = None
     monkeypatch.setattr(stops_mod, "DRAIN_PAUSES_CPU_OPS", True)
     first, second = InMemoryExporter(), InMemoryExporter()
-    instrument.configure(exporters=[first], activities=["cpu"],
-                         schedule=Schedule(warmup=1, active=3, repeat=1))
+    instrument.configure(
+        exporters=[first], activities=["cpu"], schedule=Schedule(warmup=1, active=3, repeat=1)
+    )
     for _ in range(4):
         work()
     assert state.ambient._stops.draining is not None
-    other = threading.Thread(target=instrument.configure, kwargs=dict(
-        exporters=[second], activities=["cpu"], schedule=Schedule(warmup=1, active=3, repeat=1)))
+    other = threading.Thread(
+        target=instrument.configure,
+        kwargs=dict(
+            exporters=[second], activities=["cpu"], schedule=Schedule(warmup=1, active=3, repeat=1)
+        ),
+    )
     other.start()
     other.join()
     assert [r.steps for r in first.reports] == [(1, 2, 3)] and not _torch.profiler_on()
@@ -400,8 +412,9 @@ def test_steps_from_two_threads_are_never_left_paused(stand_in, monkeypatch, a):
     events, done_after = stand_in
     done_after[0] = 2
     monkeypatch.setattr(stops_mod, "DRAIN_PAUSES_CPU_OPS", True)
-    with capture(schedule=Schedule(wait=2, warmup=1, active=3, repeat=2),
-                 activities=["cpu"]) as cap:
+    with capture(
+        schedule=Schedule(wait=2, warmup=1, active=3, repeat=2), activities=["cpu"]
+    ) as cap:
         sess = cap.session
         a.steps(6)  # wait, wait, warm-up, 3 recorded: the window's end pauses A
         assert sess._stops.draining is not None and state.cpu_ops.paused == {a.ident}
@@ -426,16 +439,18 @@ def helper() -> torch.Tensor:
 
 
 @pytest.mark.parametrize("then", ["step", "decorated call", "flush"])
-def test_after_shutdown_on_another_thread_the_paused_thread_records_again(stand_in, monkeypatch,
-                                                                          then):
+def test_after_shutdown_on_another_thread_the_paused_thread_records_again(
+    stand_in, monkeypatch, then
+):
     """shutdown() elsewhere stops the drain there; with no session left, decorated calls would
     go idle: they stay awake while a thread is paused, and the first one resumes it."""
     events, done_after = stand_in
     done_after[0] = None
     monkeypatch.setattr(stops_mod, "DRAIN_PAUSES_CPU_OPS", True)
     mem = InMemoryExporter()
-    instrument.configure(exporters=[mem], activities=["cpu"],
-                         schedule=Schedule(warmup=1, active=3, repeat=1))
+    instrument.configure(
+        exporters=[mem], activities=["cpu"], schedule=Schedule(warmup=1, active=3, repeat=1)
+    )
     for _ in range(4):
         work()
     assert state.cpu_ops.paused == {threading.get_ident()}
@@ -472,8 +487,11 @@ def test_an_explicit_session_closed_on_another_thread_than_its_steps(stand_in, m
     events, done_after = stand_in
     done_after[0] = 1
     monkeypatch.setattr(stops_mod, "DRAIN_PAUSES_CPU_OPS", True)
-    instrument.configure(exporters=[InMemoryExporter()], activities=["cpu"],
-                         schedule=Schedule(warmup=0, active=1, repeat=1))
+    instrument.configure(
+        exporters=[InMemoryExporter()],
+        activities=["cpu"],
+        schedule=Schedule(warmup=0, active=1, repeat=1),
+    )
     for _ in range(4):
         work()
     assert state.ambient.finished and not state.cpu_ops.paused
@@ -493,8 +511,11 @@ def test_a_thread_that_ends_paused_no_longer_keeps_calls_awake(stand_in, monkeyp
     events, done_after = stand_in
     done_after[0] = None
     monkeypatch.setattr(stops_mod, "DRAIN_PAUSES_CPU_OPS", True)
-    instrument.configure(exporters=[InMemoryExporter()], activities=["cpu"],
-                         schedule=Schedule(warmup=1, active=3, repeat=1))
+    instrument.configure(
+        exporters=[InMemoryExporter()],
+        activities=["cpu"],
+        schedule=Schedule(warmup=1, active=3, repeat=1),
+    )
     a.steps(4)  # A ends the window: paused
     assert state.cpu_ops.paused == {a.ident}
     instrument.shutdown()  # here: the drain stops here, A stays paused
@@ -508,8 +529,11 @@ def test_a_thread_that_ends_paused_no_longer_keeps_calls_awake(stand_in, monkeyp
 def test_a_refresh_that_read_before_configure_does_not_undo_it(monkeypatch):
     """A thread reads the state to set the idle flag, configure() lands on another thread before
     it writes the flag: the new session must still see decorated calls."""
-    instrument.configure(exporters=[InMemoryExporter()], activities=["cpu"],
-                         schedule=Schedule(warmup=0, active=1, repeat=1))
+    instrument.configure(
+        exporters=[InMemoryExporter()],
+        activities=["cpu"],
+        schedule=Schedule(warmup=0, active=1, repeat=1),
+    )
     for _ in range(3):
         work()
     assert state.current.finished and instrument.decorator._IDLE
@@ -526,8 +550,9 @@ def test_a_refresh_that_read_before_configure_does_not_undo_it(monkeypatch):
     late.start()
     time.sleep(0.2)
     mem = InMemoryExporter()
-    instrument.configure(exporters=[mem], activities=["cpu"],
-                         schedule=Schedule(warmup=0, active=1, repeat=2))
+    instrument.configure(
+        exporters=[mem], activities=["cpu"], schedule=Schedule(warmup=0, active=1, repeat=2)
+    )
     configured.set()
     late.join()
     for _ in range(4):

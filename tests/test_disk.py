@@ -43,8 +43,9 @@ class TraceSizes(Exporter):
 
     def export(self, report) -> ExportResult:
         if report.trace_file:
-            self.sizes.append((os.path.basename(report.trace_file),
-                               os.path.getsize(report.trace_file)))
+            self.sizes.append(
+                (os.path.basename(report.trace_file), os.path.getsize(report.trace_file))
+            )
         return ExportResult.SUCCESS
 
 
@@ -53,9 +54,11 @@ def run_windows(windows: int, *exporters, steps_per_window: int = 1):
     recorded steps (CPU), every report to ``exporters`` and memory."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with capture(schedule=Schedule(wait=0, warmup=1, active=steps_per_window,
-                                       repeat=windows),
-                     activities=["cpu"], exporters=list(exporters)) as cap:
+        with capture(
+            schedule=Schedule(wait=0, warmup=1, active=steps_per_window, repeat=windows),
+            activities=["cpu"],
+            exporters=list(exporters),
+        ) as cap:
             for _ in range(windows * (1 + steps_per_window)):
                 work()
                 cap.step()
@@ -76,8 +79,10 @@ def tree(path) -> list[str]:
 def test_max_mb_drops_the_oldest_traces_of_any_worker_and_nothing_else(tmp_path):
     out = tmp_path / "traces"
     out.mkdir()
-    old = [f"otherhost_7_rank{r}.{stamp}.pt.trace.json.gz"  # older windows, other workers
-           for r, stamp in ((1, 100), (0, 200), (1, 300))]
+    old = [
+        f"otherhost_7_rank{r}.{stamp}.pt.trace.json.gz"  # older windows, other workers
+        for r, stamp in ((1, 100), (0, 200), (1, 300))
+    ]
     foreign = [
         "otherhost_7.100.pt.trace.json",  # tensorboard_trace_handler's name: not ours
         "notes.txt",
@@ -89,8 +94,7 @@ def test_max_mb_drops_the_oldest_traces_of_any_worker_and_nothing_else(tmp_path)
     for name in foreign:
         (out / name).write_bytes(os.urandom(400 * 1024))  # big, yet never ours to remove
     sizes = TraceSizes()
-    reports, warned = run_windows(
-        4, TraceFileExporter(out, keep=0, max_mb=0.25), sizes)
+    reports, warned = run_windows(4, TraceFileExporter(out, keep=0, max_mb=0.25), sizes)
     assert warned == []
     new = [name for name, _ in sizes.sizes]
     assert len(new) == 4 and all(r.trace_file for r in reports)
@@ -106,14 +110,15 @@ def test_a_killed_writers_old_temporary_file_is_removed_a_live_one_is_not(tmp_pa
     stale, fresh = out / ".tmp-00112233445566aa.partial", out / ".tmp-00112233445566bb.partial"
     unlike = out / ".tmp-notours.partial"
     for path in (stale, fresh, unlike):
-        path.write_bytes(b"{\"traceEvents\": [")  # what a writer killed mid-file leaves
+        path.write_bytes(b'{"traceEvents": [')  # what a writer killed mid-file leaves
     two_hours_ago = time.time() - 7200
     os.utime(stale, (two_hours_ago, two_hours_ago))
     os.utime(unlike, (two_hours_ago, two_hours_ago))
     reports, warned = run_windows(1, TraceFileExporter(out, max_mb=1))
     assert warned == []
     assert sorted(os.listdir(out)) == sorted(
-        [fresh.name, unlike.name, os.path.basename(reports[0].trace_file)])
+        [fresh.name, unlike.name, os.path.basename(reports[0].trace_file)]
+    )
 
 
 def test_max_mb_keeps_the_newest_windows_that_fit(tmp_path):
@@ -122,8 +127,7 @@ def test_max_mb_keeps_the_newest_windows_that_fit(tmp_path):
     probe, _ = run_windows(1, TraceFileExporter(tmp_path / "probe", keep=0), TraceSizes())
     one = os.path.getsize(probe[0].trace_file)
     cap_bytes = int(2.5 * one)  # room for about two windows' files
-    reports, warned = run_windows(
-        6, TraceFileExporter(out, keep=0, max_mb=cap_bytes / MIB), sizes)
+    reports, warned = run_windows(6, TraceFileExporter(out, keep=0, max_mb=cap_bytes / MIB), sizes)
     assert warned == [] and len(reports) == 6
     # what must remain: the longest run of newest files whose sizes fit under the cap
     expected, total = [], 0
@@ -160,14 +164,17 @@ def test_max_mb_from_the_environment_reaches_the_trace_exporter(run_python, tmp_
         for _ in range(12):
             f()
     """)
-    result = run_python(code, env={
-        "PROFILED_EXPORTERS": "trace",
-        "PROFILED_TRACE_DIR": str(tmp_path / "t"),
-        "PROFILED_SCHEDULE": "wait=0,warmup=1,active=1,repeat=6",
-        "PROFILED_TRACE_KEEP": "0",
-        "PROFILED_TRACE_MAX_MB": str(200 / MIB),
-        "PROFILED_ACTIVITIES": "cpu",
-    })
+    result = run_python(
+        code,
+        env={
+            "PROFILED_EXPORTERS": "trace",
+            "PROFILED_TRACE_DIR": str(tmp_path / "t"),
+            "PROFILED_SCHEDULE": "wait=0,warmup=1,active=1,repeat=6",
+            "PROFILED_TRACE_KEEP": "0",
+            "PROFILED_TRACE_MAX_MB": str(200 / MIB),
+            "PROFILED_ACTIVITIES": "cpu",
+        },
+    )
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("was not kept") == 1, result.stderr
     assert tree(tmp_path / "t") == []
@@ -196,8 +203,12 @@ def test_bad_max_mb_in_the_environment_warns_once_and_keeps_1024(text):
 def test_bad_max_mb_in_code_raises():
     import instrument
 
-    for bad, error in ((-1, ValueError), (float("inf"), ValueError), ("1", TypeError),
-                       (True, TypeError)):
+    for bad, error in (
+        (-1, ValueError),
+        (float("inf"), ValueError),
+        ("1", TypeError),
+        (True, TypeError),
+    ):
         with pytest.raises(error, match="trace_max_mb"):
             instrument.configure(trace_max_mb=bad)
         with pytest.raises(ValueError, match="max_mb"):
@@ -227,8 +238,11 @@ def test_names_like_ours_with_a_trailing_newline_or_a_link_are_never_removed(tmp
     for name in newline:
         (out / name).write_bytes(os.urandom(300 * 1024))
         os.utime(out / name, (two_hours_ago, two_hours_ago))
-    links = [f"{_worker()}.3.pt.trace.json.gz", "otherhost_7_rank1.4.pt.trace.json",
-             ".tmp-8899aabbccddeeff.partial"]
+    links = [
+        f"{_worker()}.3.pt.trace.json.gz",
+        "otherhost_7_rank1.4.pt.trace.json",
+        ".tmp-8899aabbccddeeff.partial",
+    ]
     for name in links:
         os.symlink(outside, out / name)
         os.utime(out / name, (two_hours_ago, two_hours_ago), follow_symlinks=False)
@@ -275,7 +289,8 @@ def test_with_no_size_bound_a_killed_writers_old_partial_still_goes(tmp_path):
         assert not os.path.exists(stale)
         assert os.path.exists(fresh) and live.poll() is None  # still writing: kept
         assert sorted(os.listdir(out)) == sorted(
-            [os.path.basename(fresh)] + [os.path.basename(r.trace_file) for r in reports])
+            [os.path.basename(fresh)] + [os.path.basename(r.trace_file) for r in reports]
+        )
     finally:
         live.communicate("", timeout=60)
 
@@ -366,11 +381,14 @@ def test_read_only_trace_dir_warns_once_and_leaves_no_partial_file(run_python, t
     try:
         probe = run_python(DROP_DAC + f"open(os.path.join({str(ro)!r}, 'x'), 'w')")
         assert probe.returncode != 0 and "Permission denied" in probe.stderr, probe.stderr
-        result = run_python(DROP_DAC + WINDOWS_CHILD, env={
-            **WINDOW_ENV,
-            "PROFILED_TRACE_DIR": str(ro),
-            "PROFILED_JSON_PATH": str(tmp_path / "reports.jsonl"),
-        })
+        result = run_python(
+            DROP_DAC + WINDOWS_CHILD,
+            env={
+                **WINDOW_ENV,
+                "PROFILED_TRACE_DIR": str(ro),
+                "PROFILED_JSON_PATH": str(tmp_path / "reports.jsonl"),
+            },
+        )
     finally:
         ro.chmod(0o755)
     assert result.returncode == 0, result.stderr
@@ -432,16 +450,22 @@ def test_trace_dir_that_names_a_file_says_so(run_python, tmp_path, under):
     blocker = tmp_path / "traces.txt"
     blocker.write_text("my notes")
     trace_dir = blocker / "sub" if under else blocker
-    result = run_python(WINDOWS_CHILD, env={
-        **WINDOW_ENV,
-        "PROFILED_TRACE_DIR": str(trace_dir),
-        "PROFILED_JSON_PATH": str(tmp_path / "reports.jsonl"),
-    })
+    result = run_python(
+        WINDOWS_CHILD,
+        env={
+            **WINDOW_ENV,
+            "PROFILED_TRACE_DIR": str(trace_dir),
+            "PROFILED_JSON_PATH": str(tmp_path / "reports.jsonl"),
+        },
+    )
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("ExporterWarning") == 1, result.stderr
-    found = (f"{str(blocker)!r} on its path is a file, not a directory" if under
-             else f"trace directory {str(blocker)!r} (PROFILED_TRACE_DIR, or TraceFileExporter's "
-                  "dir) is a file, not a directory")
+    found = (
+        f"{str(blocker)!r} on its path is a file, not a directory"
+        if under
+        else f"trace directory {str(blocker)!r} (PROFILED_TRACE_DIR, or TraceFileExporter's "
+        "dir) is a file, not a directory"
+    )
     assert found in result.stderr
     assert "no trace files are written" in result.stderr
     assert "File exists" not in result.stderr and "Not a directory" not in result.stderr

@@ -51,16 +51,19 @@ def work() -> bool:
 # ---------------------------------------------------------------- PROFILED_RANKS
 
 
-@pytest.mark.parametrize("text, ranks, spelled", [
-    ("all", None, "all"),
-    ("", None, "all"),
-    (" ALL ", None, "all"),
-    ("0", {0}, "0"),
-    ("0,3", {0, 3}, "0,3"),
-    ("0-7", set(range(8)), "0-7"),
-    ("3, 0-1 ,5-6,7", {0, 1, 3, 5, 6, 7}, "0-1,3,5-7"),
-    ("2-2,2", {2}, "2"),
-])
+@pytest.mark.parametrize(
+    "text, ranks, spelled",
+    [
+        ("all", None, "all"),
+        ("", None, "all"),
+        (" ALL ", None, "all"),
+        ("0", {0}, "0"),
+        ("0,3", {0, 3}, "0,3"),
+        ("0-7", set(range(8)), "0-7"),
+        ("3, 0-1 ,5-6,7", {0, 1, 3, 5, 6, 7}, "0-1,3,5-7"),
+        ("2-2,2", {2}, "2"),
+    ],
+)
 def test_rank_sets_parse_and_spell_back(text, ranks, spelled):
     parsed = RankSet.parse(text)
     # runs of ranks (ranges), never one entry per rank: expanded here, the sets are small
@@ -70,10 +73,18 @@ def test_rank_sets_parse_and_spell_back(text, ranks, spelled):
     assert all(parsed.selects(r) == (ranks is None or r in ranks) for r in range(10))
 
 
-@pytest.mark.parametrize("text, why", [
-    ("x", "'x'"), ("-1", "'-1'"), ("1.5", "'1.5'"), ("3-1", "ends before it starts"),
-    ("0-", "'0-'"), (",", "no rank"), ("0;1", "'0;1'"),
-])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("x", "'x'"),
+        ("-1", "'-1'"),
+        ("1.5", "'1.5'"),
+        ("3-1", "ends before it starts"),
+        ("0-", "'0-'"),
+        (",", "no rank"),
+        ("0;1", "'0;1'"),
+    ],
+)
 def test_bad_ranks_in_the_environment_warn_once_and_profile_every_rank(text, why):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -108,8 +119,12 @@ def test_a_rank_not_selected_starts_no_profiler_and_says_so_once(monkeypatch):
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
     memory = InMemoryExporter()
-    with capture(schedule=Schedule(wait=0, warmup=0, active=2, repeat=0), ranks="0-1",
-                 activities=["cpu"], exporters=[memory]) as cap:
+    with capture(
+        schedule=Schedule(wait=0, warmup=0, active=2, repeat=0),
+        ranks="0-1",
+        activities=["cpu"],
+        exporters=[memory],
+    ) as cap:
         seen = [work() for _ in range(6)]
         assert decorator._IDLE  # decorated calls take the idle path: nothing is counted
         assert cap.session.finished
@@ -149,8 +164,16 @@ os.kill(os.getpid(), signal.SIGUSR2)
 f()
 print("alive")
 """
-    result = run_python(code, env={"RANK": "1", "WORLD_SIZE": "2", "PROFILED_RANKS": "0",
-                                   "PROFILED_TRIGGER": "SIGUSR2", "PROFILED_EXPORTERS": "console"})
+    result = run_python(
+        code,
+        env={
+            "RANK": "1",
+            "WORLD_SIZE": "2",
+            "PROFILED_RANKS": "0",
+            "PROFILED_TRIGGER": "SIGUSR2",
+            "PROFILED_EXPORTERS": "console",
+        },
+    )
     assert result.returncode == 0, (result.returncode, result.stderr)
     assert result.stdout == "alive\n"
     assert "rank 1 (of 2) is not among the ranks that profile" in result.stderr
@@ -159,8 +182,9 @@ print("alive")
 def test_a_selected_rank_profiles(monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "4")
-    with capture(schedule=Schedule(wait=0, warmup=0, active=2), ranks="1,3",
-                 activities=["cpu"]) as cap:
+    with capture(
+        schedule=Schedule(wait=0, warmup=0, active=2), ranks="1,3", activities=["cpu"]
+    ) as cap:
         seen = []
         for _ in range(2):
             seen.append(work())
@@ -173,25 +197,31 @@ def test_a_selected_rank_profiles(monkeypatch):
 # ---------------------------------------------------------------- rank and world size
 
 
-@pytest.mark.parametrize("env, expected", [
-    ({}, (0, 1)),
-    ({"RANK": "2", "WORLD_SIZE": "4"}, (2, 4)),
-    ({"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}, (2, 4)),
-    ({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, (1, 2)),
-    ({"RANK": "3"}, (3, 4)),
-])
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({}, (0, 1)),
+        ({"RANK": "2", "WORLD_SIZE": "4"}, (2, 4)),
+        ({"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}, (2, 4)),
+        ({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, (1, 2)),
+        ({"RANK": "3"}, (3, 4)),
+    ],
+)
 def test_rank_and_world_size_from_launcher_variables(env, expected):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert launcher_ranks_from_env(env) == expected
 
 
-@pytest.mark.parametrize("env, expected, said", [
-    ({"RANK": "one", "WORLD_SIZE": "4"}, (0, 4), "RANK='one' is invalid"),
-    ({"RANK": "1", "WORLD_SIZE": "0"}, (1, 2), "WORLD_SIZE='0' is invalid"),
-    ({"RANK": "5", "WORLD_SIZE": "2"}, (5, 6), "RANK=5 is not below WORLD_SIZE=2"),
-    ({"LOCAL_RANK": "-2"}, (0, 1), "LOCAL_RANK='-2' is invalid"),
-])
+@pytest.mark.parametrize(
+    "env, expected, said",
+    [
+        ({"RANK": "one", "WORLD_SIZE": "4"}, (0, 4), "RANK='one' is invalid"),
+        ({"RANK": "1", "WORLD_SIZE": "0"}, (1, 2), "WORLD_SIZE='0' is invalid"),
+        ({"RANK": "5", "WORLD_SIZE": "2"}, (5, 6), "RANK=5 is not below WORLD_SIZE=2"),
+        ({"LOCAL_RANK": "-2"}, (0, 1), "LOCAL_RANK='-2' is invalid"),
+    ],
+)
 def test_bad_launcher_variables_warn_once(env, expected, said):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -215,8 +245,9 @@ def test_strict_never_raises_from_a_window_end(monkeypatch):
     def step() -> bool:
         return work()
 
-    with capture(schedule=Schedule(wait=0, warmup=0, active=1, repeat=2),
-                 activities=["cpu"]) as cap:
+    with capture(
+        schedule=Schedule(wait=0, warmup=0, active=1, repeat=2), activities=["cpu"]
+    ) as cap:
         step()
         monkeypatch.setenv("RANK", "bad")
         with warnings.catch_warnings(record=True) as caught:
@@ -283,9 +314,18 @@ def torchrun_job(tmp_path_factory):
         PROFILED_SAMPLE_RATE=str(SAMPLING.sample_rate),
         PROFILED_SEED=str(SAMPLING.seed),
     )
-    result = _proc.run("-m", "torch.distributed.run", "--nproc-per-node=2",
-                       "--master-addr=127.0.0.1", f"--master-port={free_port()}", JOB, str(STEPS),
-                       env=env, cwd=base, timeout=240)
+    result = _proc.run(
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=2",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        JOB,
+        str(STEPS),
+        env=env,
+        cwd=base,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return base
 
@@ -316,16 +356,20 @@ def test_each_rank_has_its_trace_file_with_distributed_info(torchrun_job):
         info = trace["distributedInfo"]
         assert (info["backend"], info["rank"], info["world_size"]) == ("gloo", rank, 2)
         assert HTA_RANK.findall(text)[:1] == [str(rank)]
-        steps = sorted(int(e["name"].split("#")[1]) for e in trace["traceEvents"]
-                       if e.get("name", "").startswith("ProfilerStep#"))
+        steps = sorted(
+            int(e["name"].split("#")[1])
+            for e in trace["traceEvents"]
+            if e.get("name", "").startswith("ProfilerStep#")
+        )
         assert steps == last_steps
 
 
 def test_holistic_trace_analysis_loads_the_directory_and_finds_both_ranks(torchrun_job):
     from hta.trace_analysis import TraceAnalysis  # holistictraceanalysis, in the dev extra
 
-    analysis = TraceAnalysis(trace_dir=str(torchrun_job / "traces"),
-                             include_last_profiler_step=True)
+    analysis = TraceAnalysis(
+        trace_dir=str(torchrun_job / "traces"), include_last_profiler_step=True
+    )
     assert analysis.t.get_ranks() == [0, 1]
     last_steps = read_reports(torchrun_job / "reports.jsonl")[0][-1]["steps"]
     for rank in (0, 1):
@@ -392,22 +436,34 @@ def test_ranks_from_torch_distributed_select_who_profiles(tmp_path):
     PROFILED_RANKS=1 leaves rank 0 without a profiler and with one line saying why. The job
     ends inside its second window: that partial window is exported at exit, after
     destroy_process_group(), and still carries rank 1 of 2."""
-    env = job_env(tmp_path, PROFILED_EXPORTERS="console,trace,json", PROFILED_RANKS="1",
-                  PROFILED_SCHEDULE=JOB_SCHEDULE.to_env())
+    env = job_env(
+        tmp_path,
+        PROFILED_EXPORTERS="console,trace,json",
+        PROFILED_RANKS="1",
+        PROFILED_SCHEDULE=JOB_SCHEDULE.to_env(),
+    )
     init = f"tcp://127.0.0.1:{free_port()}"
-    procs = [_proc.start(JOB, "9", "--init", init, "--rank", str(r), "--world-size", "2",
-                         env=env, cwd=tmp_path) for r in (0, 1)]
+    procs = [
+        _proc.start(
+            JOB, "9", "--init", init, "--rank", str(r), "--world-size", "2", env=env, cwd=tmp_path
+        )
+        for r in (0, 1)
+    ]
     outs = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     err0, err1 = outs[0][1], outs[1][1]
     said = [line for line in err0.splitlines() if line.startswith("torch-profiled:")]
-    assert said == ["torch-profiled: no table: rank 0 (of 2) is not among the ranks that "
-                    "profile (PROFILED_RANKS=1), so this process started no profiler."]
+    assert said == [
+        "torch-profiled: no table: rank 0 (of 2) is not among the ranks that "
+        "profile (PROFILED_RANKS=1), so this process started no profiler."
+    ]
     assert "torch-profiled | window 0 | steps 3-4 | cpu | rank 1/2" in err1
     reports = read_reports(tmp_path / "reports.jsonl")
     assert list(reports) == [1]
     assert [(d["steps"], d["partial"], d["world_size"]) for d in reports[1]] == [
-        ([3, 4], False, 2), ([8], True, 2)]
+        ([3, 4], False, 2),
+        ([8], True, 2),
+    ]
     names = os.listdir(tmp_path / "traces")
     assert len(names) == 2 and all("_rank1." in name for name in names)
     for name in names:

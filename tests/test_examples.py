@@ -23,8 +23,9 @@ EXAMPLES = os.path.join(REPO, "examples")
 
 
 def run_example(name, cwd, *args, env=None, timeout=300):
-    return _proc.run(os.path.join(EXAMPLES, name), *args, env=_proc.sdk_env(env), cwd=cwd,
-                     timeout=timeout)
+    return _proc.run(
+        os.path.join(EXAMPLES, name), *args, env=_proc.sdk_env(env), cwd=cwd, timeout=timeout
+    )
 
 
 def table_rows(text, header):
@@ -34,7 +35,7 @@ def table_rows(text, header):
     for i, line in enumerate(lines):
         if line.startswith(header):
             rows = {}
-            for row in lines[i + 1:]:
+            for row in lines[i + 1 :]:
                 if row.startswith("---"):
                     break
                 rows[row.split()[0] if row.split() else ""] = row
@@ -60,8 +61,10 @@ def test_02_linear_is_one_addmm_per_call(tmp_path):
     for kernels in table_rows(out.stderr, "top device kernels"):  # on a GPU: one kernel each
         # columns: kind, calls, device, share; at 4096 cuBLAS also clears a workspace (memset,
         # seen on the H200), which is not a compute kernel
-        assert sum(int(row.split()[-3]) for row in kernels.values()
-                   if row.split()[-4] == "kernel") == 3
+        assert (
+            sum(int(row.split()[-3]) for row in kernels.values() if row.split()[-4] == "kernel")
+            == 3
+        )
     assert len(os.listdir(tmp_path / "profiled_traces")) == 2
 
 
@@ -74,7 +77,7 @@ def test_03_mlp_eager_against_compiled_and_the_diff(tmp_path):
     for d in ("eager", "compiled"):
         files = os.listdir(tmp_path / "profiled_traces" / "03_mlp" / d)
         assert len(files) == 1 and files[0].endswith(".pt.trace.json.gz")
-    diff = out.stdout[out.stdout.index("$ torch-profiled diff"):]
+    diff = out.stdout[out.stdout.index("$ torch-profiled diff") :]
     mlp = next(line for line in diff.splitlines() if line.startswith("mlp "))
     assert mlp.split()[-1] == "3" and mlp.count("ms") + mlp.count("us") >= 3  # both sides
     if "backend='inductor'" in out.stdout:
@@ -90,7 +93,7 @@ def test_04_llm_per_layer_table_while_generating(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "generated 8 tokens" in out.stdout
     assert "random weights" in out.stdout
-    table = out.stdout[out.stdout.index("per layer, decode steps 2-4:"):].splitlines()
+    table = out.stdout[out.stdout.index("per layer, decode steps 2-4:") :].splitlines()
     layers = {line.split()[0]: line.split() for line in table[2:4]}
     assert set(layers) == {"model.layers.0", "model.layers.1"}
     for cols in layers.values():
@@ -106,8 +109,9 @@ def test_04_llm_without_transformers_says_how_to_install_it(tmp_path):
     blocker = tmp_path / "blocked" / "transformers"
     blocker.mkdir(parents=True)
     (blocker / "__init__.py").write_text("raise ImportError('transformers is not installed')\n")
-    out = run_example("04_llm.py", tmp_path,
-                      env={"PYTHONPATH": os.pathsep.join([str(blocker.parent), REPO])})
+    out = run_example(
+        "04_llm.py", tmp_path, env={"PYTHONPATH": os.pathsep.join([str(blocker.parent), REPO])}
+    )
     assert out.returncode == 1
     assert "needs transformers" in out.stderr
     assert "pip install -c constraints.txt -e '.[llm]'" in out.stderr
@@ -115,8 +119,7 @@ def test_04_llm_without_transformers_says_how_to_install_it(tmp_path):
     assert not (tmp_path / "profiled_traces").exists()
 
 
-def test_05_inference_otel_without_a_collector_says_so_and_finishes_at_once(tmp_path,
-                                                                          monkeypatch):
+def test_05_inference_otel_without_a_collector_says_so_and_finishes_at_once(tmp_path, monkeypatch):
     """Nothing listens at the OTLP endpoint: one line says so, the spans stay in memory (each
     profiled window still under its request) and the program ends right after its last
     request, instead of retrying the dead address for ~20 s at exit."""
@@ -138,13 +141,16 @@ def test_05_inference_otel_without_a_collector_says_so_and_finishes_at_once(tmp_
     stderr = proc.stderr.read()
     assert proc.wait(timeout=300) == 0, stderr
     exit_s = time.monotonic() - last_request
-    assert lines[0] == (f"no OTLP collector answers at {endpoint} (Connection refused): spans "
-                        "and metrics are kept in memory; start one or set "
-                        "OTEL_EXPORTER_OTLP_ENDPOINT (see this file's header)")
+    assert lines[0] == (
+        f"no OTLP collector answers at {endpoint} (Connection refused): spans "
+        "and metrics are kept in memory; start one or set "
+        "OTEL_EXPORTER_OTLP_ENDPOINT (see this file's header)"
+    )
     assert "kept in memory: 42 spans, 3 profiled windows" in lines
     for request in (3, 7, 11):  # one request in four is profiled
-        assert (f"  profiled.window under request {request}: generate with 8 decode_step "
-                "spans") in lines
+        assert (
+            f"  profiled.window under request {request}: generate with 8 decode_step spans"
+        ) in lines
     assert "retrying" not in stderr and "ExporterWarning" not in stderr, stderr
     # a bound, the point of the item: after the last request only the last window's
     # analysis and the interpreter's exit are left (~2.5 s on a 2-core box); retrying
@@ -175,8 +181,14 @@ def test_06_training_loop_windows_open_in_tensorboard_and_hta(tmp_path):
     ranges = table_rows(out.stderr, "@profiled range")
     assert len(ranges) == 3
     for r in ranges:
-        for name in ("train_step", "forward", "backward", "optimizer", "model.blocks.1",
-                     "model.head"):
+        for name in (
+            "train_step",
+            "forward",
+            "backward",
+            "optimizer",
+            "model.blocks.1",
+            "model.head",
+        ):
             assert calls(r[name]) == 3, name
     run_dir = tmp_path / "runs" / "06_training_loop"
     files = sorted(os.listdir(run_dir))
@@ -186,7 +198,7 @@ def test_06_training_loop_windows_open_in_tensorboard_and_hta(tmp_path):
     script.write_text(TB_LOAD)
     tb = _proc.run(str(script), str(run_dir))
     assert tb.returncode == 0, tb.stderr
-    (worker, spans), = json.loads(tb.stdout.strip().splitlines()[-1]).items()
+    ((worker, spans),) = json.loads(tb.stdout.strip().splitlines()[-1]).items()
     assert worker.endswith("_rank0") and len(spans) == 3
     assert all({"overall", "operator", "trace"} <= set(views) for views in spans)
 
@@ -203,13 +215,17 @@ def test_06_training_loop_windows_open_in_tensorboard_and_hta(tmp_path):
         names = set(hta.t.symbol_table.get_sym_table()[i] for i in df["name"].unique())
         assert {"train_step", "forward", "model.blocks.0"} <= names
         raw = json.loads(gzip.open(run_dir / path, "rt").read())
-        assert all(e.get("cat") == "user_annotation" for e in raw["traceEvents"]
-                   if e.get("name") == "train_step")
+        assert all(
+            e.get("cat") == "user_annotation"
+            for e in raw["traceEvents"]
+            if e.get("name") == "train_step"
+        )
 
 
 def test_06_training_loop_disabled_runs_the_same_loop_with_no_profiler(tmp_path):
-    out = run_example("06_training_loop.py", tmp_path, "--steps", "6",
-                      env={"PROFILED_ENABLED": "0"})
+    out = run_example(
+        "06_training_loop.py", tmp_path, "--steps", "6", env={"PROFILED_ENABLED": "0"}
+    )
     assert out.returncode == 0, out.stderr
     assert "loss " in out.stdout and "@profiled range" not in out.stderr
     assert not (tmp_path / "runs").exists()

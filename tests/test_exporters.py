@@ -57,10 +57,24 @@ def write_raw_trace(path, *, rank: int = 0, world_size: int = 1) -> str:
     trace = {
         "schemaVersion": 1,
         "traceEvents": [
-            {"ph": "X", "cat": "user_annotation", "name": "f", "pid": 1, "tid": 1,
-             "ts": 100.0, "dur": 10.0},
-            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1,
-             "ts": 101.0, "dur": 6.0},
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": "f",
+                "pid": 1,
+                "tid": 1,
+                "ts": 100.0,
+                "dur": 10.0,
+            },
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": "aten::mm",
+                "pid": 1,
+                "tid": 1,
+                "ts": 101.0,
+                "dur": 6.0,
+            },
         ],
         "distributedInfo": {"backend": None, "rank": rank, "world_size": world_size},
     }
@@ -69,15 +83,32 @@ def write_raw_trace(path, *, rank: int = 0, world_size: int = 1) -> str:
     return str(path)
 
 
-def make_report(raw_trace_path: str | None, *, host: str = "hostA", pid: int = 111,
-                rank: int = 0, window: int = 0) -> WindowReport:
+def make_report(
+    raw_trace_path: str | None,
+    *,
+    host: str = "hostA",
+    pid: int = 111,
+    rank: int = 0,
+    window: int = 0,
+) -> WindowReport:
     now = time.time_ns()
     return WindowReport(
-        window=window, steps=(1, 2), partial=False, start_ns=now - 5_000_000, end_ns=now,
-        rank=rank, world_size=2, host=host, pid=pid, device="cpu", activities=("cpu",),
+        window=window,
+        steps=(1, 2),
+        partial=False,
+        start_ns=now - 5_000_000,
+        end_ns=now,
+        rank=rank,
+        world_size=2,
+        host=host,
+        pid=pid,
+        device="cpu",
+        activities=("cpu",),
         ranges=FrozenMap({"f": RangeStats("f", 2, 10.0, 4.0, 0.0, 0)}),
         top_ops=(OpStats("aten::mm", 2, 6.0, 6.0),),
-        self_cpu_time_total_us=10.0, event_count=2, raw_trace_path=raw_trace_path,
+        self_cpu_time_total_us=10.0,
+        event_count=2,
+        raw_trace_path=raw_trace_path,
     )
 
 
@@ -132,9 +163,14 @@ def window(tmp_path_factory):
         instrument.testing.reset()
     assert len(reports) == 1, reports
     return SimpleNamespace(
-        base=str(base), report=reports[0], text=console.stream.getvalue(),
-        text_one_row=console_one_row.stream.getvalue(), gz=trace_gz.last_path,
-        json=trace_json.last_path, before_ns=before_ns, after_ns=after_ns,
+        base=str(base),
+        report=reports[0],
+        text=console.stream.getvalue(),
+        text_one_row=console_one_row.stream.getvalue(),
+        gz=trace_gz.last_path,
+        json=trace_json.last_path,
+        before_ns=before_ns,
+        after_ns=after_ns,
     )
 
 
@@ -164,7 +200,7 @@ def _sections(text: str) -> tuple[list[str], dict[str, int]]:
 
 def _rows_between(lines: list[str], start: int) -> list[str]:
     rows = []
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if set(line) == {"-"}:
             break
         rows.append(line)
@@ -175,8 +211,12 @@ def test_console_table(window):
     lines, where = _sections(window.text)
     assert lines[0].startswith("torch-profiled | window 0 | steps 1-2 | cpu | rank 0/1 | ")
     # ranges first, then top operators, the total, the trace path
-    assert (where["@profiled range"] < where["top operators"] < where["Self CPU time total:"]
-            < where["Trace:"])
+    assert (
+        where["@profiled range"]
+        < where["top operators"]
+        < where["Self CPU time total:"]
+        < where["Trace:"]
+    )
     ranges = {row.split()[0]: row.split() for row in _rows_between(lines, where["@profiled range"])}
     assert set(ranges) == {"matmul_bias", "load_batch"}
     assert ranges["matmul_bias"][1] == "4" and ranges["load_batch"][1] == "2"
@@ -187,7 +227,7 @@ def test_console_table(window):
     assert lines[where["Self CPU time total:"]] == f"Self CPU time total: {total}"
     assert "Self CUDA time total" not in window.text  # CPU-only window
     # the trace line names the file the trace exporter wrote (relative to the cwd at export)
-    shown = lines[where["Trace:"]][len("Trace: "):]
+    shown = lines[where["Trace:"]][len("Trace: ") :]
     assert shown.startswith("./gz/")
     assert os.path.normpath(os.path.join(window.base, shown)) == window.gz
     assert os.path.isfile(os.path.join(window.base, shown))
@@ -236,8 +276,11 @@ def test_trace_file_contents(window):
         assert all(s["ph"] == "X" and s["dur"] > 0 for s in steps.values())
         for e in annotations:
             if e["name"] in ("matmul_bias", "load_batch"):
-                inside = [s for s in steps.values()
-                          if s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"]]
+                inside = [
+                    s
+                    for s in steps.values()
+                    if s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"]
+                ]
                 assert len(inside) == 1, e
         assert not any(str(e.get("name", "")).startswith("profiled::") for e in events)
 
@@ -414,8 +457,9 @@ def test_pipeline_when_the_trace_exporter_fails(tmp_path):
     memory = InMemoryExporter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        final = export_report(make_report(raw),
-                              [ConsoleExporter(stream=stream), TraceFileExporter(blocker), memory])
+        final = export_report(
+            make_report(raw), [ConsoleExporter(stream=stream), TraceFileExporter(blocker), memory]
+        )
     assert len(exporter_warnings(caught)) == 1  # the trace exporter's own, not a second one
     assert final.trace_file is None
     assert memory.reports == [final]
@@ -423,8 +467,9 @@ def test_pipeline_when_the_trace_exporter_fails(tmp_path):
 
 
 def test_console_never_cuts_a_long_trace_path():
-    long_path = ("/" + "/".join(["a-rather-long-directory-name"] * 6)
-                 + "/h_1_rank0.1.pt.trace.json.gz")
+    long_path = (
+        "/" + "/".join(["a-rather-long-directory-name"] * 6) + "/h_1_rank0.1.pt.trace.json.gz"
+    )
     report = dataclasses.replace(make_report(None), trace_file=long_path)
     lines = format_report(report).splitlines()
     assert long_path in lines
@@ -440,8 +485,10 @@ def test_console_never_cuts_a_long_trace_path():
 
 def test_console_range_column_grows_for_module_paths_and_cuts_their_middle():
     names = ["model.layers.11.self_attn", "model.layers.1.post_attention_layernorm", "f"]
-    report = dataclasses.replace(make_report(None), ranges=FrozenMap(
-        {n: RangeStats(n, 3, 10.0 + i, 4.0, 0.0, 0) for i, n in enumerate(names)}))
+    report = dataclasses.replace(
+        make_report(None),
+        ranges=FrozenMap({n: RangeStats(n, 3, 10.0 + i, 4.0, 0.0, 0) for i, n in enumerate(names)}),
+    )
     lines = format_report(report).splitlines()
     header = next(line for line in lines if line.startswith("@profiled range"))
     column = header.index("calls") - 1  # where each row's 6-wide calls field starts
@@ -449,8 +496,10 @@ def test_console_range_column_grows_for_module_paths_and_cuts_their_middle():
     assert "model.layers.11.self_attn" in rows  # 25 characters: shown whole
     cut = "model.layers.1.p...tention_layernorm"  # 39 characters: layer index and leaf kept
     assert cut in rows and len(cut) == WIDTH - 64
-    assert all(line[column - 1] == " " and line[column:column + 6].strip() == "3"
-               for line in rows.values())
+    assert all(
+        line[column - 1] == " " and line[column : column + 6].strip() == "3"
+        for line in rows.values()
+    )
     assert all(len(line) <= WIDTH for line in lines)
     short = format_report(make_report(None)).splitlines()
     assert next(line for line in short if line.startswith("@profiled range")).index("calls") == 32
@@ -460,8 +509,10 @@ def test_console_range_column_grows_for_module_paths_and_cuts_their_middle():
 
 
 def test_builtin_exporters_by_name(tmp_path):
-    built = resolve_exporters(["console", " Trace ", "MEMORY"],
-                              builtin_kwargs={"trace": {"dir": str(tmp_path), "keep": 2}})
+    built = resolve_exporters(
+        ["console", " Trace ", "MEMORY"],
+        builtin_kwargs={"trace": {"dir": str(tmp_path), "keep": 2}},
+    )
     assert [type(e) for e in built] == [ConsoleExporter, TraceFileExporter, InMemoryExporter]
     assert built[1].dir == str(tmp_path) and built[1].keep == 2
     mine = InMemoryExporter()
@@ -487,7 +538,7 @@ def test_unknown_name_in_the_environment_warns_when_the_session_is_built(monkeyp
     assert [type(e) for e in sess.exporters] == [InMemoryExporter]
 
 
-PLUGIN_SOURCE = '''
+PLUGIN_SOURCE = """
 from exporters import Exporter, ExportResult
 
 
@@ -510,7 +561,7 @@ def explode():
 
 def not_an_exporter():
     return object()
-'''
+"""
 
 
 @pytest.fixture
@@ -523,16 +574,17 @@ def plugin(tmp_path, monkeypatch):
     (site / f"{module}.py").write_text(PLUGIN_SOURCE)
     info = site / f"tp_plugin_{uid}-1.0.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: tp-plugin-{uid}\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(textwrap.dedent(f"""\
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: tp-plugin-{uid}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        textwrap.dedent(f"""\
         [torch_profiled.exporters]
         mine = {module}:MineExporter
         Shiny = {module}:make_shiny
         explodes = {module}:explode
         notexp = {module}:not_an_exporter
         missing = {module}_not_installed:Nothing
-        """))
+        """)
+    )
     monkeypatch.syspath_prepend(str(site))
     yield module
     sys.modules.pop(module, None)
@@ -543,8 +595,7 @@ def test_entry_point_exporter_found_by_name(plugin, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         built = resolve_exporters(["mine", "SHINY", "console"])
-    assert [type(e).__name__ for e in built] == ["MineExporter", "MineExporter",
-                                                 "ConsoleExporter"]
+    assert [type(e).__name__ for e in built] == ["MineExporter", "MineExporter", "ConsoleExporter"]
     assert type(built[0]).__module__ == plugin
     check_exporter_names(["Mine", "shiny", "memory"])  # known: no error
     # by name in code and in the environment

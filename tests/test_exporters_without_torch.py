@@ -152,9 +152,11 @@ def _instrument_imports(path: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             if node.module == "instrument":
                 found.update(
-                    f"instrument.{a.name}" if os.path.exists(
-                        os.path.join(REPO, "instrument", a.name + ".py")) else "instrument"
-                    for a in node.names)
+                    f"instrument.{a.name}"
+                    if os.path.exists(os.path.join(REPO, "instrument", a.name + ".py"))
+                    else "instrument"
+                    for a in node.names
+                )
             elif node.module.split(".")[0] == "instrument":
                 found.add(node.module)
     return found
@@ -178,17 +180,21 @@ MODULES = sorted(name for name in os.listdir(EXPORTERS) if name.endswith(".py"))
 @pytest.mark.parametrize("module", MODULES)
 def test_exporters_import_only_the_report_of_instrument_and_never_torch(module):
     path = os.path.join(EXPORTERS, module)
-    extra = {name for name in _instrument_imports(path) - ALLOWED
-             if (module, name) not in PENDING}
+    extra = {name for name in _instrument_imports(path) - ALLOWED if (module, name) not in PENDING}
     assert not extra, f"exporters/{module} imports {sorted(extra)} of instrument"
     assert not _torch_imports(path), f"exporters/{module} imports torch"
 
 
 def test_the_import_check_sees_lazy_and_aliased_imports(tmp_path):
     source = tmp_path / "bad.py"
-    source.write_text("def f():\n    from instrument.tracefile import load_trace\n"
-                      "    import instrument.occurrences as occ\n"
-                      "    from instrument import analysis, report\n")
+    source.write_text(
+        "def f():\n    from instrument.tracefile import load_trace\n"
+        "    import instrument.occurrences as occ\n"
+        "    from instrument import analysis, report\n"
+    )
     assert _instrument_imports(str(source)) == {
-        "instrument.tracefile", "instrument.occurrences", "instrument.analysis",
-        "instrument.report"}
+        "instrument.tracefile",
+        "instrument.occurrences",
+        "instrument.analysis",
+        "instrument.report",
+    }

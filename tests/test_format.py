@@ -21,26 +21,29 @@ from exporters._format import (
 # ---------------------------------------------------------------- times
 
 
-@pytest.mark.parametrize(("us", "text"), [
-    (0.0, "0.000us"),
-    (0.0004, "0.000us"),  # below the last digit
-    (0.001, "0.001us"),  # 1 ns: the smallest step shown
-    (0.25, "0.250us"),  # sub-microsecond stays in us (nanosecond resolution)
-    (1.0, "1.000us"),
-    (23.0, "23.000us"),
-    (999.999, "999.999us"),
-    (999.9994, "999.999us"),  # rounds down: stays in us
-    (999.9996, "1.000ms"),  # rounds up to 1000: moves to ms, never "1000.000us"
-    (1000.0, "1.000ms"),
-    (1234.5, "1.234ms"),  # 1.2345 is stored just below: rounds down, as f-strings do
-    (37550.0, "37.550ms"),
-    (999_999.0, "999.999ms"),
-    (999_999.6, "1.000s"),  # rounds up to 1000 ms: moves to s
-    (1e6, "1.000s"),
-    (1.25e6, "1.250s"),
-    (3.6e9, "3600.000s"),  # an hour: seconds stay the largest unit
-    (1e15, "1000000000.000s"),
-])
+@pytest.mark.parametrize(
+    ("us", "text"),
+    [
+        (0.0, "0.000us"),
+        (0.0004, "0.000us"),  # below the last digit
+        (0.001, "0.001us"),  # 1 ns: the smallest step shown
+        (0.25, "0.250us"),  # sub-microsecond stays in us (nanosecond resolution)
+        (1.0, "1.000us"),
+        (23.0, "23.000us"),
+        (999.999, "999.999us"),
+        (999.9994, "999.999us"),  # rounds down: stays in us
+        (999.9996, "1.000ms"),  # rounds up to 1000: moves to ms, never "1000.000us"
+        (1000.0, "1.000ms"),
+        (1234.5, "1.234ms"),  # 1.2345 is stored just below: rounds down, as f-strings do
+        (37550.0, "37.550ms"),
+        (999_999.0, "999.999ms"),
+        (999_999.6, "1.000s"),  # rounds up to 1000 ms: moves to s
+        (1e6, "1.000s"),
+        (1.25e6, "1.250s"),
+        (3.6e9, "3600.000s"),  # an hour: seconds stay the largest unit
+        (1e15, "1000000000.000s"),
+    ],
+)
 def test_times_use_the_largest_unit_that_reads_at_least_one(us, text):
     assert format_time_us(us) == text
 
@@ -53,19 +56,27 @@ def test_every_unit_boundary_moves_exactly_when_the_rounded_value_reaches_1000()
         assert format_time_us(boundary) == "1.000" + above
 
 
-@pytest.mark.parametrize(("us", "text"), [
-    (-0.0, "0.000us"),  # no "-0.000us"
-    (-5.0, "-5.000us"),
-    (-5000.0, "-5.000ms"),  # the same unit as +5000 (a clock step back, a delta)
-    (-2.5e6, "-2.500s"),
-])
+@pytest.mark.parametrize(
+    ("us", "text"),
+    [
+        (-0.0, "0.000us"),  # no "-0.000us"
+        (-5.0, "-5.000us"),
+        (-5000.0, "-5.000ms"),  # the same unit as +5000 (a clock step back, a delta)
+        (-2.5e6, "-2.500s"),
+    ],
+)
 def test_negative_times_carry_a_sign_before_the_same_digits(us, text):
     assert format_time_us(us) == text
 
 
-@pytest.mark.parametrize(("us", "text"), [
-    (math.inf, "inf"), (-math.inf, "-inf"), (math.nan, "nan"),
-])
+@pytest.mark.parametrize(
+    ("us", "text"),
+    [
+        (math.inf, "inf"),
+        (-math.inf, "-inf"),
+        (math.nan, "nan"),
+    ],
+)
 def test_non_finite_times_print_as_themselves(us, text):
     assert format_time_us(us) == text
 
@@ -74,12 +85,15 @@ def test_an_integer_formats_as_its_float():
     assert format_time_us(1500) == format_time_us(1500.0) == "1.500ms"
 
 
-@pytest.mark.parametrize(("us", "text"), [
-    (0.0, "+0.000us"),
-    (1250.0, "+1.250ms"),
-    (-23.0, "-23.000us"),
-    (-2e6, "-2.000s"),
-])
+@pytest.mark.parametrize(
+    ("us", "text"),
+    [
+        (0.0, "+0.000us"),
+        (1250.0, "+1.250ms"),
+        (-23.0, "-23.000us"),
+        (-2e6, "-2.000s"),
+    ],
+)
 def test_deltas_always_carry_a_sign(us, text):
     assert format_delta_us(us) == text
 
@@ -164,6 +178,10 @@ def test_the_module_imports_neither_torch_nor_instrument():
     )
     import exporters._format
 
-    out = subprocess.run([sys.executable, "-c", code, exporters._format.__file__],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, exporters._format.__file__],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "[]"

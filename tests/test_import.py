@@ -19,7 +19,8 @@ def test_import_loads_nothing_heavy_of_torch(run_python, enabled):
         "    return 1\n"
         "added = sorted({m for m in sys.modules if m.startswith('torch')} - before)\n"
         "print('added', added)\n",
-        env={"PROFILED_ENABLED": enabled, "PROFILED_EXPORTERS": "memory"})
+        env={"PROFILED_ENABLED": enabled, "PROFILED_EXPORTERS": "memory"},
+    )
     assert result.returncode == 0, result.stderr
     added = result.stdout.split("added", 1)[1]
     assert "torch._dynamo" not in added and "torch._inductor" not in added, added
@@ -44,6 +45,8 @@ def test_a_step_function_compiled_after_the_import_still_ends_its_steps(run_pyth
         "        compiled(torch.randn(4, 4))\n"
         "        seen.append(cap.session.step_index)\n"
         "print('seen', seen[:4], [r.steps for r in cap.reports])\n",
-        env={"PROFILED_EXPORTERS": "memory"}, timeout=300)
+        env={"PROFILED_EXPORTERS": "memory"},
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "seen [1, 2, 3, 4] [(2, 3)]" in result.stdout, result.stdout

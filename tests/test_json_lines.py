@@ -22,8 +22,9 @@ def mb(x):
 def test_one_line_per_window_with_the_report(tmp_path):
     path = tmp_path / "out" / "reports.jsonl"
     x = torch.randn(16, 16)
-    with capture(exporters=[JsonLinesExporter(path)],
-                 schedule=Schedule(wait=0, warmup=1, active=2, repeat=2)) as cap:
+    with capture(
+        exporters=[JsonLinesExporter(path)], schedule=Schedule(wait=0, warmup=1, active=2, repeat=2)
+    ) as cap:
         for _ in range(8):
             mb(x)
             cap.step()
@@ -55,8 +56,9 @@ def test_unwritable_path_fails_with_one_warning_and_no_partial_line(tmp_path):
     exp = JsonLinesExporter(blocker / "sub" / "r.jsonl")  # a directory under a regular file
     x = torch.randn(4, 4)
     with pytest.warns(ExporterWarning, match="was not appended") as rec:
-        with capture(exporters=[exp], schedule=Schedule(wait=0, warmup=1, active=1,
-                                                          repeat=2)) as cap:
+        with capture(
+            exporters=[exp], schedule=Schedule(wait=0, warmup=1, active=1, repeat=2)
+        ) as cap:
             for _ in range(5):
                 mb(x)
                 cap.step()
@@ -87,16 +89,27 @@ for w in range(50):
     records = [json.loads(line) for line in lines[:-1]]
     assert len(records) == 200
     assert sorted((r["rank"], r["window"]) for r in records) == [
-        (rank, w) for rank in range(4) for w in range(50)]
+        (rank, w) for rank in range(4) for w in range(50)
+    ]
     assert all(len(r["ranges"]) == 400 for r in records)
 
 
 def test_stdout_dash(capsys):
     from instrument.report import WindowReport
 
-    rep = WindowReport(window=0, steps=(1,), partial=True, start_ns=0, end_ns=1, rank=0,
-                       world_size=1, host="h", pid=os.getpid(), device="cpu",
-                       activities=("cpu",))
+    rep = WindowReport(
+        window=0,
+        steps=(1,),
+        partial=True,
+        start_ns=0,
+        end_ns=1,
+        rank=0,
+        world_size=1,
+        host="h",
+        pid=os.getpid(),
+        device="cpu",
+        activities=("cpu",),
+    )
     assert JsonLinesExporter("-").export(rep) is ExportResult.SUCCESS
     out = capsys.readouterr().out
     assert out.endswith("\n") and json.loads(out)["partial"] is True
@@ -108,9 +121,19 @@ def test_stdout_dash(capsys):
 def _report(window: int = 0):
     from instrument.report import WindowReport
 
-    return WindowReport(window=window, steps=(1,), partial=False, start_ns=0, end_ns=1, rank=0,
-                        world_size=1, host="h", pid=os.getpid(), device="cpu",
-                        activities=("cpu",))
+    return WindowReport(
+        window=window,
+        steps=(1,),
+        partial=False,
+        start_ns=0,
+        end_ns=1,
+        rank=0,
+        world_size=1,
+        host="h",
+        pid=os.getpid(),
+        device="cpu",
+        activities=("cpu",),
+    )
 
 
 def _export_twice(exp) -> tuple[list, list[str]]:
@@ -161,7 +184,7 @@ def test_a_fifo_at_the_path_does_not_hang_the_export(tmp_path):
     if worker.is_alive():  # release the stuck open() before failing
         os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
     assert done, "the export hung on the FIFO"
-    (results, warned), = done
+    ((results, warned),) = done
     assert results == [ExportResult.FAILURE, ExportResult.FAILURE]
     assert len(warned) == 1 and f"{str(fifo)!r} is a named pipe (FIFO)" in warned[0], warned
 

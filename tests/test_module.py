@@ -47,8 +47,19 @@ class Net(nn.Module):
         return self.head(x)
 
 
-ALL = ("Net", "layers", "layers.0", "layers.0.fc1", "layers.0.act", "layers.0.fc2",
-       "layers.1", "layers.1.fc1", "layers.1.act", "layers.1.fc2", "head")
+ALL = (
+    "Net",
+    "layers",
+    "layers.0",
+    "layers.0.fc1",
+    "layers.0.act",
+    "layers.0.fc2",
+    "layers.1",
+    "layers.1.fc1",
+    "layers.1.act",
+    "layers.1.fc2",
+    "head",
+)
 
 
 @contextmanager
@@ -63,9 +74,16 @@ def recording(**fields):
 
 def hook_dicts(module):
     """Every per-module hook dict torch keeps, copied (key -> hook object)."""
-    return {name: dict(getattr(module, name)) for name in (
-        "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
-        "_forward_hooks_with_kwargs", "_forward_hooks_always_called")}
+    return {
+        name: dict(getattr(module, name))
+        for name in (
+            "_forward_pre_hooks",
+            "_forward_pre_hooks_with_kwargs",
+            "_forward_hooks",
+            "_forward_hooks_with_kwargs",
+            "_forward_hooks_always_called",
+        )
+    }
 
 
 def trace_events(report):
@@ -90,7 +108,8 @@ def test_every_submodule_gets_a_range_named_by_its_path_nested_like_the_model(tm
     # ModuleList is a container and is never called: it has no range; everything else ran 3x
     assert "layers" not in report.ranges
     assert {n: report.ranges[n].calls for n in ALL if n != "layers"} == {
-        n: 3 for n in ALL if n != "layers"}
+        n: 3 for n in ALL if n != "layers"
+    }
     assert report.ranges["Net"].cpu_time_us >= report.ranges["layers.0"].cpu_time_us
     assert report.ranges["layers.0"].cpu_time_us >= report.ranges["layers.0.fc1"].cpu_time_us
 
@@ -112,8 +131,11 @@ def test_every_submodule_gets_a_range_named_by_its_path_nested_like_the_model(tm
     assert len(addmm) == 3 * 5  # the Linear layers' kernels run inside their ranges
     for e in addmm:
         t0, t1 = float(e["ts"]), float(e["ts"]) + float(e["dur"])
-        assert any(p0 <= t0 and t1 <= p1 for name in ("layers.0.fc1", "layers.0.fc2",
-                   "layers.1.fc1", "layers.1.fc2", "head") for p0, p1 in spans(name))
+        assert any(
+            p0 <= t0 and t1 <= p1
+            for name in ("layers.0.fc1", "layers.0.fc2", "layers.1.fc1", "layers.1.fc2", "head")
+            for p0, p1 in spans(name)
+        )
 
 
 def test_prefix_depth_include_and_exclude_select_modules():
@@ -131,15 +153,18 @@ def test_prefix_depth_include_and_exclude_select_modules():
     assert all(hook_dicts(m) == hook_dicts(nn.Linear(1, 1)) for m in model.modules())
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: instrument_module(lambda x: x), "takes an nn.Module, got function"),
-    (lambda: instrument_module(Net(), prefix=""), "prefix must be a non-empty string"),
-    (lambda: instrument_module(Net(), depth=-1), "depth must be an int >= 0"),
-    (lambda: instrument_module(Net(), depth=True), "depth must be an int >= 0"),
-    (lambda: instrument_module(Net(), include=3), "glob patterns over module paths"),
-    (lambda: instrument_module(Net(), exclude=[int]), "or nn.Module subclasses"),
-    (lambda: instrument_module(Net(), step=1), "step must be a bool"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: instrument_module(lambda x: x), "takes an nn.Module, got function"),
+        (lambda: instrument_module(Net(), prefix=""), "prefix must be a non-empty string"),
+        (lambda: instrument_module(Net(), depth=-1), "depth must be an int >= 0"),
+        (lambda: instrument_module(Net(), depth=True), "depth must be an int >= 0"),
+        (lambda: instrument_module(Net(), include=3), "glob patterns over module paths"),
+        (lambda: instrument_module(Net(), exclude=[int]), "or nn.Module subclasses"),
+        (lambda: instrument_module(Net(), step=1), "step must be a bool"),
+    ],
+)
 def test_bad_arguments_raise_at_once_naming_what_was_wrong(call, message):
     with pytest.raises((TypeError, ValueError), match=message):
         call()
@@ -469,7 +494,8 @@ def test_profiled_on_a_module_class_profiles_its_forward():
 
 
 def test_profiled_step_true_on_a_module_class_ends_steps_and_disabled_returns_it_unchanged(
-        monkeypatch):
+    monkeypatch,
+):
     @profiled("net", step=True)
     class Stepper(nn.Module):
         def forward(self, x):

@@ -24,14 +24,26 @@ def _reports(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def _run(run_python, tmp_path, code: str, every: int, runs: int = 1, timeout: float = 180,
-         extra: dict[str, str] | None = None) -> list[dict]:
+def _run(
+    run_python,
+    tmp_path,
+    code: str,
+    every: int,
+    runs: int = 1,
+    timeout: float = 180,
+    extra: dict[str, str] | None = None,
+) -> list[dict]:
     out = tmp_path / "reports.jsonl"
     for attempt in range(runs):
         if out.exists():
             out.unlink()
-        env = {"PROFILED_EVERY": str(every), "PROFILED_EXPORTERS": "json",
-               "PROFILED_JSON_PATH": str(out), "PROFILED_ACTIVITIES": "cpu", **(extra or {})}
+        env = {
+            "PROFILED_EVERY": str(every),
+            "PROFILED_EXPORTERS": "json",
+            "PROFILED_JSON_PATH": str(out),
+            "PROFILED_ACTIVITIES": "cpu",
+            **(extra or {}),
+        }
         result = run_python(code, env=env, timeout=timeout)
         assert result.returncode == 0, (attempt, result.returncode, result.stderr[-3000:])
         assert "done" in result.stdout, result.stdout
@@ -195,8 +207,9 @@ def test_an_interrupt_storm_never_leaves_the_profiler_on(run_python, tmp_path):
 def test_a_range_that_outlives_its_window_is_counted_and_never_ended_in_the_next():
     """In process: a range entered in window 0 and exited while window 1 records is not
     ended in window 1's profiler (that is the crash); window 0's report says it was open."""
-    with capture(schedule=Schedule(wait=0, warmup=0, active=2, repeat=2),
-                 activities=["cpu"]) as cap:
+    with capture(
+        schedule=Schedule(wait=0, warmup=0, active=2, repeat=2), activities=["cpu"]
+    ) as cap:
         held = profiled("held")
         held.__enter__()  # step 0: window 0 records
         cap.step()
@@ -251,8 +264,9 @@ def test_a_window_is_stopped_only_by_the_thread_that_started_it():
     thread that ends the window leaves the stop to that thread's next decorated call."""
     a = _Worker()
     try:
-        with capture(schedule=Schedule(wait=1, warmup=0, active=2, repeat=1),
-                     activities=["cpu"]) as cap:
+        with capture(
+            schedule=Schedule(wait=1, warmup=0, active=2, repeat=1), activities=["cpu"]
+        ) as cap:
             sess = cap.session
             a.call(_owned_step)  # A ends step 0: the window starts on A
             assert sess._windows.window is not None and sess._windows.window.owner is a
@@ -294,9 +308,15 @@ def test_a_window_whose_thread_ends_is_stopped_there_and_windows_go_on(run_pytho
     2.13 crashed at exit, and on torch 2.11 with CUDA no profiler could start again), and the
     next window records."""
     out = tmp_path / "reports.jsonl"
-    result = run_python(OWNER_ENDS, env={
-        "PROFILED_SCHEDULE": "wait=1,warmup=0,active=2,repeat=2", "PROFILED_EXPORTERS": "json",
-        "PROFILED_JSON_PATH": str(out), "PROFILED_ACTIVITIES": "cpu"})
+    result = run_python(
+        OWNER_ENDS,
+        env={
+            "PROFILED_SCHEDULE": "wait=1,warmup=0,active=2,repeat=2",
+            "PROFILED_EXPORTERS": "json",
+            "PROFILED_JSON_PATH": str(out),
+            "PROFILED_ACTIVITIES": "cpu",
+        },
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "done" in result.stdout
     assert "ended before it could stop its profiler" not in result.stderr
@@ -363,9 +383,15 @@ def test_the_programs_profiler_on_another_thread_while_a_window_records(run_pyth
     """Stopping a thread-local window after another thread's profiler started and stopped
     crashes in torch: the window is dropped, not stopped, and windows go on."""
     out = tmp_path / "reports.jsonl"
-    result = run_python(OTHER_THREAD_PROFILER, env={
-        "PROFILED_EVERY": "4", "PROFILED_EXPORTERS": "json", "PROFILED_JSON_PATH": str(out),
-        "PROFILED_ACTIVITIES": "cpu"})
+    result = run_python(
+        OTHER_THREAD_PROFILER,
+        env={
+            "PROFILED_EVERY": "4",
+            "PROFILED_EXPORTERS": "json",
+            "PROFILED_JSON_PATH": str(out),
+            "PROFILED_ACTIVITIES": "cpu",
+        },
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "done" in result.stdout
     assert len(_reports(out)) >= 3  # windows after the program's profiler
@@ -418,8 +444,10 @@ print("hung", hung)
 def test_children_forked_while_another_thread_runs_windows_never_hang(run_python):
     """The parent's lock may be held by its training thread at the fork: the child makes its
     own (14 children of 40 hung before)."""
-    result = run_python(FORKS, env={"PROFILED_EVERY": "3", "PROFILED_EXPORTERS": "memory",
-                                    "PROFILED_ACTIVITIES": "cpu"})
+    result = run_python(
+        FORKS,
+        env={"PROFILED_EVERY": "3", "PROFILED_EXPORTERS": "memory", "PROFILED_ACTIVITIES": "cpu"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "hung 0" in result.stdout, result.stdout
 
@@ -497,8 +525,10 @@ def test_tracebacks_kept_across_windows_never_free_a_live_range(run_python):
     """A decorated call that raises after its window changed leaves its frame in the
     traceback: the range is orphaned and the frame lets go of it, so freeing the traceback
     later, under another window, touches no profiler state."""
-    result = run_python(KEPT_TRACEBACKS, env={"PROFILED_EVERY": "4", "PROFILED_EXPORTERS": "memory",
-                                              "PROFILED_ACTIVITIES": "cpu"})
+    result = run_python(
+        KEPT_TRACEBACKS,
+        env={"PROFILED_EVERY": "4", "PROFILED_EXPORTERS": "memory", "PROFILED_ACTIVITIES": "cpu"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "done" in result.stdout
 
@@ -522,8 +552,9 @@ def _run_on_a_thread_not_started_by_threading(fn) -> None:
 def test_a_window_of_a_thread_threading_did_not_start_is_stopped_as_it_ends():
     """A ``_DummyThread`` says it is alive for ever: its end is told by its local storage,
     which goes on that thread as it ends: the window's profiler is stopped there."""
-    with capture(schedule=Schedule(wait=1, warmup=0, active=2, repeat=2),
-                 activities=["cpu"]) as cap:
+    with capture(
+        schedule=Schedule(wait=1, warmup=0, active=2, repeat=2), activities=["cpu"]
+    ) as cap:
         _run_on_a_thread_not_started_by_threading(_owned_step)  # starts window 0 there
         assert cap.session._windows.window is not None and not _torch._LIVE
         for _ in range(6):
@@ -535,8 +566,9 @@ def test_a_window_of_a_thread_threading_did_not_start_is_stopped_as_it_ends():
 def test_close_on_the_windows_own_thread_stops_a_window_another_thread_ended():
     a = _Worker()
     try:
-        with capture(schedule=Schedule(wait=0, warmup=0, active=2, repeat=1),
-                     activities=["cpu"]) as cap:
+        with capture(
+            schedule=Schedule(wait=0, warmup=0, active=2, repeat=1), activities=["cpu"]
+        ) as cap:
             sess = cap.session
             window = sess._windows.window
             assert window is not None and window.owner is threading.main_thread()

@@ -47,14 +47,21 @@ def E(name, ts, dur, cat="cpu_op", tid=1, external=0, correlation=None):
     args = {"External id": external}
     if correlation is not None:
         args["correlation"] = correlation
-    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
-            "args": args}
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": 1,
+        "tid": tid,
+        "ts": ts,
+        "dur": dur,
+        "args": args,
+    }
 
 
 def _occurrences(events, budget, names=()):
     trace = {"baseTimeNanoseconds": BASE, "traceEvents": events}
-    return analyze(events_from_trace(trace), names, occurrences=budget,
-                   base_ns=BASE).occurrences
+    return analyze(events_from_trace(trace), names, occurrences=budget, base_ns=BASE).occurrences
 
 
 def test_occurrences_carry_epoch_times_nesting_threads_and_the_device_work_inside():
@@ -79,8 +86,12 @@ def test_occurrences_carry_epoch_times_nesting_threads_and_the_device_work_insid
     assert first.device_time_us == pytest.approx(60.0) and first.kernel_launches == 2
     assert first.device_busy_us == pytest.approx(60.0)
     (gemm,) = first.top_kernels
-    assert (gemm.name, gemm.kind, gemm.calls, gemm.first_ns) == ("gemm", "kernel", 2,
-                                                                 BASE + 1_000_000)
+    assert (gemm.name, gemm.kind, gemm.calls, gemm.first_ns) == (
+        "gemm",
+        "kernel",
+        2,
+        BASE + 1_000_000,
+    )
     assert first.verdict is not None and first.verdict.kind != "cpu-only"
     assert step.device_time_us == pytest.approx(60.0)  # device work counts for every range open
     assert by[("other_thread", BASE + 5_000)].thread_id == 2
@@ -101,8 +112,10 @@ def test_no_budget_no_occurrences_and_to_dict_leaves_them_out():
             s.step()
     (report,) = mem.reports
     assert report.occurrences is not None  # the otel exporter asked for them
-    assert report.occurrences.range_count == 3 and report.occurrences.budget == \
-        exporter.occurrence_budget
+    assert (
+        report.occurrences.range_count == 3
+        and report.occurrences.budget == exporter.occurrence_budget
+    )
     assert "occurrences" not in report.to_dict()
 
 
@@ -113,7 +126,11 @@ def test_the_budget_folds_the_most_frequent_names_and_counts_every_call():
     assert [o.kind for o in occ.items] == [FOLDED, "range", "range", "range"]
     folded = occ.items[0]
     assert (folded.name, folded.calls, folded.start_ns, folded.end_ns) == (
-        "a", 30, BASE, BASE + 295_000)
+        "a",
+        30,
+        BASE,
+        BASE + 295_000,
+    )
     assert folded.cpu_time_us == pytest.approx(150.0)
     assert occ.folded_ranges == ("a",) and occ.folded_occurrences == 30
     assert len(occ.calls["a"].cpu_ns) == 30  # per-call histograms see every call
@@ -123,11 +140,23 @@ def _random_nodes(rng: random.Random, n: int) -> list[Occurrence]:
     nodes: list[Occurrence] = []
     for i in range(n):
         parent = rng.randrange(-1, i) if i and rng.random() < 0.7 else -1
-        kind = ("range" if parent < 0 or rng.random() < 0.4
-                else rng.choice(["op", "kernel"] if nodes[parent].kind != "kernel" else ["op"]))
+        kind = (
+            "range"
+            if parent < 0 or rng.random() < 0.4
+            else rng.choice(["op", "kernel"] if nodes[parent].kind != "kernel" else ["op"])
+        )
         depth = nodes[parent].depth + 1 if parent >= 0 else 0
-        nodes.append(Occurrence(kind, f"r{rng.randrange(8)}" if kind == "range" else kind, i,
-                                i + 1, parent, depth, cpu_time_us=rng.random()))
+        nodes.append(
+            Occurrence(
+                kind,
+                f"r{rng.randrange(8)}" if kind == "range" else kind,
+                i,
+                i + 1,
+                parent,
+                depth,
+                cpu_time_us=rng.random(),
+            )
+        )
     return nodes
 
 
@@ -142,11 +171,20 @@ def test_fitting_again_to_a_smaller_budget_stays_in_it_and_keeps_parents(seed):
     wide = OccurrenceBudget(max_spans=rng.choice([20, 80, 400]), detail="kernels")
     plan = plan_spans(nodes, wide.max_spans)
     ranges = sum(n.kind == "range" for n in nodes)
-    occ = Occurrences(budget=wide, items=assemble(nodes, plan, lambda n, p: Occurrence(
-        n.kind, n.name, n.start_ns, n.end_ns, p, n.depth, cpu_time_us=n.cpu_time_us)),
-        range_count=ranges, folded_occurrences=plan.folded_occurrences, dropped=plan.dropped)
-    small = OccurrenceBudget(max_spans=rng.choice([1, 2, 5, 13]),
-                             detail=rng.choice(DETAILS))
+    occ = Occurrences(
+        budget=wide,
+        items=assemble(
+            nodes,
+            plan,
+            lambda n, p: Occurrence(
+                n.kind, n.name, n.start_ns, n.end_ns, p, n.depth, cpu_time_us=n.cpu_time_us
+            ),
+        ),
+        range_count=ranges,
+        folded_occurrences=plan.folded_occurrences,
+        dropped=plan.dropped,
+    )
+    small = OccurrenceBudget(max_spans=rng.choice([1, 2, 5, 13]), detail=rng.choice(DETAILS))
     for fitted in (occ, fit(occ, small)):
         budget = fitted.budget
         assert 1 + len(fitted.items) <= budget.max_spans
@@ -159,8 +197,7 @@ def test_fitting_again_to_a_smaller_budget_stays_in_it_and_keeps_parents(seed):
         kept_ranges = sum(o.kind == "range" for o in fitted.items)
         folded_names = [o.name for o in fitted.items if o.kind == FOLDED]
         assert len(folded_names) == len(set(folded_names))
-        assert sum(o.calls for o in fitted.items if o.kind == FOLDED) == \
-            fitted.folded_occurrences
+        assert sum(o.calls for o in fitted.items if o.kind == FOLDED) == fitted.folded_occurrences
         assert kept_ranges + fitted.folded_occurrences <= ranges
     assert fit(occ, wide) is occ
 
@@ -177,7 +214,10 @@ def test_two_otel_exporters_in_one_session_get_their_own_budget():
     wide_finished = wide_spans.get_finished_spans()
     assert len(narrow_finished) <= 4
     assert {sp.attributes["profiled.kind"] for sp in narrow_finished} <= {
-        "window", "range", "range.folded"}
+        "window",
+        "range",
+        "range.folded",
+    }
     kinds = [sp.attributes["profiled.kind"] for sp in wide_finished]
     assert kinds.count("range") == 15 and "op" in kinds
     (window,) = [sp for sp in narrow_finished if sp.name == "profiled.window"]
@@ -191,8 +231,9 @@ def test_kinetos_events_and_the_trace_json_give_the_same_occurrences(tmp_path):
     from instrument import _torch, configure
 
     configure(enabled=False)  # no ambient session: this test runs its own window
-    window = _torch.ProfilerWindow(("cpu",), record_shapes=False, profile_memory=False,
-                                   with_stack=False, with_flops=False)
+    window = _torch.ProfilerWindow(
+        ("cpu",), record_shapes=False, profile_memory=False, with_stack=False, with_flops=False
+    )
     window.start()
     for _ in range(5):
         outer(torch.ones(8, 8))
@@ -205,8 +246,12 @@ def test_kinetos_events_and_the_trace_json_give_the_same_occurrences(tmp_path):
     from instrument.tracefile import load_trace
 
     trace = load_trace(path)
-    traced = analyze(events_from_trace(trace), names, occurrences=budget,
-                     base_ns=int(trace["baseTimeNanoseconds"])).occurrences
+    traced = analyze(
+        events_from_trace(trace),
+        names,
+        occurrences=budget,
+        base_ns=int(trace["baseTimeNanoseconds"]),
+    ).occurrences
 
     def shape(occ):
         return [(o.kind, o.name, o.start_ns, o.end_ns, o.parent, o.depth) for o in occ.items]

@@ -110,8 +110,12 @@ def _requests_in_a_window(exporter, requests=2, sleep=0.002):
 
 def test_spans_and_metrics_arrive_over_the_wire_nested_in_the_request(otlp_env, receiver):
     protocol, server, received = receiver
-    otlp_env(server.endpoint, protocol, OTEL_SERVICE_NAME="wire-test",
-             OTEL_RESOURCE_ATTRIBUTES="deployment.environment=ci")
+    otlp_env(
+        server.endpoint,
+        protocol,
+        OTEL_SERVICE_NAME="wire-test",
+        OTEL_RESOURCE_ATTRIBUTES="deployment.environment=ci",
+    )
     exporter = OTelExporter()
     with warnings.catch_warnings():
         warnings.simplefilter("error", ExporterWarning)  # delivery must not fail
@@ -157,7 +161,8 @@ def test_spans_and_metrics_arrive_over_the_wire_nested_in_the_request(otlp_env, 
         assert a["profiled.kernel_launches"] == 0 and a["profiled.verdict"] == "cpu-only"
         assert a["thread.id"] > 0
     assert sum(s["attributes"]["profiled.cpu_time_us"] for s in outers) == pytest.approx(
-        report.ranges["outer"].cpu_time_us, rel=1e-6)
+        report.ranges["outer"].cpu_time_us, rel=1e-6
+    )
 
     resource = window["resource"]
     assert resource["service.name"] == "wire-test"
@@ -173,7 +178,8 @@ def test_spans_and_metrics_arrive_over_the_wire_nested_in_the_request(otlp_env, 
     points = {p.attributes[0].value.string_value: p for p in cpu.histogram.data_points}
     assert points["outer"].count == 4 and points["inner"].count == 8
     assert points["inner"].sum == pytest.approx(
-        sum(s["end"] - s["start"] for s in inners) / 1e9, rel=1e-6)
+        sum(s["end"] - s["start"] for s in inners) / 1e9, rel=1e-6
+    )
     assert "profiled.range.device_time" not in metrics  # a CPU-only window
     (count,) = metrics["profiled.windows"]
     assert sum(p.as_int for p in count.sum.data_points) == 1
@@ -187,8 +193,9 @@ def test_without_a_window_started_call_the_window_span_is_a_root(otlp_env):
     server.start()
     try:
         otlp_env(server.endpoint)
-        with session(exporters=[OTelExporter()],
-                     schedule=Schedule(wait=0, warmup=1, active=1)) as s:
+        with session(
+            exporters=[OTelExporter()], schedule=Schedule(wait=0, warmup=1, active=1)
+        ) as s:
             token = otel_context.attach(_request_context(0xC0FFEE, 0xBEEF))
             try:
                 for _ in range(2):
@@ -254,8 +261,10 @@ def test_span_budget_folds_the_most_frequent_ranges_and_is_never_exceeded():
     assert {sp.name for sp in kept} >= {"tiny"}
     total = sum(r.calls for r in report.ranges.values())
     assert wa["profiled.window.range_occurrences"] == total == 95
-    assert (wa["profiled.otel.folded_occurrences"] + len(kept) + wa["profiled.otel.dropped_spans"]
-            == total)
+    assert (
+        wa["profiled.otel.folded_occurrences"] + len(kept) + wa["profiled.otel.dropped_spans"]
+        == total
+    )
     for sp in folded:
         assert sp.attributes["profiled.range.calls"] == report.ranges[sp.name].calls
         assert sp.attributes["profiled.cpu_time_us"] == report.ranges[sp.name].cpu_time_us
@@ -272,8 +281,17 @@ def _synthetic(rng: random.Random, n: int) -> list[Occurrence]:
         parent = rng.randrange(-1, i) if i and rng.random() < 0.7 else -1
         kind = "range" if parent < 0 or rng.random() < 0.4 else rng.choice(["op", "kernel"])
         depth = nodes[parent].depth + 1 if parent >= 0 else 0
-        nodes.append(Occurrence(kind, f"r{rng.randrange(12)}" if kind == "range" else "op", i,
-                                i + 1, parent, depth, cpu_time_us=0.001))
+        nodes.append(
+            Occurrence(
+                kind,
+                f"r{rng.randrange(12)}" if kind == "range" else "op",
+                i,
+                i + 1,
+                parent,
+                depth,
+                cpu_time_us=0.001,
+            )
+        )
     return nodes
 
 
@@ -287,8 +305,10 @@ def test_plan_spans_stays_in_budget_and_keeps_every_kept_span_parented(seed):
     ranges = sum(n.kind == "range" for n in nodes)
     kept_ranges = sum(k for k, n in zip(plan.kept, nodes) if n.kind == "range")
     kept_details = sum(plan.kept) - kept_ranges
-    assert kept_ranges + plan.folded_occurrences + plan.dropped - (
-        len(nodes) - ranges - kept_details) == ranges
+    assert (
+        kept_ranges + plan.folded_occurrences + plan.dropped - (len(nodes) - ranges - kept_details)
+        == ranges
+    )
     for k, n in zip(plan.kept, nodes):
         if k and n.kind != "range":
             assert plan.kept[n.parent]
@@ -301,8 +321,9 @@ def _fail_once(otlp_env, endpoint, protocol):
     exporter = OTelExporter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with session(exporters=[exporter], schedule=Schedule(wait=0, warmup=1, active=1,
-                                                             repeat=2)) as s:
+        with session(
+            exporters=[exporter], schedule=Schedule(wait=0, warmup=1, active=1, repeat=2)
+        ) as s:
             for _ in range(4):  # one step per call: two windows of one call each
                 tiny(torch.ones(2))
                 s.step()
@@ -381,8 +402,9 @@ def test_a_collector_that_is_not_running_costs_no_retries(otlp_env, protocol, ca
     exporter = OTelExporter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with session(exporters=[exporter], schedule=Schedule(wait=0, warmup=1, active=1,
-                                                             repeat=3)) as s:
+        with session(
+            exporters=[exporter], schedule=Schedule(wait=0, warmup=1, active=1, repeat=3)
+        ) as s:
             for _ in range(6):
                 tiny(torch.ones(2))
                 s.step()
@@ -391,8 +413,9 @@ def test_a_collector_that_is_not_running_costs_no_retries(otlp_env, protocol, ca
     assert retries == []
     lost = [str(w.message) for w in caught if issubclass(w.category, ExporterWarning)]
     assert len(lost) == 2, lost  # spans and metrics, once each
-    assert all("nothing answers at 127.0.0.1:" in m and "Connection refused" in m
-               for m in lost), lost
+    assert all("nothing answers at 127.0.0.1:" in m and "Connection refused" in m for m in lost), (
+        lost
+    )
 
 
 def test_a_collector_that_starts_later_gets_the_next_window(otlp_env):
@@ -458,8 +481,7 @@ def test_sdk_disabled_sends_nothing_and_builds_nothing(otlp_env):
         otlp_env(server.endpoint, OTEL_SDK_DISABLED="true")
         exporter = OTelExporter()
         mem = InMemoryExporter()
-        with session(exporters=[exporter, mem],
-                     schedule=Schedule(wait=0, warmup=1, active=1)) as s:
+        with session(exporters=[exporter, mem], schedule=Schedule(wait=0, warmup=1, active=1)) as s:
             for _ in range(2):
                 tiny(torch.ones(2))
                 s.step()
@@ -488,9 +510,14 @@ for _ in range(5):
     f(torch.ones(2))
 print("program finished")
 """
-    out = run_python(code, env={"PROFILED_EXPORTERS": "otel",
-                                "PROFILED_SCHEDULE": "wait=0,warmup=1,active=1,repeat=2",
-                                "OTEL_EXPORTER_OTLP_ENDPOINT": closed_endpoint()})
+    out = run_python(
+        code,
+        env={
+            "PROFILED_EXPORTERS": "otel",
+            "PROFILED_SCHEDULE": "wait=0,warmup=1,active=1,repeat=2",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": closed_endpoint(),
+        },
+    )
     assert out.returncode == 0, out.stderr
     assert "program finished" in out.stdout
     assert out.stderr.count("pip install 'torch-profiled[otel]'") == 1, out.stderr
@@ -579,9 +606,14 @@ def test_inference_example_puts_each_sampled_profile_under_its_request(run_pytho
     server.start()
     try:
         example = os.path.join(os.path.dirname(__file__), "..", "examples", "05_inference_otel.py")
-        out = run_python(open(example).read(), env={
-            "OTEL_EXPORTER_OTLP_ENDPOINT": server.endpoint, "OTEL_SERVICE_NAME": "inference",
-            "REQUESTS": "8"})
+        out = run_python(
+            open(example).read(),
+            env={
+                "OTEL_EXPORTER_OTLP_ENDPOINT": server.endpoint,
+                "OTEL_SERVICE_NAME": "inference",
+                "REQUESTS": "8",
+            },
+        )
         assert out.returncode == 0, out.stderr
         assert "request 7: 12 tokens" in out.stdout
         spans = received.spans()  # the program has exited: everything it sent is here
@@ -616,6 +648,10 @@ def test_kernels_detail_and_device_time_on_a_gpu():
     assert all(sp.attributes["profiled.device_time_us"] > 0 for sp in inners)
     assert all(sp.attributes["profiled.kernel_launches"] >= 1 for sp in inners)
     assert all(any(e.name == "profiled.kernel" for e in sp.events) for sp in inners)
-    names = [m.name for rm in reader.get_metrics_data().resource_metrics
-             for sm in rm.scope_metrics for m in sm.metrics]
+    names = [
+        m.name
+        for rm in reader.get_metrics_data().resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    ]
     assert "profiled.range.device_time" in names

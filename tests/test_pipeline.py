@@ -33,9 +33,19 @@ def train_step() -> torch.Tensor:
 
 def _report(window: int) -> WindowReport:
     now = time.time_ns()
-    return WindowReport(window=window, steps=(window,), partial=False, start_ns=now - 1000,
-                        end_ns=now, rank=0, world_size=1, host="h", pid=1, device="cpu",
-                        activities=("cpu",))
+    return WindowReport(
+        window=window,
+        steps=(window,),
+        partial=False,
+        start_ns=now - 1000,
+        end_ns=now,
+        rank=0,
+        world_size=1,
+        host="h",
+        pid=1,
+        device="cpu",
+        activities=("cpu",),
+    )
 
 
 def _messages(caught) -> list[str]:
@@ -134,17 +144,25 @@ print("done", flush=True)
 
 def test_a_hanging_trace_writer_loses_only_its_own_output_at_exit(run_python, tmp_path):
     path = tmp_path / "r.jsonl"
-    out = run_python(HANGING_TRACE_AT_EXIT, env={
-        "PROFILED_EXPORT_TIMEOUT_S": "2", "PROFILED_SCHEDULE": "warmup=1,active=2,repeat=2",
-        "PROFILED_JSON_PATH": str(path)}, timeout=120)
+    out = run_python(
+        HANGING_TRACE_AT_EXIT,
+        env={
+            "PROFILED_EXPORT_TIMEOUT_S": "2",
+            "PROFILED_SCHEDULE": "warmup=1,active=2,repeat=2",
+            "PROFILED_JSON_PATH": str(path),
+        },
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout == "done\n"
     records = [json.loads(line) for line in path.read_text().splitlines()]
     # the json exporter got both windows, without a trace path (none was written)
     assert [r["window"] for r in records] == [0, 1]
     assert all(r["trace_file"] is None for r in records)
-    assert "not exported within PROFILED_EXPORT_TIMEOUT_S=2s were dropped (StuckTrace: 2)" \
+    assert (
+        "not exported within PROFILED_EXPORT_TIMEOUT_S=2s were dropped (StuckTrace: 2)"
         in out.stderr
+    )
 
 
 # ---------------------------------------------------------------- item 10: the deadline
@@ -184,8 +202,15 @@ def test_close_returns_by_its_deadline_whatever_the_exporters_do(case, release):
     assert all(r.trace_file is None for r in memory.reports)  # no trace file was written
     assert memory.is_shutdown
     release.set()  # what was stuck returns: every thread the pipeline started ends
-    assert _wait_for(lambda: not [t for t in set(threading.enumerate()) - before
-                                  if t.name.startswith("torch-profiled-")])
+    assert _wait_for(
+        lambda: (
+            not [
+                t
+                for t in set(threading.enumerate()) - before
+                if t.name.startswith("torch-profiled-")
+            ]
+        )
+    )
 
 
 def test_close_returns_by_its_deadline_when_the_analysis_hangs(release):
@@ -257,9 +282,15 @@ print("done", flush=True)
 
 def test_exit_keeps_to_the_export_deadline_and_says_what_was_lost(run_python, tmp_path):
     path = tmp_path / "r.jsonl"
-    out = run_python(EXIT_WITH_BAD_EXPORTERS, env={
-        "PROFILED_EXPORT_TIMEOUT_S": "1", "PROFILED_SCHEDULE": "warmup=1,active=2,repeat=2",
-        "PROFILED_JSON_PATH": str(path)}, timeout=120)
+    out = run_python(
+        EXIT_WITH_BAD_EXPORTERS,
+        env={
+            "PROFILED_EXPORT_TIMEOUT_S": "1",
+            "PROFILED_SCHEDULE": "warmup=1,active=2,repeat=2",
+            "PROFILED_JSON_PATH": str(path),
+        },
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     done, took = out.stdout.splitlines()
     assert done == "done"
@@ -272,8 +303,9 @@ def test_exit_keeps_to_the_export_deadline_and_says_what_was_lost(run_python, tm
     assert len(lost) == 1
     assert "PROFILED_EXPORT_TIMEOUT_S=1s were dropped (StuckTrace: 2, Crawls: 2)" in lost[0]
     assert "Exits raised SystemExit(3)" in out.stderr
-    assert "Exits raised KeyboardInterrupt() (caught on torch-profiled's export thread" \
-        in out.stderr
+    assert (
+        "Exits raised KeyboardInterrupt() (caught on torch-profiled's export thread" in out.stderr
+    )
 
 
 # ---------------------------------------------------------------- item 8: threads
@@ -296,8 +328,9 @@ def test_no_thread_outlives_configure_and_shutdown_cycles():
     memory = InMemoryExporter()
     before = _sdk_threads("torch-profiled-analysis")
     for _ in range(10):
-        instrument.configure(exporters=[memory], schedule=Schedule(warmup=0, active=1),
-                             activities=["cpu"])
+        instrument.configure(
+            exporters=[memory], schedule=Schedule(warmup=0, active=1), activities=["cpu"]
+        )
         train_step()
         train_step()
     instrument.shutdown()
@@ -305,13 +338,16 @@ def test_no_thread_outlives_configure_and_shutdown_cycles():
     assert _sdk_threads("torch-profiled-analysis") == before
 
 
-def test_a_lane_stuck_past_the_deadline_is_a_daemon_and_ends_when_its_exporter_returns(
-        release):
+def test_a_lane_stuck_past_the_deadline_is_a_daemon_and_ends_when_its_exporter_returns(release):
     stuck = Stuck(release)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with session(schedule=Schedule(warmup=0, active=1), export_timeout_s=0.3,
-                     activities=["cpu"], exporters=[stuck]):
+        with session(
+            schedule=Schedule(warmup=0, active=1),
+            export_timeout_s=0.3,
+            activities=["cpu"],
+            exporters=[stuck],
+        ):
             train_step()
             train_step()
     assert any("(Stuck: 1)" in m for m in _messages(caught))  # counted as not exported
@@ -346,14 +382,21 @@ class RaisesOnFirst(Exporter):
         raise self.exc
 
 
-@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), Custom("odd")],
-                         ids=["SystemExit", "KeyboardInterrupt", "custom"])
+@pytest.mark.parametrize(
+    "exc",
+    [SystemExit(3), KeyboardInterrupt(), Custom("odd")],
+    ids=["SystemExit", "KeyboardInterrupt", "custom"],
+)
 def test_a_lane_survives_any_base_exception_its_exporter_raises(exc):
     bad, memory = RaisesOnFirst(exc), InMemoryExporter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with session(schedule=Schedule(warmup=0, active=1, repeat=3), export_timeout_s=5.0,
-                     activities=["cpu"], exporters=[bad, memory]):
+        with session(
+            schedule=Schedule(warmup=0, active=1, repeat=3),
+            export_timeout_s=5.0,
+            activities=["cpu"],
+            exporters=[bad, memory],
+        ):
             for _ in range(3):
                 train_step()
             start = time.monotonic()
@@ -390,8 +433,13 @@ def test_two_exporters_of_one_class_have_a_lane_and_counts_each(release):
     assert _wait_for(lambda: len(memory.reports) == 3 and len(memory2.reports) == 3)
     assert _sdk_threads("torch-profiled-export-Stuck") == 1
     assert _sdk_threads("torch-profiled-export-Stuck#2") == 1
-    assert set(pipeline.dropped) == {"analysis", "Stuck", "InMemoryExporter", "Stuck#2",
-                                     "InMemoryExporter#2"}
+    assert set(pipeline.dropped) == {
+        "analysis",
+        "Stuck",
+        "InMemoryExporter",
+        "Stuck#2",
+        "InMemoryExporter#2",
+    }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         lost = pipeline.close(0.5)
@@ -420,8 +468,9 @@ def test_the_trace_file_path_is_part_of_the_exporter_interface():
     final = export_report(_report(0), [memory, _Writer("/traces/w0.pt.trace.json.gz")])
     assert final.trace_file == "/traces/w0.pt.trace.json.gz"
     assert memory.reports[0].trace_file == "/traces/w0.pt.trace.json.gz"  # writers run first
-    pipeline = ExportPipeline([_Writer("/traces/w1.pt.trace.json"), memory],
-                              _report, lambda report: None)
+    pipeline = ExportPipeline(
+        [_Writer("/traces/w1.pt.trace.json"), memory], _report, lambda report: None
+    )
     memory.clear()
     pipeline.submit(1)
     assert pipeline.flush(30)

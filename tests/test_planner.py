@@ -23,8 +23,9 @@ class Clock:
         return self.now
 
 
-def _run(planner: WindowPlanner, steps: int, clock: Clock | None = None,
-         step_s: float = 0.0) -> list[Action]:
+def _run(
+    planner: WindowPlanner, steps: int, clock: Clock | None = None, step_s: float = 0.0
+) -> list[Action]:
     out = []
     for step in range(steps):
         out.append(planner.advance(step))
@@ -34,14 +35,23 @@ def _run(planner: WindowPlanner, steps: int, clock: Clock | None = None,
 
 
 @pytest.mark.filterwarnings("ignore:Profiler won.t be using warmup")
-@pytest.mark.parametrize("wait,warmup,active,repeat,skip_first", [
-    (0, 1, 3, 1, 0), (1, 1, 2, 2, 0), (2, 0, 1, 3, 1), (0, 2, 2, 0, 3), (1, 0, 3, 0, 0),
-])
+@pytest.mark.parametrize(
+    "wait,warmup,active,repeat,skip_first",
+    [
+        (0, 1, 3, 1, 0),
+        (1, 1, 2, 2, 0),
+        (2, 0, 1, 3, 1),
+        (0, 2, 2, 0, 3),
+        (1, 0, 3, 0, 0),
+    ],
+)
 def test_the_schedule_plans_the_actions_torch_profilers_schedule_gives(
-        wait, warmup, active, repeat, skip_first):
+    wait, warmup, active, repeat, skip_first
+):
     planner = WindowPlanner(Schedule(wait, warmup, active, repeat, skip_first), Sampling())
-    theirs = torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=repeat,
-                                     skip_first=skip_first)
+    theirs = torch.profiler.schedule(
+        wait=wait, warmup=warmup, active=active, repeat=repeat, skip_first=skip_first
+    )
     assert [a.name for a in _run(planner, 40)] == [theirs(s).name for s in range(40)]
 
 
@@ -54,13 +64,17 @@ def test_a_plan_changes_nothing_until_it_is_committed():
     assert planner.commit(first, 3) is Action.WARMUP
     assert not planner.trigger_pending and planner.windows_opened == 1 and planner.in_cycle()
     assert [planner.advance(s) for s in (4, 5, 6)] == [
-        Action.RECORD, Action.RECORD_AND_SAVE, Action.NONE]
+        Action.RECORD,
+        Action.RECORD_AND_SAVE,
+        Action.NONE,
+    ]
 
 
 def test_every_n_with_a_minimum_interval_skips_windows_due_too_soon():
     clock = Clock()
-    planner = WindowPlanner(Schedule(warmup=0, active=1), Sampling(every=2), min_interval_s=5.0,
-                            clock=clock)
+    planner = WindowPlanner(
+        Schedule(warmup=0, active=1), Sampling(every=2), min_interval_s=5.0, clock=clock
+    )
     opened = []
     for step in range(20):
         action = planner.advance(step, window_open=False)
@@ -89,8 +103,15 @@ def test_next_possible_names_the_first_step_a_window_may_open():
 def test_the_planner_needs_no_torch():
     for module in ("planner.py", "sampling.py"):
         tree = ast.parse((ROOT / "instrument" / module).read_text())
-        imported = {alias.name.split(".")[0] for node in ast.walk(tree)
-                    if isinstance(node, ast.Import) for alias in node.names}
-        imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree)
-                     if isinstance(node, ast.ImportFrom) and node.level == 0}
+        imported = {
+            alias.name.split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import)
+            for alias in node.names
+        }
+        imported |= {
+            (node.module or "").split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.level == 0
+        }
         assert "torch" not in imported, module

@@ -62,8 +62,11 @@ def test_raising_hanging_and_slow_exporters_lose_only_their_own_output():
     healthy, slow, hanging = InMemoryExporter(), Slow(), Hanging()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with session(schedule=Schedule(warmup=0, active=1, repeat=4), export_timeout_s=1.0,
-                     exporters=[Raising(), hanging, slow, healthy]):
+        with session(
+            schedule=Schedule(warmup=0, active=1, repeat=4),
+            export_timeout_s=1.0,
+            exporters=[Raising(), hanging, slow, healthy],
+        ):
             for _ in range(6):
                 train_step()
         # the session ended although `hanging` still blocks: the program went on
@@ -92,8 +95,9 @@ def test_a_full_queue_drops_the_oldest_counts_it_and_warns_once():
     windows = QUEUE_SIZE + 4
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with session(schedule=Schedule(warmup=0, active=1, repeat=windows),
-                     exporters=[hanging, healthy]) as s:
+        with session(
+            schedule=Schedule(warmup=0, active=1, repeat=windows), exporters=[hanging, healthy]
+        ) as s:
             for n in range(windows):
                 train_step()
                 # the healthy lane keeps up although the hanging one is stuck
@@ -133,9 +137,15 @@ for _ in range(8):
     train_step(x)
 print("done", flush=True)
 """
-    out = run_python(code, env={"PROFILED_EXPORT_TIMEOUT_S": "1",
-                                "PROFILED_SCHEDULE": "warmup=1,active=2,repeat=2",
-                                "PROFILED_JSON_PATH": str(tmp_path / "r.jsonl")}, timeout=60)
+    out = run_python(
+        code,
+        env={
+            "PROFILED_EXPORT_TIMEOUT_S": "1",
+            "PROFILED_SCHEDULE": "warmup=1,active=2,repeat=2",
+            "PROFILED_JSON_PATH": str(tmp_path / "r.jsonl"),
+        },
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout == "done\n"
     assert "not exported within PROFILED_EXPORT_TIMEOUT_S=1s" in out.stderr
@@ -159,9 +169,14 @@ x = torch.randn(4, 4)
 for _ in range(12):
     train_step(x)
 """
-    out = run_python(code, env={"PROFILED_EXPORTERS": "json",
-                                "PROFILED_SCHEDULE": "warmup=0,active=2,repeat=0",
-                                "PROFILED_JSON_PATH": str(tmp_path / "r.jsonl")})
+    out = run_python(
+        code,
+        env={
+            "PROFILED_EXPORTERS": "json",
+            "PROFILED_SCHEDULE": "warmup=0,active=2,repeat=0",
+            "PROFILED_JSON_PATH": str(tmp_path / "r.jsonl"),
+        },
+    )
     assert out.returncode == 0, out.stderr
     lines = (tmp_path / "r.jsonl").read_text().splitlines()
     assert [json.loads(line)["steps"] for line in lines] == [[2 * i, 2 * i + 1] for i in range(6)]
@@ -202,8 +217,14 @@ instrument.shutdown()
 print(os.getpid(), flush=True)
 """
     path = tmp_path / "r.jsonl"
-    out = run_python(code, env={"PROFILED_EXPORTERS": "json", "PROFILED_JSON_PATH": str(path),
-                                "PROFILED_SCHEDULE": "warmup=1,active=6"})
+    out = run_python(
+        code,
+        env={
+            "PROFILED_EXPORTERS": "json",
+            "PROFILED_JSON_PATH": str(path),
+            "PROFILED_SCHEDULE": "warmup=1,active=6",
+        },
+    )
     assert out.returncode == 0, out.stderr
     reports = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(reports) == 1 and reports[0]["pid"] == int(out.stdout)
@@ -239,8 +260,14 @@ for _ in range(10):
     train_step(x)          # steps 5-14: the rest of this window, and part of the next
 """
     path = tmp_path / "r.jsonl"
-    out = run_python(code, env={"PROFILED_EXPORTERS": "json", "PROFILED_JSON_PATH": str(path),
-                                "PROFILED_SCHEDULE": "warmup=1,active=3,repeat=2,wait=4"})
+    out = run_python(
+        code,
+        env={
+            "PROFILED_EXPORTERS": "json",
+            "PROFILED_JSON_PATH": str(path),
+            "PROFILED_SCHEDULE": "warmup=1,active=3,repeat=2,wait=4",
+        },
+    )
     assert out.returncode == 0, out.stderr
     reports = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["steps"] for r in reports] == [[5, 6, 7], [13, 14]]
@@ -306,8 +333,12 @@ def test_eight_threads_through_many_windows_give_exact_call_counts():
 
     # every thread recorded (the calls are plain Python: no operator runs in the other threads
     # while windows start and stop, which torch's all-threads profiling does not survive)
-    with session(schedule=Schedule(wait=2, warmup=1, active=3, repeat=0), exporters=[mem],
-                 activities=["cpu"], all_threads=True) as s:
+    with session(
+        schedule=Schedule(wait=2, warmup=1, active=3, repeat=0),
+        exporters=[mem],
+        activities=["cpu"],
+        all_threads=True,
+    ) as s:
         s.step()  # declare steps: root calls in the threads do not end them
         pool = [threading.Thread(target=worker) for _ in range(threads)]
         for t in pool:
@@ -352,8 +383,15 @@ for i in range(20_000):
 instrument.shutdown()
 print(json.dumps(samples))
 """
-    out = run_python(code, env={"PROFILED_EVERY": "500", "PROFILED_EXPORTERS": "json,trace",
-                                "PROFILED_TRACE_KEEP": "3"}, timeout=600)
+    out = run_python(
+        code,
+        env={
+            "PROFILED_EVERY": "500",
+            "PROFILED_EXPORTERS": "json,trace",
+            "PROFILED_TRACE_KEEP": "3",
+        },
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr
     samples = json.loads(out.stdout)
     assert len(samples) == 40

@@ -17,8 +17,9 @@ from exporters import ExporterWarning
 from instrument import rawtraces
 from tests import _proc
 
-pytestmark = pytest.mark.skipif(os.name != "posix", reason="stale directories are cleaned on "
-                                "POSIX only")
+pytestmark = pytest.mark.skipif(
+    os.name != "posix", reason="stale directories are cleaned on POSIX only"
+)
 
 NAME = re.compile(r"torch-profiled-(\d+)-(\d+)-([0-9a-f]{8})-([0-9a-f]{16})\Z")
 
@@ -64,14 +65,23 @@ def _killed(proc: subprocess.Popen) -> None:
     proc.stdout.close()
 
 
-def _renamed(path: str, *, pid: int | None = None, start: int | None = None,
-             scope: str | None = None, rand: str | None = None) -> str:
+def _renamed(
+    path: str,
+    *,
+    pid: int | None = None,
+    start: int | None = None,
+    scope: str | None = None,
+    rand: str | None = None,
+) -> str:
     """``path``'s name with some of its parts replaced."""
     m = NAME.match(os.path.basename(path))
     assert m, path
-    parts = [str(pid) if pid is not None else m.group(1),
-             str(start) if start is not None else m.group(2),
-             scope or m.group(3), rand or m.group(4)]
+    parts = [
+        str(pid) if pid is not None else m.group(1),
+        str(start) if start is not None else m.group(2),
+        scope or m.group(3),
+        rand or m.group(4),
+    ]
     return os.path.join(os.path.dirname(path), "torch-profiled-" + "-".join(parts))
 
 
@@ -102,8 +112,9 @@ def test_a_killed_processs_directory_goes_at_the_next_first_window(tmp_base):
         _killed(proc)
     mine = rawtraces.directory()  # this process's first window: the dead one's goes
     assert not os.path.lexists(folder)
-    assert [n for n in os.listdir(tmp_base) if n.startswith("torch-profiled-")] == \
-        [os.path.basename(mine)]
+    assert [n for n in os.listdir(tmp_base) if n.startswith("torch-profiled-")] == [
+        os.path.basename(mine)
+    ]
 
 
 def test_a_reused_pid_does_not_keep_a_directory(tmp_base):
@@ -175,8 +186,9 @@ def test_at_most_max_waiting_raw_traces_wait_the_oldest_go(tmp_base):
             paths.append(path)
             assert len(os.listdir(os.path.dirname(path))) <= rawtraces.MAX_WAITING
     folder = os.path.dirname(paths[0])
-    assert sorted(os.path.join(folder, n) for n in os.listdir(folder)) == \
-        sorted(paths[-rawtraces.MAX_WAITING:])
+    assert sorted(os.path.join(folder, n) for n in os.listdir(folder)) == sorted(
+        paths[-rawtraces.MAX_WAITING :]
+    )
     said = [str(w.message) for w in caught if issubclass(w.category, ExporterWarning)]
     assert len(said) == 1 and "oldest" in said[0] and str(rawtraces.MAX_WAITING) in said[0]
     for path in paths:  # exporters finishing late: nothing to do for the removed ones
@@ -241,5 +253,6 @@ def test_a_forked_child_never_removes_its_parents_traces(tmp_base):
     assert os.read(r, 1) == b"\x00"
     os.close(r)
     assert os.path.exists(path)
-    assert [n for n in os.listdir(tmp_base) if n.startswith("torch-profiled-")] == \
-        [os.path.basename(os.path.dirname(path))]
+    assert [n for n in os.listdir(tmp_base) if n.startswith("torch-profiled-")] == [
+        os.path.basename(os.path.dirname(path))
+    ]

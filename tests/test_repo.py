@@ -30,9 +30,19 @@ def test_readme_opens_with_demo_and_test_commands_and_ci_runs_the_second():
 
 
 def test_layout_and_typing_marker():
-    for path in ("pyproject.toml", "instrument", "exporters", "tests", "examples", "bench",
-                 "CHANGELOG.md", "README.md", "BENCHMARKS.md", "instrument/py.typed",
-                 "exporters/py.typed"):
+    for path in (
+        "pyproject.toml",
+        "instrument",
+        "exporters",
+        "tests",
+        "examples",
+        "bench",
+        "CHANGELOG.md",
+        "README.md",
+        "BENCHMARKS.md",
+        "instrument/py.typed",
+        "exporters/py.typed",
+    ):
         assert os.path.exists(os.path.join(REPO, path)), path
     changelog = open(os.path.join(REPO, "CHANGELOG.md")).read()
     assert "## [Unreleased]" in changelog
@@ -44,8 +54,13 @@ def test_public_names():
 
     for name in ("profiled", "session", "configure", "step", "shutdown", "Schedule"):
         assert name in instrument.__all__ and hasattr(instrument, name)
-    for name in ("Exporter", "ExportResult", "ConsoleExporter", "TraceFileExporter",
-                 "InMemoryExporter"):
+    for name in (
+        "Exporter",
+        "ExportResult",
+        "ConsoleExporter",
+        "TraceFileExporter",
+        "InMemoryExporter",
+    ):
         assert name in exporters.__all__ and hasattr(exporters, name)
 
 
@@ -58,8 +73,7 @@ def test_every_env_variable_is_documented_in_the_readme():
 
 
 def test_seed_demo_runs_and_writes_loadable_traces(tmp_path):
-    out = _proc.run(os.path.join(REPO, "examples", "01_matmul_bias.py"), cwd=tmp_path,
-                    timeout=300)
+    out = _proc.run(os.path.join(REPO, "examples", "01_matmul_bias.py"), cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("matmul_bias ") == 2  # the two sizes are announced on stdout
     tables = out.stderr.count("@profiled range")
@@ -72,8 +86,10 @@ def test_seed_demo_runs_and_writes_loadable_traces(tmp_path):
         raw = gzip.open(tmp_path / "profiled_traces" / name, "rt").read()
         trace = json.loads(raw)
         assert trace["traceEvents"]
-        assert any(e.get("cat") == "user_annotation" and e.get("name") == "matmul_bias"
-                   for e in trace["traceEvents"])
+        assert any(
+            e.get("cat") == "user_annotation" and e.get("name") == "matmul_bias"
+            for e in trace["traceEvents"]
+        )
         assert trace["distributedInfo"]["rank"] == 0
         assert re.search(r'"rank":\s+(\d+)', raw)
         assert f"Trace: ./profiled_traces/{name}" in out.stderr

@@ -52,10 +52,16 @@ def test_opens_every_n_and_next_open_agrees_with_a_scan():
     assert Sampling(sample_rate=0.5).enabled
 
 
-@pytest.mark.parametrize("kwargs, error", [
-    ({"every": 0}, ValueError), ({"every": 2.5}, TypeError), ({"sample_rate": 1.5}, ValueError),
-    ({"sample_rate": -0.1}, ValueError), ({"seed": "x"}, TypeError),
-])
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"every": 0}, ValueError),
+        ({"every": 2.5}, TypeError),
+        ({"sample_rate": 1.5}, ValueError),
+        ({"sample_rate": -0.1}, ValueError),
+        ({"seed": "x"}, TypeError),
+    ],
+)
 def test_sampling_rejects_bad_values(kwargs, error):
     with pytest.raises(error):
         Sampling(**kwargs)
@@ -79,8 +85,7 @@ def _expected_windows(sampling: Sampling, steps: int, window: int, skip_first: i
 
 def test_every_n_steps_opens_windows_forever_until_max_windows():
     mem = InMemoryExporter()
-    with session(schedule=Schedule(warmup=1, active=2), every=5, max_windows=3,
-                 exporters=[mem]):
+    with session(schedule=Schedule(warmup=1, active=2), every=5, max_windows=3, exporters=[mem]):
         for _ in range(40):
             train_step()
     assert [r.steps for r in mem.reports] == [(1, 2), (6, 7), (11, 12)]
@@ -115,8 +120,9 @@ def test_rate_zero_opens_nothing_and_leaves_calls_idle():
 
 def test_min_interval_spaces_windows_in_time():
     mem = InMemoryExporter()
-    with session(schedule=Schedule(warmup=0, active=1), every=1, min_interval_s=3600,
-                 exporters=[mem]):
+    with session(
+        schedule=Schedule(warmup=0, active=1), every=1, min_interval_s=3600, exporters=[mem]
+    ):
         for _ in range(30):
             train_step()
     assert [r.steps for r in mem.reports] == [(0,)]
@@ -141,17 +147,20 @@ def test_every_shorter_than_a_window_raises_in_code_and_warns_from_the_environme
         Config.from_env({"PROFILED_EVERY": "2", "PROFILED_STRICT": "1"})
 
 
-@pytest.mark.parametrize("var, raw, field, default", [
-    ("PROFILED_EVERY", "0", "every", None),
-    ("PROFILED_EVERY", "ten", "every", None),
-    ("PROFILED_SAMPLE_RATE", "2", "sample_rate", 1.0),
-    ("PROFILED_SAMPLE_RATE", "nan", "sample_rate", 1.0),
-    ("PROFILED_MAX_WINDOWS", "-1", "max_windows", None),
-    ("PROFILED_MIN_INTERVAL_S", "-5", "min_interval_s", 0.0),
-    ("PROFILED_SEED", "1.5", "seed", 0),
-    ("PROFILED_TRIGGER", "SIGNOPE", "trigger", None),
-    ("PROFILED_EXPORT_TIMEOUT_S", "0", "export_timeout_s", 10.0),
-])
+@pytest.mark.parametrize(
+    "var, raw, field, default",
+    [
+        ("PROFILED_EVERY", "0", "every", None),
+        ("PROFILED_EVERY", "ten", "every", None),
+        ("PROFILED_SAMPLE_RATE", "2", "sample_rate", 1.0),
+        ("PROFILED_SAMPLE_RATE", "nan", "sample_rate", 1.0),
+        ("PROFILED_MAX_WINDOWS", "-1", "max_windows", None),
+        ("PROFILED_MIN_INTERVAL_S", "-5", "min_interval_s", 0.0),
+        ("PROFILED_SEED", "1.5", "seed", 0),
+        ("PROFILED_TRIGGER", "SIGNOPE", "trigger", None),
+        ("PROFILED_EXPORT_TIMEOUT_S", "0", "export_timeout_s", 10.0),
+    ],
+)
 def test_bad_sampling_environment_values_warn_and_use_the_default(var, raw, field, default):
     with pytest.warns(ConfigWarning, match=var):
         config = Config.from_env({var: raw})
@@ -159,16 +168,29 @@ def test_bad_sampling_environment_values_warn_and_use_the_default(var, raw, fiel
 
 
 def test_good_sampling_environment_values():
-    config = Config.from_env({
-        "PROFILED_EVERY": "100", "PROFILED_SAMPLE_RATE": "0.25", "PROFILED_MAX_WINDOWS": "7",
-        "PROFILED_MIN_INTERVAL_S": "1.5", "PROFILED_SEED": "-3", "PROFILED_TRIGGER": "usr2",
-        "PROFILED_EXPORT_TIMEOUT_S": "2.5",
-    })
-    assert (config.every, config.sample_rate, config.max_windows, config.min_interval_s,
-            config.seed, config.trigger, config.export_timeout_s) == (
-        100, 0.25, 7, 1.5, -3, "SIGUSR2", 2.5)
-    assert Config.from_env({"PROFILED_TRIGGER": "/tmp/x/profile-now"}).trigger == \
-        "/tmp/x/profile-now"
+    config = Config.from_env(
+        {
+            "PROFILED_EVERY": "100",
+            "PROFILED_SAMPLE_RATE": "0.25",
+            "PROFILED_MAX_WINDOWS": "7",
+            "PROFILED_MIN_INTERVAL_S": "1.5",
+            "PROFILED_SEED": "-3",
+            "PROFILED_TRIGGER": "usr2",
+            "PROFILED_EXPORT_TIMEOUT_S": "2.5",
+        }
+    )
+    assert (
+        config.every,
+        config.sample_rate,
+        config.max_windows,
+        config.min_interval_s,
+        config.seed,
+        config.trigger,
+        config.export_timeout_s,
+    ) == (100, 0.25, 7, 1.5, -3, "SIGUSR2", 2.5)
+    assert (
+        Config.from_env({"PROFILED_TRIGGER": "/tmp/x/profile-now"}).trigger == "/tmp/x/profile-now"
+    )
 
 
 PROGRAM = """
@@ -195,8 +217,12 @@ print(json.dumps([list(r.steps) for r in mem.reports]))
 
 def test_processes_with_the_same_seed_open_the_same_windows(run_python):
     """What makes ranks agree without talking: same seed, same steps, in separate processes."""
-    env = {"PROFILED_SAMPLE_RATE": "0.05", "PROFILED_EVERY": "5",
-           "PROFILED_SCHEDULE": "warmup=1,active=2", "PROFILED_SEED": "42"}
+    env = {
+        "PROFILED_SAMPLE_RATE": "0.05",
+        "PROFILED_EVERY": "5",
+        "PROFILED_SCHEDULE": "warmup=1,active=2",
+        "PROFILED_SEED": "42",
+    }
     runs = [run_python(PROGRAM, env=env) for _ in range(2)]
     other = run_python(PROGRAM, env={**env, "PROFILED_SEED": "43"})
     for out in (*runs, other):

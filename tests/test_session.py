@@ -128,8 +128,7 @@ def test_root_calls_in_an_explicit_session_end_no_step():
     """``with session() as s``: each s.step() ends one step, as with torch.profiler's
     ``prof.step()``; the decorated call before it (a root call) ends none of its own."""
     mem = InMemoryExporter()
-    with session(schedule=Schedule(warmup=1, active=2), exporters=[mem],
-                 activities=["cpu"]) as s:
+    with session(schedule=Schedule(warmup=1, active=2), exporters=[mem], activities=["cpu"]) as s:
         for _ in range(3):
             work()
             s.step()
@@ -314,8 +313,9 @@ class _Failing(Exporter):
 def test_raising_exporter_costs_a_warning_not_the_program():
     mem = InMemoryExporter()
     with pytest.warns(UserWarning, match="backend down"):
-        with capture(exporters=[_Raising(), _Failing()], schedule=Schedule(wait=0, warmup=1,
-                                                                           active=1)) as cap:
+        with capture(
+            exporters=[_Raising(), _Failing()], schedule=Schedule(wait=0, warmup=1, active=1)
+        ) as cap:
             result = []
             for _ in range(3):
                 result.append(work())
@@ -381,8 +381,9 @@ print("done", flush=True)
     assert "mm" in out.stderr and "Self CPU time total:" in out.stderr
     (name,) = os.listdir(tmp_path / "tr")
     trace = json.load(open(tmp_path / "tr" / name))
-    assert any(e.get("name") == "mm" and e.get("cat") == "user_annotation"
-               for e in trace["traceEvents"])
+    assert any(
+        e.get("name") == "mm" and e.get("cat") == "user_annotation" for e in trace["traceEvents"]
+    )
 
 
 def test_program_too_short_prints_why(run_python):
@@ -500,7 +501,9 @@ def test_profiler_options_reach_torch(tmp_path):
     with session(
         exporters=[TraceFileExporter(tmp_path, gzip=False)],
         schedule=Schedule(wait=0, warmup=1, active=1),
-        record_shapes=True, profile_memory=True, with_stack=True,
+        record_shapes=True,
+        profile_memory=True,
+        with_stack=True,
     ) as s:
         _options_work(x)
         s.step()
@@ -513,8 +516,11 @@ def test_profiler_options_reach_torch(tmp_path):
     assert any(e.get("name") == "[memory]" for e in events)  # profile_memory
     assert any(e.get("cat") == "python_function" for e in events)  # with_stack
     # with_flops: torch 2.13's trace carries no FLOP counts, but flops need the shapes
-    with session(exporters=[TraceFileExporter(tmp_path / "flops", gzip=False)],
-                 schedule=Schedule(wait=0, warmup=1, active=1), with_flops=True) as s:
+    with session(
+        exporters=[TraceFileExporter(tmp_path / "flops", gzip=False)],
+        schedule=Schedule(wait=0, warmup=1, active=1),
+        with_flops=True,
+    ) as s:
         _options_work(x)
         s.step()
         _options_work(x)
@@ -522,8 +528,10 @@ def test_profiler_options_reach_torch(tmp_path):
     (name,) = os.listdir(tmp_path / "flops")
     events = json.load(open(tmp_path / "flops" / name))["traceEvents"]
     assert any("Input Dims" in e.get("args", {}) for e in events if e.get("name") == "aten::mm")
-    with session(exporters=[TraceFileExporter(tmp_path / "plain", gzip=False)],
-                 schedule=Schedule(wait=0, warmup=1, active=1)) as s:
+    with session(
+        exporters=[TraceFileExporter(tmp_path / "plain", gzip=False)],
+        schedule=Schedule(wait=0, warmup=1, active=1),
+    ) as s:
         _options_work(x)
         s.step()
         _options_work(x)
@@ -549,8 +557,7 @@ def test_default_activities_are_cpu_plus_the_accelerator():
 
 def test_user_profiler_started_during_our_warmup_keeps_its_events():
     mem = InMemoryExporter()
-    configure(exporters=[mem], schedule=Schedule(wait=0, warmup=2, active=2),
-              activities=["cpu"])
+    configure(exporters=[mem], schedule=Schedule(wait=0, warmup=2, active=2), activities=["cpu"])
     work()  # step 0 ends: a window is due, step 1 is still warm-up
     assert torch.autograd.profiler._is_profiler_enabled is False
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -600,8 +607,7 @@ def test_report_from_trace_json_where_kineto_events_lack_categories(monkeypatch)
             work()
             cap.step()
     monkeypatch.setattr(_torch.ProfilerWindow, "events", lambda self: None)
-    with capture(schedule=Schedule(wait=0, warmup=1, active=2),
-                 analysis_process=False) as cap_json:
+    with capture(schedule=Schedule(wait=0, warmup=1, active=2), analysis_process=False) as cap_json:
         for _ in range(3):
             work()
             cap_json.step()
@@ -663,8 +669,11 @@ def test_recorded_warmup_is_dropped_from_the_report_and_the_trace(tmp_path, monk
     if path == "trace-json":
         monkeypatch.setattr(_torch.ProfilerWindow, "events", lambda self: None)
     mem = InMemoryExporter()
-    s = session(schedule=Schedule(warmup=2, active=2), activities=["cpu"],
-                exporters=[mem, TraceFileExporter(tmp_path, gzip=False)])
+    s = session(
+        schedule=Schedule(warmup=2, active=2),
+        activities=["cpu"],
+        exporters=[mem, TraceFileExporter(tmp_path, gzip=False)],
+    )
     s._record_warmup = True  # what a session whose activities include a device does
     with s:
         for _ in range(2):
@@ -680,5 +689,7 @@ def test_recorded_warmup_is_dropped_from_the_report_and_the_trace(tmp_path, monk
     names = [e.get("name") for e in trace["traceEvents"]]
     assert "warm_only" not in names and names.count("work") == 2
     assert names.count("aten::mm") == 2
-    assert sorted(n for n in names if n.startswith("ProfilerStep#")) == ["ProfilerStep#2",
-                                                                         "ProfilerStep#3"]
+    assert sorted(n for n in names if n.startswith("ProfilerStep#")) == [
+        "ProfilerStep#2",
+        "ProfilerStep#3",
+    ]

@@ -46,7 +46,8 @@ def test_the_readme_table_is_the_declarations():
     ``python -m instrument.settings_table --write``."""
     assert settings_table.check(REPO / "README.md"), (
         "README.md's table of PROFILED_* variables differs from instrument/config.py's "
-        "SETTINGS; run: python -m instrument.settings_table --write")
+        "SETTINGS; run: python -m instrument.settings_table --write"
+    )
     text = (REPO / "README.md").read_text(encoding="utf-8")
     block = text.split(settings_table.START)[1].split(settings_table.END)[0]
     for var in ENV_VARS:
@@ -82,9 +83,15 @@ def test_the_table_shows_each_declaration_as_declared():
 
 
 def test_the_module_runs_as_a_program():
-    out = subprocess.run([sys.executable, "-m", "instrument.settings_table", "--check"],
-                         check=False, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "instrument.settings_table", "--check"],
+        check=False,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -113,8 +120,11 @@ def test_every_config_field_is_declared_with_its_default():
         config_mod.PROFILED_NO_SUCH_THING  # noqa: B018
 
 
-@pytest.mark.parametrize("setting", [s for s in SETTINGS if s.parse is not None
-                                     and s.name != "trigger"], ids=lambda s: s.env)
+@pytest.mark.parametrize(
+    "setting",
+    [s for s in SETTINGS if s.parse is not None and s.name != "trigger"],
+    ids=lambda s: s.env,
+)
 def test_each_default_as_written_reads_back_as_the_default(setting):
     """The default a warning names (``using the default PROFILED_X=...``) is a value the
     variable takes. Not ``PROFILED_TRIGGER``: its default is written ``unset``, which is no
@@ -152,16 +162,19 @@ def test_a_value_configure_refuses_is_refused_from_the_environment(field, value,
         Config.from_env({setting.env: text, "PROFILED_STRICT": "1"})
 
 
-@pytest.mark.parametrize(("field", "value", "text"), [
-    ("trace_keep", 0, "0"),
-    ("every", 4, "4"),
-    ("sample_rate", 0.25, "0.25"),
-    ("min_interval_s", 604800.0, "604800"),
-    ("export_timeout_s", 3600.0, "3600"),
-    ("trace_max_mb", 0.5, "0.5"),
-    ("activities", ("cuda", "cpu"), "cuda,cpu"),
-    ("trigger", "SIGUSR1", "usr1"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "text"),
+    [
+        ("trace_keep", 0, "0"),
+        ("every", 4, "4"),
+        ("sample_rate", 0.25, "0.25"),
+        ("min_interval_s", 604800.0, "604800"),
+        ("export_timeout_s", 3600.0, "3600"),
+        ("trace_max_mb", 0.5, "0.5"),
+        ("activities", ("cuda", "cpu"), "cuda,cpu"),
+        ("trigger", "SIGUSR1", "usr1"),
+    ],
+)
 def test_a_value_configure_takes_is_taken_from_the_environment(field, value, text):
     setting = next(s for s in SETTINGS if s.name == field)
     config, messages = _from_env({setting.env: text})
@@ -195,9 +208,15 @@ def test_otel_settings_are_read_without_importing_instrument():
         "assert [w.category.__name__ for w in caught] == ['ConfigWarning'], caught\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('instrument', 'torch')))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], check=False, cwd=REPO,
-                         capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
@@ -206,7 +225,9 @@ def test_otel_settings_warn_with_the_sdks_config_warning():
     assert issubclass(ConfigWarning, UserWarning)
     with pytest.warns(ConfigWarning, match="PROFILED_OTEL_MAX_SPANS='0' is invalid"):
         assert otel_settings.otel_settings_from_env({"PROFILED_OTEL_MAX_SPANS": "0"}) == (
-            "ranges", 1000)
+            "ranges",
+            1000,
+        )
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -230,6 +251,9 @@ def test_the_settings_leaves_import_nothing_from_instrument():
         imported = _imported_modules(REPO / "exporters" / name)
         assert not any(m.split(".")[0] == "instrument" for m in imported), (name, imported)
     # and config takes from exporters only those leaves (the registry is the callers')
-    from_exporters = {m for m in _imported_modules(REPO / "instrument" / "config.py")
-                      if m.split(".")[0] == "exporters"}
+    from_exporters = {
+        m
+        for m in _imported_modules(REPO / "instrument" / "config.py")
+        if m.split(".")[0] == "exporters"
+    }
     assert from_exporters == {"exporters._settings", "exporters.otel_settings"}, from_exporters

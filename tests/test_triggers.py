@@ -59,8 +59,9 @@ print(json.dumps({"steps": steps, "chained": len(chained)}), flush=True)
 
 
 def _start(env: dict[str, str], tmp_path) -> subprocess.Popen:
-    full = _proc.sdk_env({"PROFILED_SAMPLE_RATE": "0", "PROFILED_SCHEDULE": "warmup=1,active=2",
-                          **env})
+    full = _proc.sdk_env(
+        {"PROFILED_SAMPLE_RATE": "0", "PROFILED_SCHEDULE": "warmup=1,active=2", **env}
+    )
     proc = _proc.start("-c", PROGRAM, env=full, cwd=tmp_path)
     assert proc.stdout.readline() == "ready\n", proc.stderr.read()
     return proc
@@ -106,8 +107,7 @@ def test_trigger_file_opens_a_window_and_is_removed(tmp_path):
 def test_trigger_opens_a_window_after_the_schedule_has_finished(tmp_path):
     path = tmp_path / "again"
     mem = InMemoryExporter()
-    with session(schedule=Schedule(warmup=1, active=1), trigger=str(path),
-                 exporters=[mem]) as s:
+    with session(schedule=Schedule(warmup=1, active=1), trigger=str(path), exporters=[mem]) as s:
         for _ in range(5):  # steps 0-4
             train_step()
         s.flush()
@@ -126,8 +126,9 @@ def test_trigger_opens_a_window_after_the_schedule_has_finished(tmp_path):
 def test_max_windows_caps_triggered_windows_too(tmp_path):
     path = tmp_path / "again"
     mem = InMemoryExporter()
-    with session(schedule=Schedule(warmup=0, active=1), trigger=str(path), max_windows=1,
-                 exporters=[mem]):
+    with session(
+        schedule=Schedule(warmup=0, active=1), trigger=str(path), max_windows=1, exporters=[mem]
+    ):
         for _ in range(3):
             train_step()
         path.write_text("")
@@ -143,10 +144,10 @@ def test_signal_trigger_from_another_thread_warns_and_the_program_goes_on():
 
     def worker():
         import warnings
+
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
-            with session(schedule=Schedule(warmup=0, active=1), trigger="SIGUSR2",
-                         exporters=[mem]):
+            with session(schedule=Schedule(warmup=0, active=1), trigger="SIGUSR2", exporters=[mem]):
                 train_step()
         caught.extend(str(x.message) for x in w)
 
@@ -194,8 +195,12 @@ def test_something_planted_at_the_trigger_path_neither_fires_nor_disables_it(tmp
     mem = InMemoryExporter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with session(schedule=Schedule(warmup=0, active=1), sample_rate=0.0,
-                     trigger=str(path), exporters=[mem]) as s:
+        with session(
+            schedule=Schedule(warmup=0, active=1),
+            sample_rate=0.0,
+            trigger=str(path),
+            exporters=[mem],
+        ) as s:
             for _ in range(3):
                 train_step()
             time.sleep(0.6)  # several polls see it (POLL_S = 0.1)
@@ -260,8 +265,12 @@ print(json.dumps({"steps": steps, "got": len(got), "untouched": untouched}), flu
 
 @pytest.mark.parametrize("name", ["SIGTERM", "SIGINT", "SIGHUP"])
 def test_a_signal_that_is_not_ours_to_take_is_refused(tmp_path, name):
-    full = _proc.sdk_env(PROFILED_SAMPLE_RATE="0", THE_SIGNAL=name,
-                         PROFILED_SCHEDULE="warmup=0,active=1", PROFILED_TRIGGER=name)
+    full = _proc.sdk_env(
+        PROFILED_SAMPLE_RATE="0",
+        THE_SIGNAL=name,
+        PROFILED_SCHEDULE="warmup=0,active=1",
+        PROFILED_TRIGGER=name,
+    )
     proc = _proc.start("-c", REFUSED, env=full, cwd=tmp_path)
     assert proc.stdout.readline() == "ready\n", proc.stderr.read()
     os.kill(proc.pid, getattr(signal, name))
@@ -312,6 +321,7 @@ def test_shutdown_and_configure_put_the_signal_handler_back(run_python):
         "import os\n"
         "os.kill(os.getpid(), signal.SIGUSR2)  # the default action: ends the process\n"
         "print('still alive')\n",
-        env={"PROFILED_EXPORTERS": "memory"})
+        env={"PROFILED_EXPORTERS": "memory"},
+    )
     assert "after True" in result.stdout, (result.stdout, result.stderr[-2000:])
     assert result.returncode == -signal.SIGUSR2, result.stderr[-2000:]

@@ -16,8 +16,16 @@ from instrument.verdict import (
 
 
 def E(name, ts, dur, cat="cpu_op", tid=1, external=0, **args):
-    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
-            "args": {"External id": external, **args}}
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": 1,
+        "tid": tid,
+        "ts": ts,
+        "dur": dur,
+        "args": {"External id": external, **args},
+    }
 
 
 def one_range(range_us, kernel_us, *, kernel_start=None, **op_args):
@@ -53,8 +61,7 @@ def test_threshold_is_the_busy_share_of_wall_time():
     # busy exactly at the threshold is compute-bound; just under is overhead-bound
     wall = 1000.0
     at = judge(device_us=500, busy_us=OVERHEAD_BOUND_BELOW * wall, wall_us=wall, cpu_us=wall)
-    under = judge(device_us=499, busy_us=OVERHEAD_BOUND_BELOW * wall - 1, wall_us=wall,
-                  cpu_us=wall)
+    under = judge(device_us=499, busy_us=OVERHEAD_BOUND_BELOW * wall - 1, wall_us=wall, cpu_us=wall)
     assert at.kind == COMPUTE_BOUND and under.kind == OVERHEAD_BOUND
 
 
@@ -68,16 +75,22 @@ def test_cpu_only_without_device_work():
 
 def test_compute_heavy_and_memory_heavy_from_flops_and_shapes():
     n = 4096
-    heavy = analyze_events(one_range(50, 4000, **{"Input Dims": [[n, n], [n, n]],
-                                                   "Input type": ["c10::BFloat16"] * 2}), set())
+    heavy = analyze_events(
+        one_range(
+            50, 4000, **{"Input Dims": [[n, n], [n, n]], "Input type": ["c10::BFloat16"] * 2}
+        ),
+        set(),
+    )
     r = heavy.ranges["r"]
-    assert r.flops == 2 * n ** 3
+    assert r.flops == 2 * n**3
     assert r.verdict.kind == COMPUTE_BOUND and r.verdict.detail == "compute-heavy"
-    assert r.flops_per_s == pytest.approx(2 * n ** 3 / 4000e-6)
+    assert r.flops_per_s == pytest.approx(2 * n**3 / 4000e-6)
     # a skinny product: 2*4096*1*4096 FLOPs over (4096*1 + 1*4096) * 4 bytes = 1024 FLOP/B...
     # ...make it memory-heavy instead: (n x 1) @ (1 x 1): 2n FLOPs over (n + 1) * 4 bytes
-    light = analyze_events(one_range(50, 4000, **{"Input Dims": [[n, 1], [1, 1]],
-                                                   "Input type": ["float", "float"]}), set())
+    light = analyze_events(
+        one_range(50, 4000, **{"Input Dims": [[n, 1], [1, 1]], "Input type": ["float", "float"]}),
+        set(),
+    )
     r = light.ranges["r"]
     assert r.flops == 2 * n
     assert r.flops / ((n + 1) * 4) < COMPUTE_HEAVY_FLOP_PER_BYTE
@@ -153,5 +166,9 @@ def test_warmup_before_the_first_step_marker_is_dropped_with_its_kernels():
     assert a.self_device_time_total_us == pytest.approx(400)
     assert a.device_busy_us == pytest.approx(400)
     # without a marker nothing is dropped
-    assert analyze(drop_warmup(events_from_trace({"traceEvents": events[:4]})), set()
-                   ).ranges["r"].calls == 1
+    assert (
+        analyze(drop_warmup(events_from_trace({"traceEvents": events[:4]})), set())
+        .ranges["r"]
+        .calls
+        == 1
+    )

@@ -19,8 +19,7 @@ def test_bad_environment_value_under_warnings_as_errors(run_python):
         "def f():\n"
         "    return 41 + 1\n"
         "print('result', f())\n",
-        env={"PROFILED_EVERY": "abc", "PROFILED_EXPORTERS": "memory",
-             "PYTHONWARNINGS": "error"},
+        env={"PROFILED_EVERY": "abc", "PROFILED_EXPORTERS": "memory", "PYTHONWARNINGS": "error"},
     )
     assert result.returncode == 0, result.stderr
     assert "result 42" in result.stdout
@@ -88,8 +87,7 @@ def test_a_warning_from_an_export_lane_names_torch_profiled():
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with capture(exporters=[Broken()], schedule=Schedule(active=1),
-                     activities=["cpu"]) as cap:
+        with capture(exporters=[Broken()], schedule=Schedule(active=1), activities=["cpu"]) as cap:
             for _ in range(2):  # step 0 warms up, step 1 is recorded
                 k()
                 cap.step()
