@@ -723,71 +723,21 @@ def kineto_events(results: Any, with_flops: bool = True) -> list[Any]:
             op_thread[ext] = thread
             flops = e.flops() if with_flops else 0
             nbytes = input_bytes(e.shapes(), e.dtypes()) if flops else 0
-            # an operator the stop cut short has no end thread (torch's ids start at 1)
-            append(
-                new(
-                    Event,
-                    (
-                        "cpu",
-                        name,
-                        e.start_ns(),
-                        e.duration_ns(),
-                        thread,
-                        ext,
-                        0,
-                        flops,
-                        nbytes,
-                        (USER_ANNOTATION if cat == "user_annotation" else 0)
-                        | (UNFINISHED if e.end_thread_id() == 0 else 0),
-                    ),
-                )
-            )
+            flags = USER_ANNOTATION if cat == "user_annotation" else 0
+            if e.end_thread_id() == 0:  # cut short by the stop (torch's ids start at 1)
+                flags |= UNFINISHED
+            start, dur = e.start_ns(), e.duration_ns()
+            append(new(Event, ("cpu", name, start, dur, thread, ext, 0, flops, nbytes, flags)))
         elif cls == 3:
-            runtime.append(
-                (
-                    name,
-                    e.start_ns(),
-                    e.duration_ns(),
-                    e.start_thread_id(),
-                    e.linked_correlation_id(),
-                )
-            )
+            start, dur = e.start_ns(), e.duration_ns()
+            runtime.append((name, start, dur, e.start_thread_id(), e.linked_correlation_id()))
         elif cls == 4:
-            append(
-                new(
-                    Event,
-                    (
-                        DEVICE_CATEGORIES[cat],
-                        name,
-                        e.start_ns(),
-                        e.duration_ns(),
-                        ("dev", e.device_index(), e.device_resource_id()),
-                        0,
-                        e.linked_correlation_id(),
-                        0,
-                        0,
-                        0,
-                    ),
-                )
-            )
+            lane = ("dev", e.device_index(), e.device_resource_id())
+            start, dur, link = e.start_ns(), e.duration_ns(), e.linked_correlation_id()
+            append(new(Event, (DEVICE_CATEGORIES[cat], name, start, dur, lane, 0, link, 0, 0, 0)))
         elif cls == 2:
-            append(
-                new(
-                    Event,
-                    (
-                        "overhead",
-                        name,
-                        e.start_ns(),
-                        e.duration_ns(),
-                        ("os", e.start_thread_id()),
-                        0,
-                        0,
-                        0,
-                        0,
-                        0,
-                    ),
-                )
-            )
+            start, dur, os_thread = e.start_ns(), e.duration_ns(), ("os", e.start_thread_id())
+            append(new(Event, ("overhead", name, start, dur, os_thread, 0, 0, 0, 0, 0)))
     _append_runtime_calls(out, runtime, op_thread)
     return out
 

@@ -234,9 +234,14 @@ def _read_text(path: str, max_bytes: int) -> str:
 def load_checked(path: str, max_bytes: int = DEFAULT_MAX_MB * MB) -> dict[str, Any]:
     """Load a ``.json`` or ``.json.gz`` trace of at most ``max_bytes`` of JSON text (see
     ``_read_text``) with every failure turned into an ``InputError``."""
+    return _checked_shape(path, _parsed(path, max_bytes))
+
+
+def _parsed(path: str, max_bytes: int) -> Any:
+    """The file's JSON document, every read or parse failure turned into an ``InputError``."""
     gz = path.endswith(".gz")
     try:
-        trace = json.loads(_read_text(path, max_bytes))
+        return json.loads(_read_text(path, max_bytes))
     except gzip.BadGzipFile as exc:
         if _is_gzip(path):  # a gzip header, then damage (a CRC or length mismatch)
             raise InputError(
@@ -278,6 +283,10 @@ def load_checked(path: str, max_bytes: int = DEFAULT_MAX_MB * MB) -> dict[str, A
         raise InputError(
             path, f"unreadable JSON ({type(exc).__name__}: {exc})", EXPECT_TRACE
         ) from None
+
+
+def _checked_shape(path: str, trace: Any) -> dict[str, Any]:
+    """A trace object with a list of event objects, or an ``InputError`` saying what it is."""
     if isinstance(trace, list):  # Chrome's "JSON array format": the events alone
         trace = {"traceEvents": trace}
     if not isinstance(trace, dict):

@@ -197,63 +197,21 @@ def _events_from_trace(trace: Mapping[str, Any]) -> list[Event]:
                     flops = mm_flops(name, dims)
                 if flops:
                     nbytes = input_bytes(dims, args.get("Input type") or ())
-            append(
-                new(
-                    Event,
-                    (
-                        "cpu",
-                        name,
-                        start,
-                        dur,
-                        thread,
-                        int(args.get("External id", 0) or 0),
-                        0,
-                        flops,
-                        nbytes,
-                        (cat == "user_annotation")
-                        | (UNFINISHED if args.get("finished") is False else 0),
-                    ),
-                )
-            )
+            ext = int(args.get("External id", 0) or 0)
+            flags = USER_ANNOTATION if cat == "user_annotation" else 0
+            if args.get("finished") is False:
+                flags |= UNFINISHED
+            append(new(Event, ("cpu", name, start, dur, thread, ext, 0, flops, nbytes, flags)))
         elif cat in RUNTIME_CATEGORIES:
             if is_bookkeeping(name):
                 append(new(Event, ("overhead", name, start, dur, thread, 0, 0, 0, 0, 0)))
                 continue
-            append(
-                new(
-                    Event,
-                    (
-                        "cpu",
-                        name,
-                        start,
-                        dur,
-                        thread,
-                        0,
-                        int(args.get("External id", 0) or 0),
-                        0,
-                        0,
-                        0,
-                    ),
-                )
-            )
+            link = int(args.get("External id", 0) or 0)
+            append(new(Event, ("cpu", name, start, dur, thread, 0, link, 0, 0, 0)))
         elif cat in DEVICE_CATEGORIES:
-            append(
-                new(
-                    Event,
-                    (
-                        DEVICE_CATEGORIES[cat],
-                        name,
-                        start,
-                        dur,
-                        thread,
-                        0,
-                        int(args.get("External id", 0) or 0),
-                        0,
-                        0,
-                        0,
-                    ),
-                )
-            )
+            link = int(args.get("External id", 0) or 0)
+            kind = DEVICE_CATEGORIES[cat]
+            append(new(Event, (kind, name, start, dur, thread, 0, link, 0, 0, 0)))
         elif cat == "overhead" or (cat != "Trace" and is_bookkeeping(name)):
             append(new(Event, ("overhead", name, start, dur, thread, 0, 0, 0, 0, 0)))
     return out

@@ -54,6 +54,7 @@ __all__ = [
     "TRACE_WAIT_S",
     "ExportPipeline",
     "export_report",
+    "warn_not_exported",
 ]
 
 QUEUE_SIZE = 8  # reports waiting per exporter (small: plain data, the trace file is on disk)
@@ -490,3 +491,13 @@ class ExportPipeline:
             if count:
                 lost[name] = lost.get(name, 0) + count
         return lost
+
+
+def warn_not_exported(lost: dict[str, int], timeout_s: float) -> None:
+    """The one warning for reports ``ExportPipeline.close`` returned as not exported."""
+    what = ", ".join(f"{name}: {n}" for name, n in lost.items())
+    warn(
+        f"torch-profiled: window reports not exported within "
+        f"PROFILED_EXPORT_TIMEOUT_S={timeout_s:g}s were dropped ({what}); the program goes on",
+        ExporterWarning,
+    )

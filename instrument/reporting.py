@@ -3,7 +3,8 @@
 Runs on the export pipeline's analysis worker. The window's events are read straight from
 Kineto's results where this torch allows it (then analyzed on that worker), else its exported
 trace is read, shaped and analyzed in the shared helper process (off the program's GIL; in this
-process where the helper cannot). Also the one line a session without reports ends with.
+process where the helper cannot). Also the one line a session without reports ends with, and
+why a rank profiles nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from .report import OccurrenceBudget, WindowReport
 from .sampling import Schedule
 from .tracefile import shape_file
 
-__all__ = ["EndedWindow", "ReportBuilder", "occurrence_budget", "remove_raw", "why_no_report"]
+__all__ = [
+    "EndedWindow",
+    "ReportBuilder",
+    "occurrence_budget",
+    "rank_skip_reason",
+    "remove_raw",
+    "why_no_report",
+]
 
 EXPORT_DELAY_S = 0.3
 """After a deferred stop the export worker waits this long (from the stop) before torch's
@@ -181,4 +189,19 @@ def why_no_report(skip_reason: str | None, steps: int, schedule: Schedule, ambie
         f"no table: {steps} step(s) ended, but the schedule ({schedule.to_env()}) "
         f"records from step {first_record}, so at least {needed} steps are needed; "
         "run more steps or set PROFILED_SCHEDULE."
+    )
+
+
+def rank_skip_reason(config: Config) -> str | None:
+    """``PROFILED_RANKS``: why this rank opens no window (the session's one line at its end),
+    or None where it profiles."""
+    ranks = config.ranks
+    if ranks.ranks is None:
+        return None
+    dist = _torch.distributed_info()
+    if ranks.selects(dist["rank"]):
+        return None
+    return (
+        f"rank {dist['rank']} (of {dist['world_size']}) is not among the ranks that profile "
+        f"(PROFILED_RANKS={ranks}), so this process started no profiler"
     )

@@ -20,21 +20,25 @@ environment and ``configure()`` on the first decorated call (``lifetime``). Step
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from exporters import ExporterWarning
 from exporters._warn import warn
 
 from . import _torch, decorator, rawtraces, state, triggers
 from ._atomic import atomic
 from .config import Config, mark_profiled_process
-from .pipeline import ExportPipeline
+from .pipeline import ExportPipeline, warn_not_exported
 from .planner import WindowPlanner
-from .reporting import ReportBuilder, occurrence_budget, remove_raw, why_no_report
+from .reporting import (
+    ReportBuilder,
+    occurrence_budget,
+    rank_skip_reason,
+    remove_raw,
+    why_no_report,
+)
 from .sampling import Action, Schedule
 from .stops import Stops
 from .window import Windows
@@ -146,15 +150,9 @@ class Session:
             max(0.0, deadline - time.monotonic()),
             why_no_report(self._skip_reason, self.step_index, self.schedule, self.ambient),
         )
-        if lost:
-            what = ", ".join(f"{name}: {n}" for name, n in lost.items())
-            warn(
-                f"torch-profiled: window reports not exported within "
-                f"PROFILED_EXPORT_TIMEOUT_S={self.config.export_timeout_s:g}s were dropped "
-                f"({what}); the program goes on",
-                ExporterWarning,
-            )
-        else:  # else a lane may still read a raw trace (the next process cleans up)
+        if lost:  # a lane may still read a raw trace (the next process cleans up)
+            warn_not_exported(lost, self.config.export_timeout_s)
+        else:
             rawtraces.release()
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -204,7 +202,7 @@ class Session:
             self._stops.resume_cpu_ops()
             if self._started:
                 return
-            if not self.finished and (why := _rank_skip_reason(self.config)) is not None:
+            if not self.finished and (why := rank_skip_reason(self.config)) is not None:
                 self._skip_reason = why
                 self.finished = True  # decorated calls go idle
             self._started = True
@@ -219,15 +217,8 @@ class Session:
                     self._windows.transition(Action.NONE, first, 0)
                     self._action = first
                     self._check_finished()
-            elif (
-                self._skip_reason
-                and self.config.trigger
-                and not any(c in self.config.trigger for c in (os.sep, "/", "."))
-            ):
-                # a rank that does not profile still takes the trigger's signal (not a file:
-                # that is for the ranks that profile), and drops it: an operator signalling
-                # every rank must not terminate this one (SIGUSR2's default action)
-                self._trigger = triggers.arm(self.config.trigger, lambda: None)
+            elif self._skip_reason and self.config.trigger:
+                self._trigger = triggers.arm_to_drop(self.config.trigger)
         state.refresh_idle()
 
     def _advance(self) -> None:
@@ -310,18 +301,3 @@ class Session:
 
     def _warn(self, message: str) -> None:
         warn(message, ProfilerWarning)
-
-
-def _rank_skip_reason(config: Config) -> str | None:
-    """``PROFILED_RANKS``: why this rank opens no window (the session's one line at its end),
-    or None where it profiles."""
-    ranks = config.ranks
-    if ranks.ranks is None:
-        return None
-    dist = _torch.distributed_info()
-    if ranks.selects(dist["rank"]):
-        return None
-    return (
-        f"rank {dist['rank']} (of {dist['world_size']}) is not among the ranks that profile "
-        f"(PROFILED_RANKS={ranks}), so this process started no profiler"
-    )

@@ -33,7 +33,7 @@ from typing import Any
 
 from exporters._warn import warn
 
-__all__ = ["POLL_S", "TRIGGER_SIGNALS", "Trigger", "arm"]
+__all__ = ["POLL_S", "TRIGGER_SIGNALS", "Trigger", "arm", "arm_to_drop"]
 
 POLL_S = 0.1
 
@@ -159,11 +159,22 @@ def _not_ours(st: os.stat_result) -> str:
     return ""
 
 
+def arm_to_drop(spec: str) -> Trigger | None:
+    """For a rank that does not profile: take a signal trigger's signal and drop it, as an
+    operator signalling every rank must not terminate this one (SIGUSR2's default action).
+    None for a file trigger: that is for the ranks that profile."""
+    return arm(spec, lambda: None) if _is_signal(spec) else None
+
+
+def _is_signal(spec: str) -> bool:
+    return spec.startswith("SIG") and os.sep not in spec and "/" not in spec and "." not in spec
+
+
 def arm(spec: str, callback: Callable[[], None]) -> Trigger | None:
     """Arm ``spec`` (a ``SIG*`` name or a file path, as checked by ``config``); None (with a
     warning) when a signal trigger is armed outside the main thread, or names a signal that
     is not in ``TRIGGER_SIGNALS`` (``config`` refuses those first)."""
-    if spec.startswith("SIG") and os.sep not in spec and "/" not in spec and "." not in spec:
+    if _is_signal(spec):
         if spec not in TRIGGER_SIGNALS or not hasattr(signal.Signals, spec):
             warn(
                 f"PROFILED_TRIGGER={spec}: not a signal a trigger may take over; expected one "
