@@ -286,6 +286,7 @@ def _run(
     armed_declared = profiled(f"{RANGE}.profiled_declared")(trivial)
     armed_window = profiled(f"{RANGE}.profiled_window")(trivial)
     armed_on = profiled(f"{RANGE}.profiled_on")(trivial)
+    armed_metrics = profiled(f"{RANGE}.profiled_metrics")(trivial)
     assert armed is not trivial
 
     with warnings.catch_warnings():
@@ -326,6 +327,9 @@ def _run(
     )
     window = Variant(
         "profiled_window", "@profiled, in an SDK window, steps declared", "window", armed_window
+    )
+    timed = Variant(
+        "profiled_metrics", "@profiled, metrics on, no window", "metrics", armed_metrics
     )
     on = [
         Variant("profiled_on", "@profiled, profiler on", "on", armed_on),
@@ -397,6 +401,17 @@ def _run(
         _check_idle(decorator)
         return ns
 
+    from instrument import state as sdk_state
+
+    def measure_metrics(v: Variant) -> float:
+        """Always-on metrics (PROFILED_METRICS=1) while no session needs the calls."""
+        sdk_state.set_metrics(True)
+        try:
+            assert decorator._IDLE is False and decorator._QUIET is True
+            return _time(v.func, v.loops)
+        finally:
+            sdk_state.set_metrics(False)
+
     def measure_on(v: Variant) -> float:
         prof = _profiler()
         prof.start()
@@ -421,6 +436,11 @@ def _run(
         declared.loops = _calibrate(declared.func, target_s)
     window.loops = on_loops
     measure_window(window)  # warm-up
+    sdk_state.set_metrics(True)
+    try:
+        timed.loops = _calibrate(timed.func, target_s)
+    finally:
+        sdk_state.set_metrics(False)
     _check_idle(decorator)
 
     tasks: list[tuple[Variant, Callable[[], float]]] = []
@@ -429,6 +449,7 @@ def _run(
     tasks.append((counting, functools.partial(measure_counting, counting, False)))
     tasks.append((declared, functools.partial(measure_counting, declared, True)))
     tasks.append((window, functools.partial(measure_window, window)))
+    tasks.append((timed, functools.partial(measure_metrics, timed)))
     for v in on:
         tasks.append((v, functools.partial(measure_on, v)))
 
@@ -441,7 +462,7 @@ def _run(
             v.samples.append(fn())
     elapsed = time.perf_counter() - t0
 
-    variants = off + [counting, declared, window] + on
+    variants = off + [counting, declared, window, timed] + on
     return {
         "variants": variants,
         "repeats": repeats,
@@ -479,6 +500,13 @@ def _ratios(by: dict[str, Variant], identity: dict[str, bool]) -> list[dict[str,
             "@profiled in the SDK's own window / closure around _RecordFunctionFast (on)",
         ),
         ("disabled_vs_bare", "disabled", "bare", 1.0, "PROFILED_ENABLED=0 @profiled / bare call"),
+        (
+            "metrics_vs_closure",
+            "profiled_metrics",
+            "closure",
+            3.0,
+            "metrics-on @profiled, no window / plain closure",
+        ),
     ):
         med, mn = ratio(num, den, "median"), ratio(num, den, "min")
         if key == "disabled_vs_bare":
@@ -512,6 +540,7 @@ def _report(res: dict[str, Any], machine: dict[str, Any], command: str) -> dict[
         "off": "no profiler",
         "counting": "counting",
         "window": "SDK window",
+        "metrics": "metrics on",
         "on": "profiler on",
     }
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from instrument.report import OccurrenceBudget, WindowReport
+    from instrument.report import MetricsReport, OccurrenceBudget, WindowReport
 
 __all__ = ["ExportResult", "Exporter", "ExporterWarning"]
 
@@ -56,6 +56,12 @@ class Exporter(abc.ABC):
     #: window's report will carry. It runs on the program's hot path: keep it to a dictionary
     #: store. Not called for a window in which no decorated call begins.
     window_started: Callable[[int], None] | None = None
+
+    #: Optional hook ``export_metrics(report: MetricsReport) -> None``. When an exporter
+    #: defines it, metrics are on by default (``PROFILED_METRICS=auto``) and it gets the
+    #: process's per-range histograms every ``PROFILED_METRICS_INTERVAL_S`` and at exit, on its
+    #: own lane like reports.
+    export_metrics: Callable[[MetricsReport], None] | None = None
 
     @abc.abstractmethod
     def export(self, report: WindowReport) -> ExportResult:

@@ -196,9 +196,26 @@ def _check_bool(name: str, value: Any) -> bool:
     return value
 
 
-def boolean() -> dict[str, Any]:
-    """``1/true/yes/on`` or ``0/false/no/off`` in any case; in code a ``bool``, nothing else."""
-    return {"parse": _parse_bool, "check": _check_bool}
+def boolean(*, auto: bool = False) -> dict[str, Any]:
+    """``1/true/yes/on`` or ``0/false/no/off`` in any case; in code a ``bool``, nothing else.
+    ``auto``: also ``auto`` (or an empty value), None in code: the SDK decides."""
+    if not auto:
+        return {"parse": _parse_bool, "check": _check_bool}
+
+    def parse(text: str) -> bool | None:
+        if text.strip().lower() in ("", "auto"):
+            return None
+        try:
+            return _parse_bool(text)
+        except ValueError:
+            raise ValueError("expected auto, 1/true/yes/on or 0/false/no/off") from None
+
+    def check(name: str, value: Any) -> bool | None:
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool or None, got {type(value).__name__} {value!r}")
+        return value
+
+    return {"parse": parse, "check": check}
 
 
 def integer(

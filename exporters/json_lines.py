@@ -27,11 +27,12 @@ from ._base import Exporter, ExporterWarning, ExportResult
 from ._warn import warn
 
 if TYPE_CHECKING:
-    from instrument.report import WindowReport
+    from instrument.report import MetricsReport, WindowReport
 
-__all__ = ["JsonLinesExporter", "SCHEMA", "report_record"]
+__all__ = ["METRICS_SCHEMA", "SCHEMA", "JsonLinesExporter", "metrics_record", "report_record"]
 
 SCHEMA = "torch-profiled/window-report/1"
+METRICS_SCHEMA = "torch-profiled/metrics/1"
 
 
 def report_record(report: WindowReport) -> dict[str, Any]:
@@ -39,6 +40,15 @@ def report_record(report: WindowReport) -> dict[str, Any]:
     record: dict[str, Any] = {"schema": SCHEMA}
     record.update(report.to_dict())
     record.pop("raw_trace_path", None)  # a temporary file, gone once exporters have run
+    return record
+
+
+def metrics_record(report: MetricsReport) -> dict[str, Any]:
+    """The JSON-ready object written for one metrics snapshot: who and when, then per range
+    (and for steps) count, sum, min, p50, p90, p99 and max in seconds, cumulative since
+    ``since_ns``."""
+    record: dict[str, Any] = {"schema": METRICS_SCHEMA}
+    record.update(report.summary())
     return record
 
 
@@ -98,47 +108,49 @@ class JsonLinesExporter(Exporter):
         self._warned: set[str] = set()
 
     def export(self, report: WindowReport) -> ExportResult:
+        return self._write(report_record(report), f"the report of window {report.window}")
+
+    def export_metrics(self, report: MetricsReport) -> None:
+        """One ``torch-profiled/metrics/1`` record: the process's histograms so far."""
+        self._write(metrics_record(report), "a metrics record")
+
+    def _write(self, record: dict[str, Any], what: str) -> ExportResult:
         try:
-            line = json.dumps(report_record(report), separators=(",", ":"), allow_nan=False) + "\n"
+            line = json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
         except (TypeError, ValueError) as exc:
-            self._warn_once(
-                "encode",
-                f"window {report.window} could not be encoded as JSON "
-                f"({exc}); its line is not written",
-            )
+            self._warn_once("encode", f"{what} could not be encoded as JSON ({exc}); not written")
             return ExportResult.FAILURE
-        data = line.encode("utf-8")
         with self._lock:
             if self.path == "-":
                 sys.stdout.write(line)
                 sys.stdout.flush()
                 return ExportResult.SUCCESS
             try:
-                directory = os.path.dirname(os.path.abspath(self.path))
-                os.makedirs(directory, exist_ok=True)
-                fd = self._open()
-                try:
-                    _append(fd, data)
-                finally:
-                    os.close(fd)
+                self._append(line.encode("utf-8"))
             except _Refused as refused:
                 self._warn_once(
                     f"refused:{refused}",
-                    f"{self.path!r} is {refused}, not a regular file: the report "
-                    f"of window {report.window} was not appended there, nor are "
-                    f"later ones while it stays ({_WHY_REFUSED}). Remove it or "
-                    "point PROFILED_JSON_PATH (JsonLinesExporter's path) "
+                    f"{self.path!r} is {refused}, not a regular file: {what} was not "
+                    f"appended there, nor are later ones while it stays ({_WHY_REFUSED}). "
+                    "Remove it or point PROFILED_JSON_PATH (JsonLinesExporter's path) "
                     "elsewhere; use '-' for standard output",
                 )
                 return ExportResult.FAILURE
             except OSError as exc:
                 self._warn_once(
                     type(exc).__name__ + str(exc.errno),
-                    f"report of window {report.window} was not appended to "
-                    f"{self.path!r}: {exc.strerror or exc}",
+                    f"{what} was not appended to {self.path!r}: {exc.strerror or exc}",
                 )
                 return ExportResult.FAILURE
         return ExportResult.SUCCESS
+
+    def _append(self, data: bytes) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        fd = self._open()
+        try:
+            _append(fd, data)
+        finally:
+            os.close(fd)
 
     def _open(self) -> int:
         """The file at ``path`` for appending, created if missing; never through a symbolic

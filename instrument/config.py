@@ -46,6 +46,7 @@ __all__ = [
     "FIELDS",
     "KNOWN_ACTIVITIES",
     "MAX_EXPORT_TIMEOUT_S",
+    "MAX_METRICS_INTERVAL_S",
     "MAX_MIN_INTERVAL_S",
     "MAX_TRACE_MAX_MB",
     "QUOTE_CHARS",
@@ -60,6 +61,9 @@ MAX_EXPORT_TIMEOUT_S = 3600.0
 
 MAX_MIN_INTERVAL_S = 7 * 86400.0
 """The longest ``PROFILED_MIN_INTERVAL_S``: one week."""
+
+MAX_METRICS_INTERVAL_S = 86400.0
+"""The longest ``PROFILED_METRICS_INTERVAL_S``: one day."""
 
 MAX_TRACE_MAX_MB = 1048576.0
 """The largest ``PROFILED_TRACE_MAX_MB``: 1 TiB (0 means no limit at all)."""
@@ -272,6 +276,31 @@ SETTINGS: tuple[Setting, ...] = (
         "helper that fails or hangs is replaced by the export thread, with one "
         "warning; on systems other than POSIX the export thread does the work",
     ),
+    Setting(
+        "metrics",
+        "PROFILED_METRICS",
+        None,
+        **boolean(auto=True),
+        shown="auto",
+        doc="always-on metrics: every decorated call's wall time in a per-range histogram, "
+        "between windows too, exported every `PROFILED_METRICS_INTERVAL_S` and at exit; "
+        "`auto`: on when an exporter takes metrics (`json`), `1`/`0` force it",
+    ),
+    Setting(
+        "metrics_interval_s",
+        "PROFILED_METRICS_INTERVAL_S",
+        60.0,
+        **number(0.0, MAX_METRICS_INTERVAL_S, low_open=True, note="seconds, at most one day"),
+        doc="how often the metrics are exported (and once more at exit)",
+    ),
+    Setting(
+        "metrics_modules",
+        "PROFILED_METRICS_MODULES",
+        False,
+        **boolean(),
+        doc="`1`: ranges from `instrument_module` are counted in the metrics too (there "
+        "can be many per step)",
+    ),
     STRICT,
     CHILDREN,
     PARENT_PID,
@@ -325,6 +354,9 @@ class Config:
     trigger: str | None = _default("trigger")
     export_timeout_s: float = _default("export_timeout_s")
     analysis_process: bool = _default("analysis_process")
+    metrics: bool | None = _default("metrics")  # None: auto
+    metrics_interval_s: float = _default("metrics_interval_s")
+    metrics_modules: bool = _default("metrics_modules")
     # distributed and disk
     ranks: RankSet = _default("ranks")  # noqa: RUF009 - immutable: shared safely
     trace_max_mb: float = _default("trace_max_mb")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
@@ -30,6 +31,11 @@ import wrapt
 
 from . import _torch, state
 from .config import enabled_from_env
+from .metrics import MAX as _MAX
+from .metrics import MIN as _MIN
+from .metrics import STEP
+from .metrics import SUM as _SUM
+from .metrics import record as _record
 
 __all__ = ["RANGE_NAMES", "profiled"]
 
@@ -62,13 +68,24 @@ RANGE_NAMES = state.RANGE_NAMES  # every range name a decoration created (``stat
 # called at the next decorated call, on its thread and in its context: the ambient session
 # starts a window's profiler there, and exporters capture what was current (the
 # OpenTelemetry span of the request being profiled). None almost always.
+# _QUIET: no session needs to see calls (what _IDLE says when metrics are off). _METRICS: the
+# recorder calls time themselves into while metrics are on, else None; then _IDLE is False.
 _SESSION: Any = None
 _ON_FIRST_CALL: Any = None
+_QUIET = False
+_METRICS: Any = None
+_now = time.perf_counter_ns
 
 
-def _mirror(idle: bool, session: Any, hook: Any) -> None:
-    global _IDLE, _SESSION, _ON_FIRST_CALL
-    _IDLE, _SESSION, _ON_FIRST_CALL = idle, session, hook
+def _mirror(idle: bool, session: Any, hook: Any, recorder: Any = None) -> None:
+    global _IDLE, _QUIET, _SESSION, _ON_FIRST_CALL, _METRICS
+    _IDLE, _QUIET, _SESSION, _ON_FIRST_CALL, _METRICS = (
+        idle and recorder is None,
+        idle,
+        session,
+        hook,
+        recorder,
+    )
 
 
 state.bind(mirror=_mirror)
@@ -77,25 +94,32 @@ state.bind(mirror=_mirror)
 # ---------------------------------------------------------------- range enter/exit
 
 
-def _enter(name: str) -> tuple[Any, Any, int, Any]:
-    """Start a range: (fast range or None, depth token, depth before, session or None)."""
+def _enter(name: str, timed: bool = True) -> tuple[Any, Any, int, Any, str, int]:
+    """Start a range: (fast range or None, depth token, depth before, session or None, name,
+    start time for the metrics or 0). ``timed``: counted in the metrics while they are on."""
     sess = state.session_for_calls()
     depth = _DEPTH.get()
     token = _DEPTH.set(depth + 1)
     if _ON_FIRST_CALL is not None:
         _ON_FIRST_CALL()
+    t0 = _now() if timed and _METRICS is not None else 0
     if _FLAG._is_profiler_enabled:
         # last, and straight into the caller's state: nothing between the range's start and
         # its holder's safe keeping can raise and leave it live in a traceback's frame
-        return _range_enter(name), token, depth, sess
-    return None, token, depth, sess
+        return _range_enter(name), token, depth, sess, name, t0
+    return None, token, depth, sess, name, t0
 
 
-def _exit(state: tuple[Any, Any, int, Any], is_step: bool, root_ends_step: bool = True) -> None:
-    rf, token, depth, sess = state
+def _exit(state: tuple[Any, ...], is_step: bool, root_ends_step: bool = True) -> None:
+    rf, token, depth, sess, name, t0 = state
     _DEPTH.reset(token)
     if rf is not None:
         _range_exit(rf)
+    if t0 and _METRICS is not None:
+        ns = _now() - t0
+        _record(_METRICS, name, ns)
+        if is_step:
+            _record(_METRICS, STEP, ns)
     if sess is not None:
         if is_step:
             sess._step_function_returned()
@@ -131,9 +155,32 @@ def _step_call(f: Callable[..., Any], name: str, sess: Any, args: Any, kwargs: A
         sess._step_function_returned()
 
 
+def _timed(f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: Any) -> Any:
+    """A sync call while metrics are on: its wall time goes to ``name``'s histogram."""
+    recorder = _METRICS
+    t0 = _now()
+    try:
+        if _SESSION is not None or (not _QUIET and state.session_for_calls() is not None):
+            return _call(f, name, is_step, args, kwargs)
+        if _ON_FIRST_CALL is not None:
+            _ON_FIRST_CALL()
+        if _FLAG._is_profiler_enabled:
+            return _ranged_call(f, name, args, kwargs)
+        return f(*args, **kwargs)
+    finally:
+        ns = _now() - t0
+        _record(recorder, name, ns)
+        if is_step:
+            _record(recorder, STEP, ns)
+
+
 def _call(f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: Any) -> Any:
     """A sync call while a session counts steps (the lean twin of ``_enter``/``_exit``)."""
-    sess = _SESSION or state.session_for_calls()
+    sess = _SESSION
+    if sess is None:
+        sess = state.session_for_calls()
+        if _METRICS is not None:  # this call made the session that turned metrics on
+            return _timed(f, name, is_step, args, kwargs)
     if sess is None or sess._steps_declared:  # root calls do not end steps: no depth needed
         if is_step and sess is not None:
             return _step_call(f, name, sess, args, kwargs)
@@ -179,6 +226,24 @@ def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...,
                 _compiled_step_returned()
                 return result
             return f(*args, **kwargs)
+        m = _METRICS
+        if m is not None:
+            if not _QUIET or _ON_FIRST_CALL is not None or _FLAG._is_profiler_enabled:
+                return _timed(f, name, is_step, args, kwargs)
+            t0 = _now()  # metrics only (no session needs the call): timed inline
+            try:
+                return f(*args, **kwargs)
+            finally:
+                ns = _now() - t0
+                shard = m.d.get(name) or m.shard(name)
+                shard[ns.bit_length()] += 1
+                shard[_SUM] += ns
+                if ns > shard[_MAX]:
+                    shard[_MAX] = ns
+                if ns < shard[_MIN]:
+                    shard[_MIN] = ns
+                if is_step:
+                    _record(m, STEP, ns)
         return _call(f, name, is_step, args, kwargs)
 
     return wrapper
@@ -340,6 +405,8 @@ def _wrap_callable_object(obj: Any, name: str, is_step: bool) -> Any:
                 _compiled_step_returned()
                 return result
             return wrapped(*args, **kwargs)
+        if _METRICS is not None:
+            return _timed(wrapped, name, is_step, args, kwargs)
         return _call(wrapped, name, is_step, args, kwargs)
 
     return wrapt.FunctionWrapper(obj, wrapper)

@@ -14,7 +14,7 @@ from exporters import ExporterWarning, check_exporter_names, resolve_exporters
 from exporters._settings import quote, reason
 from exporters._warn import warn
 
-from . import _torch, analysis_process, state
+from . import _torch, analysis_process, metrics, state
 from ._atomic import atomic
 from .config import Config, _reject_unknown, _reset_warnings
 from .sampling import Schedule
@@ -112,6 +112,9 @@ def _make_ambient() -> Session | None:
         state.ambient = state.current = sess
         _register_atexit()
         state.refresh_idle()
+        if config.enabled and metrics.wanted(config.metrics, exporters):
+            sess.metrics = metrics.Feed(config.metrics_interval_s, sess._pipeline.submit_metrics)
+            state.set_metrics(True, config.metrics_modules)
         return sess
 
 

@@ -64,8 +64,9 @@ class _Hooks:
     def pre(self, module: Any, args: Any) -> None:
         if _is_compiling():
             return None
-        if not _FLAG._is_profiler_enabled:
-            if decorator._IDLE:
+        counted = decorator._METRICS is not None and state.metrics_modules
+        if not _FLAG._is_profiler_enabled and not counted:
+            if decorator._QUIET:
                 return None
             sess = decorator._SESSION
             if sess is not None and sess._steps_declared:
@@ -76,7 +77,7 @@ class _Hooks:
                 _close_stale(stack[i:])
                 stack = stack[:i]
                 break
-        _STACK.set(stack + ((self, _enter(self.name)),))
+        _STACK.set(stack + ((self, _enter(self.name, counted)),))
         return None
 
     def post(self, module: Any, args: Any, output: Any) -> None:
@@ -91,7 +92,7 @@ class _Hooks:
                 _STACK.set(stack[:i])
                 _exit(stack[i][1], self.step, self.root)
                 return None
-        if self.step and not decorator._IDLE:
+        if self.step and not decorator._QUIET:
             _step_if_counting()  # the pre-hook had nothing to record; the step still ends
         return None
 
@@ -107,7 +108,7 @@ def _close_stale(entries: tuple[tuple[Any, Any], ...]) -> None:
     their modules runs (or an enclosing module's hook does). A module that calls itself
     recursively is therefore one range, from its innermost call.
     """
-    for _, (rf, token, _depth, _sess) in reversed(entries):
+    for _, (rf, token, *_rest) in reversed(entries):
         try:
             if rf is not None:
                 rf.__exit__(None, None, None)

@@ -302,6 +302,7 @@ class _Lane(_Worker):
         self.label = label
         self.writes_trace_file = bool(getattr(exporter, "writes_trace_file", False))
         self.stalled = False  # a trace writer that missed its wait
+        self.takes_metrics = callable(getattr(exporter, "export_metrics", None))
 
     def _do(self, job: _Job) -> Any:
         """Run one job; whatever the exporter raises ends here (see the module)."""
@@ -310,6 +311,15 @@ class _Lane(_Worker):
             result = _export_one(exporter, job.payload, BaseException, self.label)
             if result is ExportResult.SUCCESS and self.writes_trace_file:
                 return _trace_path(exporter)
+            return None
+        if job.kind == "metrics":
+            try:
+                exporter.export_metrics(job.payload)
+            except BaseException as exc:  # noqa: BLE001 - the exporter's error (see the module)
+                warn(
+                    f"exporter {self.label} raised {_raised(exc)} in export_metrics()",
+                    ExporterWarning,
+                )
             return None
         if job.kind == "notice":
             hook = getattr(exporter, "notice", None)
@@ -375,6 +385,12 @@ class ExportPipeline:
     def notice(self, message: str) -> None:
         for lane in self._lanes:
             lane.put(_Job("notice", message))
+
+    def submit_metrics(self, report: Any) -> None:
+        """Hand a ``MetricsReport`` to every exporter that takes metrics (``export_metrics``)."""
+        for lane in self._lanes:
+            if lane.takes_metrics:
+                lane.put(_Job("metrics", report))
 
     def _analyze(self, job: _Job) -> None:
         report = self._build(job.payload)

@@ -24,11 +24,13 @@ __all__ = [
     "FrozenMap",
     "KernelCall",
     "KernelStats",
+    "MetricsReport",
     "Occurrence",
     "OccurrenceBudget",
     "Occurrences",
     "OpStats",
     "RangeCalls",
+    "RangeHistogram",
     "RangeStats",
     "Verdict",
     "WindowReport",
@@ -283,3 +285,80 @@ class WindowReport:
         # FrozenMap is a Mapping but not a dict: convert it by hand
         out["ranges"] = {name: asdict(r) for name, r in self.ranges.items()}
         return out
+
+
+# ---------------------------------------------------------------- always-on metrics
+
+
+@dataclass(frozen=True)
+class RangeHistogram:
+    """Every call of one range since metrics started: wall time in nanoseconds, bucketed.
+
+    ``bucket_counts[i]`` counts durations ``d`` with ``bounds_ns[i-1] <= d < bounds_ns[i]``
+    (the first: below ``bounds_ns[0]``; the last: from ``bounds_ns[-1]`` on)."""
+
+    name: str
+    count: int
+    sum_ns: int
+    min_ns: int
+    max_ns: int
+    bucket_counts: tuple[int, ...]
+    bounds_ns: tuple[int, ...] = ()
+
+    def quantile(self, q: float) -> float:
+        """The ``q`` quantile (0..1) in nanoseconds: interpolated within its bucket, clamped
+        to the exact min and max (so a bucket's factor of two is the worst error)."""
+        if self.count == 0:
+            return 0.0
+        rank = q * self.count
+        seen = 0
+        for i, n in enumerate(self.bucket_counts):
+            if n and seen + n >= rank:
+                low = self.bounds_ns[i - 1] if i > 0 else 0
+                high = self.bounds_ns[i] if i < len(self.bounds_ns) else self.max_ns
+                low, high = max(low, self.min_ns), min(high, self.max_ns)
+                return low + (high - low) * ((rank - seen) / n)
+            seen += n
+        return float(self.max_ns)
+
+    def summary(self) -> dict[str, Any]:
+        """count, sum and the quantiles dashboards show, in seconds."""
+        return {
+            "count": self.count,
+            "sum_s": self.sum_ns / 1e9,
+            "min_s": self.min_ns / 1e9,
+            "p50_s": self.quantile(0.5) / 1e9,
+            "p90_s": self.quantile(0.9) / 1e9,
+            "p99_s": self.quantile(0.99) / 1e9,
+            "max_s": self.max_ns / 1e9,
+        }
+
+
+@dataclass(frozen=True)
+class MetricsReport:
+    """The process's histograms at one moment: cumulative since ``since_ns`` (epoch ns), the
+    moment metrics started in this process (or in this forked child). ``steps``: the wall time
+    of each ``step=True`` call, apart from the ranges."""
+
+    time_ns: int
+    since_ns: int
+    pid: int
+    host: str
+    rank: int
+    world_size: int
+    bounds_ns: tuple[int, ...]
+    ranges: tuple[RangeHistogram, ...]
+    steps: RangeHistogram | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready: who and when, then per range (and for steps) count, sum, quantiles."""
+        return {
+            "time_ns": self.time_ns,
+            "since_ns": self.since_ns,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "host": self.host,
+            "pid": self.pid,
+            "ranges": {h.name: h.summary() for h in self.ranges},
+            "steps": self.steps.summary() if self.steps is not None else None,
+        }

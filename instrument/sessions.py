@@ -27,7 +27,7 @@ from typing import Any
 
 from exporters._warn import warn
 
-from . import _torch, decorator, rawtraces, state, triggers
+from . import _torch, decorator, metrics, rawtraces, state, triggers
 from ._atomic import atomic
 from .config import Config, mark_profiled_process
 from .pipeline import ExportPipeline, warn_not_exported
@@ -104,6 +104,7 @@ class Session:
         self._trigger: triggers.Trigger | None = None
         self._warned_double_step = False
         self._window_index = 0
+        self.metrics: metrics.Feed | None = None  # the ambient session's, when metrics are on
 
     @property
     def windows_opened(self) -> int:
@@ -145,6 +146,9 @@ class Session:
                 self._stops.run_pending()  # this thread started the window: stop it now
                 self._stops.resume_cpu_ops()
         state.refresh_idle()
+        if self.metrics is not None:  # the last snapshot, queued before the lanes close
+            state.set_metrics(False)
+            self.metrics.close()
         # outside the lock: decorated calls in other threads must not wait for exporters
         lost = self._pipeline.close(
             max(0.0, deadline - time.monotonic()),

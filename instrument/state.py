@@ -7,7 +7,9 @@
 - ``PENDING``: sessions whose window's stop waits for the thread that started it;
 - ``cpu_ops``: the threads a deferred stop paused (torch's per-thread RecordFunction switch);
 - ``steps_declared`` and ``RANGE_NAMES``: what decorations applied so far declared;
-- the decorator's hot-path flags (idle, the session calls report to, the first-call hook):
+- ``metrics_on``: decorated calls time themselves into ``metrics.recorder``;
+- the decorator's hot-path flags (idle, the session calls report to, the first-call hook,
+  the metrics recorder or None):
   the decorator keeps them as module globals for speed, and only this module writes them
   (``refresh_idle``, ``set_first_call_hook``), through the writer the decorator registers.
 
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import _torch
+from . import _torch, metrics
 from .events import gc_paused
 
 if TYPE_CHECKING:
@@ -72,7 +74,10 @@ bound by ``instrument.sessions`` at import."""
 enter_explicit: Callable[[Session], None] = lambda session: None  # noqa: E731
 exit_explicit: Callable[[Session], None] = lambda session: None  # noqa: E731
 """``with session(...)``'s entry and exit: bound by ``instrument.lifetime`` at import."""
-_mirror: Callable[[bool, Session | None, Hook | None], None] = lambda idle, session, hook: None  # noqa: E731
+Mirror = Callable[[bool, "Session | None", "Hook | None", "metrics.Recorder | None"], None]
+_mirror: Mirror = lambda idle, session, hook, recorder: None  # noqa: E731
+metrics_on = False
+metrics_modules = False  # instrument_module's ranges are counted too
 _idle = False
 _session: Session | None = None
 _hook: Hook | None = None
@@ -82,11 +87,11 @@ def bind(
     *,
     calls: Callable[[], Session | None] | None = None,
     explicit: tuple[Callable[[Session], None], Callable[[Session], None]] | None = None,
-    mirror: Callable[[bool, Session | None, Hook | None], None] | None = None,
+    mirror: Mirror | None = None,
 ) -> None:
     """What the upper layers give: ``calls``, the lifetime module's ``session_for_calls``;
     ``explicit``, its (enter, exit) of a ``with session(...)`` block; ``mirror``, the
-    decorator's writer of its hot-path globals (idle, session, first-call hook)."""
+    decorator's writer of its hot-path globals (idle, session, first-call hook, recorder)."""
     global session_for_calls, enter_explicit, exit_explicit, _mirror
     if calls is not None:
         session_for_calls = calls
@@ -94,13 +99,21 @@ def bind(
         enter_explicit, exit_explicit = explicit
     if mirror is not None:
         _mirror = mirror
-        mirror(_idle, _session, _hook)
+        _write(_idle, _session, _hook)
 
 
 def _write(idle: bool, session: Session | None, hook: Hook | None) -> None:
     global _idle, _session, _hook
     _idle, _session, _hook = idle, session, hook
-    _mirror(idle, session, hook)
+    _mirror(idle, session, hook, metrics.recorder if metrics_on else None)
+
+
+def set_metrics(on: bool, modules: bool = False) -> None:
+    """Decorated calls time themselves into ``metrics.recorder`` (``on``) or stop doing so;
+    ``modules``: ``instrument_module``'s ranges too."""
+    global metrics_on, metrics_modules
+    metrics_on, metrics_modules = on, on and modules
+    _write(_idle, _session, _hook)
 
 
 def set_first_call_hook(hook: Hook | None) -> None:
@@ -258,6 +271,8 @@ def reset() -> None:
     cpu_ops.resume_here()
     steps_declared = False
     exporter_warnings_seen.clear()
+    metrics.reset()
+    set_metrics(False)
     with lock:
         overrides.clear()
         shut_down = False
@@ -268,12 +283,14 @@ def _after_fork_in_child() -> None:
     """A forked child (a DataLoader worker) never exports the parent's windows, never stops the
     parent's profiler (its state is a copy) and starts none of its own: it forgets every
     session without touching torch, and its decorated calls run idle."""
-    global ambient, explicit, current, shut_down, lock
+    global ambient, explicit, current, shut_down, lock, metrics_on
     lock = threading.RLock()  # the parent may have held it while forking
     ambient = explicit = current = None
     shut_down = True
     PENDING.clear()  # the parent's windows: never stopped from here
     _torch.after_fork_in_child()
+    metrics_on = False  # nothing exports from here; and the parent's counts stay the parent's
+    metrics.reset()
     _write(True, None, None)
     if gc_paused():  # forked while the export worker had the collector paused
         gc.enable()

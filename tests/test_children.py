@@ -9,6 +9,8 @@ import os
 
 import pytest
 
+from exporters.json_lines import SCHEMA
+
 PROGRAM = """
 import multiprocessing as mp, os, sys, torch
 from instrument import profiled, step
@@ -41,7 +43,9 @@ if __name__ == "__main__":
 
 
 def _pids(path) -> list[int]:
-    return [json.loads(line)["pid"] for line in path.read_text().splitlines()]
+    """The process of each window report (the metrics records aside)."""
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    return [r["pid"] for r in records if r["schema"] == SCHEMA]
 
 
 @pytest.mark.parametrize("children", [None, "1"])

@@ -71,6 +71,15 @@ BAD_VALUES = [
     ("PROFILED_TRIGGER", "SIGQUIT", "trigger", "unset"),
     ("PROFILED_TRIGGER", "SIGPIPE", "trigger", "unset"),
     ("PROFILED_TRIGGER", "SIGALRM", "trigger", "unset"),
+    # always-on metrics (issue 17)
+    ("PROFILED_METRICS", "maybe", "metrics", "auto"),
+    ("PROFILED_METRICS", "2", "metrics", "auto"),
+    ("PROFILED_METRICS_INTERVAL_S", "0", "metrics_interval_s", "60"),
+    ("PROFILED_METRICS_INTERVAL_S", "-5", "metrics_interval_s", "60"),
+    ("PROFILED_METRICS_INTERVAL_S", "86401", "metrics_interval_s", "60"),
+    ("PROFILED_METRICS_INTERVAL_S", "inf", "metrics_interval_s", "60"),
+    ("PROFILED_METRICS_INTERVAL_S", "soon", "metrics_interval_s", "60"),
+    ("PROFILED_METRICS_MODULES", "all", "metrics_modules", "0"),
 ]
 
 

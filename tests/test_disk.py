@@ -8,7 +8,6 @@ disk as the kernel reports it to a process over its file-size limit (RLIMIT_FSIZ
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -22,6 +21,7 @@ from exporters import Exporter, ExporterWarning, ExportResult, InMemoryExporter,
 from instrument import Schedule, profiled
 from instrument.testing import capture
 from tests import _proc
+from tests._records import window_records
 
 MIB = 1 << 20
 
@@ -395,8 +395,8 @@ def test_read_only_trace_dir_warns_once_and_leaves_no_partial_file(run_python, t
     assert result.stderr.count("was not written") == 1, result.stderr
     assert "Permission denied" in result.stderr
     assert os.listdir(ro) == []
-    lines = (tmp_path / "reports.jsonl").read_text().splitlines()
-    assert [json.loads(line)["window"] for line in lines] == [0, 1, 2]
+    records = window_records((tmp_path / "reports.jsonl").read_text())
+    assert [r["window"] for r in records] == [0, 1, 2]
 
 
 def test_full_disk_warns_once_and_leaves_no_partial_file(run_python, tmp_path):
@@ -470,5 +470,5 @@ def test_trace_dir_that_names_a_file_says_so(run_python, tmp_path, under):
     assert "no trace files are written" in result.stderr
     assert "File exists" not in result.stderr and "Not a directory" not in result.stderr
     assert blocker.read_text() == "my notes"
-    lines = (tmp_path / "reports.jsonl").read_text().splitlines()
-    assert [json.loads(line)["window"] for line in lines] == [0, 1, 2]  # the rest goes on
+    records = window_records((tmp_path / "reports.jsonl").read_text())
+    assert [r["window"] for r in records] == [0, 1, 2]  # the rest goes on

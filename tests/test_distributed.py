@@ -15,6 +15,7 @@ import pytest
 
 import instrument
 from exporters import InMemoryExporter
+from exporters.json_lines import SCHEMA
 from instrument import Config, ConfigWarning, Schedule, _torch, decorator, profiled, state
 from instrument import config as config_mod
 from instrument.ranks import LAUNCHER_VARS, RankSet, launcher_ranks_from_env
@@ -287,6 +288,8 @@ def read_reports(path) -> dict[int, list[dict]]:
     with open(path, encoding="utf-8") as f:
         for line in f:
             doc = json.loads(line)
+            if doc["schema"] != SCHEMA:
+                continue  # a metrics record
             by_rank.setdefault(doc["rank"], []).append(doc)
     for docs in by_rank.values():
         docs.sort(key=lambda d: d["window"])

@@ -8,7 +8,6 @@ landing in a window's stop left the profiler on for good.
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 import time
@@ -18,10 +17,11 @@ import torch
 
 from instrument import Schedule, _torch, profiled
 from instrument.testing import capture
+from tests._records import window_records
 
 
 def _reports(path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return window_records(path.read_text())
 
 
 def _run(

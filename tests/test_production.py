@@ -12,6 +12,7 @@ import torch
 from exporters import Exporter, ExporterWarning, ExportResult, InMemoryExporter
 from instrument import Schedule, profiled, session
 from instrument.pipeline import QUEUE_SIZE
+from tests._records import window_records
 
 X = torch.randn(8, 8)
 
@@ -150,8 +151,8 @@ print("done", flush=True)
     assert out.stdout == "done\n"
     assert "not exported within PROFILED_EXPORT_TIMEOUT_S=1s" in out.stderr
     assert "Hanging: 2" in out.stderr
-    lines = (tmp_path / "r.jsonl").read_text().splitlines()
-    assert [json.loads(line)["window"] for line in lines] == [0, 1]  # the others got both
+    records = window_records((tmp_path / "r.jsonl").read_text())
+    assert [r["window"] for r in records] == [0, 1]  # the others got both
 
 
 def test_reports_arrive_in_order_and_complete_at_exit(run_python, tmp_path):
@@ -178,8 +179,8 @@ for _ in range(12):
         },
     )
     assert out.returncode == 0, out.stderr
-    lines = (tmp_path / "r.jsonl").read_text().splitlines()
-    assert [json.loads(line)["steps"] for line in lines] == [[2 * i, 2 * i + 1] for i in range(6)]
+    records = window_records((tmp_path / "r.jsonl").read_text())
+    assert [r["steps"] for r in records] == [[2 * i, 2 * i + 1] for i in range(6)]
 
 
 # ------------------------------------------------------------------ processes
@@ -226,7 +227,7 @@ print(os.getpid(), flush=True)
         },
     )
     assert out.returncode == 0, out.stderr
-    reports = [json.loads(line) for line in path.read_text().splitlines()]
+    reports = window_records(path.read_text())
     assert len(reports) == 1 and reports[0]["pid"] == int(out.stdout)
     assert reports[0]["steps"] == [1, 2, 3, 4, 5, 6]
     assert reports[0]["ranges"]["train_step"]["calls"] == 6  # the parent's calls only
@@ -269,7 +270,7 @@ for _ in range(10):
         },
     )
     assert out.returncode == 0, out.stderr
-    reports = [json.loads(line) for line in path.read_text().splitlines()]
+    reports = window_records(path.read_text())
     assert [r["steps"] for r in reports] == [[5, 6, 7], [13, 14]]
     assert reports[0]["ranges"]["train_step"]["calls"] == 3  # none of the children's
     assert len({r["pid"] for r in reports}) == 1  # the parent's windows only
@@ -303,7 +304,7 @@ print(int(total), flush=True)
     out = run_python(code, env={"PROFILED_EXPORTERS": "json", "PROFILED_JSON_PATH": str(path)})
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) == sum(i * i for i in range(64))
-    reports = [json.loads(line) for line in path.read_text().splitlines()]
+    reports = window_records(path.read_text())
     assert len(reports) == 1 and reports[0]["ranges"]["train_step"]["calls"] == 3
 
 
@@ -395,7 +396,7 @@ print(json.dumps(samples))
     assert out.returncode == 0, out.stderr
     samples = json.loads(out.stdout)
     assert len(samples) == 40
-    reports = (tmp_path / "profiled_reports.jsonl").read_text().splitlines()
+    reports = window_records((tmp_path / "profiled_reports.jsonl").read_text())
     assert len(reports) == 40  # a window every 500 steps, each exported
     growth = max(samples[1:]) - samples[0]
     print("rss MB after each window:", [round(s, 1) for s in samples])

@@ -1,0 +1,222 @@
+"""Always-on metrics: every decorated call's wall time in a per-range histogram, windows or not.
+
+Recording is the hot path and takes no lock: a ``Recorder`` is a ``threading.local``, so each
+thread adds into its own *shard* (a list per range name); ``snapshot()`` merges the shards under
+the registry's lock into a ``report.MetricsReport``. Memory is bounded whatever the number of
+calls: a shard is 67 integers per range name and thread, and the shards of threads that ended
+are folded into one at the next snapshot.
+
+Buckets are powers of two of nanoseconds: a duration ``d`` goes to bucket ``d.bit_length()``
+(one integer operation). The report's bounds run from 2**10 ns (1.02 µs) to 2**37 ns (137 s),
+each twice the last: durations under 1 µs share the first bucket, those over 137 s the last.
+Quantiles read from them are interpolated within a bucket and clamped to the exact min and max.
+
+A forked child starts with empty histograms (``reset`` at fork): it never exports what its
+parent counted.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .report import MetricsReport, RangeHistogram
+
+__all__ = [
+    "BOUNDS_NS",
+    "STEP",
+    "Collector",
+    "Feed",
+    "Recorder",
+    "record",
+    "reset",
+    "snapshot",
+    "wanted",
+]
+
+LOW_BIT = 10  # durations of at most this bit length (< 1.02 µs) share the first bucket
+HIGH_BIT = 37  # durations longer than this bit length (>= 137 s) share the last
+BOUNDS_NS: tuple[int, ...] = tuple(1 << b for b in range(LOW_BIT, HIGH_BIT + 1))
+"""The buckets' bounds (OpenTelemetry's explicit bucket boundaries): bucket ``i`` holds
+``BOUNDS_NS[i-1] <= d < BOUNDS_NS[i]``; one more bucket holds what is past the last bound."""
+
+SUM, MIN, MAX = 64, 65, 66  # a shard: 64 bucket counts (by bit length), then these
+STEP = "\x00step"
+"""The key of the step-time histogram (``step=True`` calls), apart from the range of the same
+function."""
+
+
+def _new_shard() -> list[int]:
+    shard = [0] * 67
+    shard[MIN] = 1 << 63
+    return shard
+
+
+class Recorder(threading.local):
+    """Per-range histograms of one process. ``self.d`` is the calling thread's own dict."""
+
+    def __init__(self) -> None:
+        self.d: dict[str, list[int]] = {}
+        registry = _registry
+        with registry.lock:
+            registry.live.append((threading.current_thread(), self.d))
+
+    def shard(self, name: str) -> list[int]:
+        """The calling thread's shard for ``name`` (made on first use)."""
+        shard = self.d.get(name)
+        if shard is None:
+            shard = self.d[name] = _new_shard()
+        return shard
+
+
+class _Registry:
+    """Every thread's shard dict, and what threads that ended left behind."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.live: list[tuple[threading.Thread, dict[str, list[int]]]] = []
+        self.retired: dict[str, list[int]] = {}
+        self.since_ns = time.time_ns()
+
+
+_registry = _Registry()
+recorder = Recorder()
+"""The process's recorder; decorated calls use it while metrics are on (``state``)."""
+
+
+def record(recorder: Recorder, name: str, ns: int) -> None:
+    """Add one call of ``ns`` nanoseconds to ``name``'s histogram (the calling thread's)."""
+    shard = recorder.d.get(name)
+    if shard is None:
+        shard = recorder.shard(name)
+    shard[ns.bit_length()] += 1
+    shard[SUM] += ns
+    if ns > shard[MAX]:
+        shard[MAX] = ns
+    if ns < shard[MIN]:
+        shard[MIN] = ns
+
+
+def _merge(into: dict[str, list[int]], shards: dict[str, list[int]]) -> None:
+    for name, shard in list(shards.items()):
+        shard = shard[:]  # one copy (atomic under the GIL) while its thread adds to it
+        have = into.get(name)
+        if have is None:
+            into[name] = shard
+            continue
+        for i in range(SUM + 1):
+            have[i] += shard[i]
+        have[MIN] = min(have[MIN], shard[MIN])
+        have[MAX] = max(have[MAX], shard[MAX])
+
+
+def merged() -> dict[str, list[int]]:
+    """Every thread's shards added up; threads that ended are folded into ``retired`` (and
+    their dicts let go)."""
+    registry = _registry
+    with registry.lock:
+        alive = []
+        for thread, shards in registry.live:
+            if thread.is_alive():
+                alive.append((thread, shards))
+            else:
+                _merge(registry.retired, shards)
+        registry.live[:] = alive
+        total: dict[str, list[int]] = {}
+        _merge(total, registry.retired)
+        for _thread, shards in alive:
+            _merge(total, shards)
+    return total
+
+
+def _histogram(name: str, shard: list[int]) -> RangeHistogram:
+    counts = [sum(shard[: LOW_BIT + 1])]
+    counts.extend(shard[LOW_BIT + 1 : HIGH_BIT + 1])
+    counts.append(sum(shard[HIGH_BIT + 1 : SUM]))
+    count = sum(counts)
+    return RangeHistogram(
+        name=name,
+        count=count,
+        sum_ns=shard[SUM],
+        min_ns=shard[MIN] if count else 0,
+        max_ns=shard[MAX],
+        bucket_counts=tuple(counts),
+        bounds_ns=BOUNDS_NS,
+    )
+
+
+def snapshot(rank: int = 0, world_size: int = 1) -> MetricsReport:
+    """Everything counted since metrics started in this process (cumulative)."""
+    total = merged()
+    step = total.pop(STEP, None)
+    return MetricsReport(
+        time_ns=time.time_ns(),
+        since_ns=_registry.since_ns,
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        rank=rank,
+        world_size=world_size,
+        bounds_ns=BOUNDS_NS,
+        ranges=tuple(_histogram(n, s) for n, s in sorted(total.items()) if any(s[:SUM])),
+        steps=_histogram("step", step) if step is not None else None,
+    )
+
+
+def reset() -> None:
+    """Forget every count: a new registry and a new recorder (the old one's thread dicts
+    belong to the old registry). ``state`` hands the new recorder to decorated calls; a
+    forked child gets here through ``state``'s fork hook, so it never exports what its parent
+    counted."""
+    global _registry, recorder
+    _registry = _Registry()
+    recorder = Recorder()
+
+
+class Collector:
+    """Calls ``deliver()`` every ``interval_s`` seconds on a daemon thread until ``stop()``."""
+
+    def __init__(self, interval_s: float, deliver: Callable[[], None]) -> None:
+        self._stop = threading.Event()
+        self._deliver = deliver
+        self._interval_s = interval_s
+        self._thread = threading.Thread(target=self._run, name="torch-profiled-metrics")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self._deliver()
+
+    def stop(self) -> None:
+        """No more periodic deliveries (the caller makes the last one)."""
+        self._stop.set()
+
+
+def wanted(setting: bool | None, exporters: Iterable[Any]) -> bool:
+    """``PROFILED_METRICS``: forced on or off, or (None: auto) on when an exporter takes them."""
+    if setting is not None:
+        return setting
+    return any(callable(getattr(e, "export_metrics", None)) for e in exporters)
+
+
+class Feed:
+    """The ambient session's metrics: a snapshot to ``submit`` every ``interval_s`` seconds
+    and a last one at ``close()``."""
+
+    def __init__(self, interval_s: float, submit: Callable[[MetricsReport], None]) -> None:
+        self._submit = submit
+        self._collector = Collector(interval_s, self.deliver)
+
+    def deliver(self) -> None:
+        from . import _torch  # at the snapshot: the program may set up its ranks late
+
+        dist = _torch.distributed_info()
+        self._submit(snapshot(dist["rank"], dist["world_size"]))
+
+    def close(self) -> None:
+        self._collector.stop()
+        self.deliver()

@@ -1,0 +1,284 @@
+"""Always-on metrics (issue 17): every decorated call's wall time in a per-range histogram,
+exported as ``torch-profiled/metrics/1`` records by the json exporter. Real programs in
+subprocesses; the histogram arithmetic on known durations."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from instrument import metrics
+from instrument.report import RangeHistogram
+from tests._records import metrics_records, window_records
+
+# ---------------------------------------------------------------- the histograms themselves
+
+
+@pytest.fixture
+def fresh_metrics():
+    metrics.reset()
+    yield
+    metrics.reset()
+
+
+def test_durations_land_in_their_power_of_two_bucket(fresh_metrics):
+    rec = metrics.recorder
+    for ns in (500, 1500, 1500, 3000, 10**9, 200 * 10**9):
+        metrics.record(rec, "r", ns)
+    (h,) = metrics.snapshot().ranges
+    assert (h.name, h.count, h.sum_ns) == ("r", 6, 500 + 3000 + 3000 + 10**9 + 200 * 10**9)
+    assert (h.min_ns, h.max_ns) == (500, 200 * 10**9)
+    bounds = metrics.BOUNDS_NS
+    assert len(h.bucket_counts) == len(bounds) + 1
+    assert bounds[0] == 1024 and bounds[-1] == 2**37  # 1.02 us .. 137 s, doubling
+    counts = dict(enumerate(h.bucket_counts))
+    assert counts[0] == 1  # 500 ns: under the first bound
+    assert counts[1] == 2  # 1500 ns: [1024, 2048)
+    assert counts[2] == 1  # 3000 ns: [2048, 4096)
+    assert counts[bounds.index(2**30) + 0] == 1  # 1 s: [2**29, 2**30)
+    assert counts[len(bounds)] == 1  # 200 s: past the last bound
+    assert sum(h.bucket_counts) == 6
+
+
+def test_quantiles_stay_within_the_bucket_and_the_exact_extremes(fresh_metrics):
+    rec = metrics.recorder
+    for _ in range(98):
+        metrics.record(rec, "q", 10_000)  # [8192, 16384)
+    metrics.record(rec, "q", 5_000_000)
+    metrics.record(rec, "q", 6_000_000)
+    (h,) = metrics.snapshot().ranges
+    assert 10_000 <= h.quantile(0.5) <= 16_384  # clamped to the min from below
+    assert h.quantile(0.0) == 10_000
+    assert 4_194_304 <= h.quantile(0.99) <= 6_000_000
+    assert h.quantile(1.0) == 6_000_000
+    assert RangeHistogram("e", 0, 0, 0, 0, (0,) * 29, metrics.BOUNDS_NS).quantile(0.5) == 0.0
+
+
+def test_threads_count_exactly_and_ended_threads_are_folded_in(fresh_metrics):
+    def work():
+        rec = metrics.recorder
+        for i in range(2000):
+            metrics.record(rec, "t", 1000 + i)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    first = metrics.snapshot()
+    assert [(h.name, h.count) for h in first.ranges] == [("t", 16000)]
+    assert metrics._registry.live == [] or all(t.is_alive() for t, _ in metrics._registry.live)
+    again = metrics.snapshot()  # the ended threads' counts were folded in, not lost
+    assert again.ranges[0].count == 16000
+
+
+# ---------------------------------------------------------------- real programs
+
+PROGRAM = r"""
+import os, sys, threading, time, torch
+from instrument import profiled
+
+@profiled("work")
+def work(x):
+    return x + 1
+
+@profiled("train_step", step=True)
+def train_step(x):
+    with profiled("data"):
+        pass
+    return work(x)
+
+x = torch.zeros(4)
+for _ in range(300):
+    train_step(x)
+
+def thread_work():
+    for _ in range(2000):
+        work(x)
+
+threads = [threading.Thread(target=thread_work) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0)
+print("done")
+"""
+
+
+def _run(tmp_path, env, *argv, program=PROGRAM):
+    from tests import _proc
+
+    script = tmp_path / "prog.py"
+    script.write_text(program)
+    path = tmp_path / "r.jsonl"
+    full = {"PROFILED_EXPORTERS": "json", "PROFILED_JSON_PATH": str(path)}
+    full.update(env)
+    out = _proc.run(str(script), *argv, env=_proc.sdk_env(full), cwd=tmp_path, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines()[-1] == "done"
+    return out, (path.read_text() if path.exists() else "")
+
+
+def test_the_json_exporter_gets_exact_counts_for_every_call(tmp_path):
+    out, text = _run(tmp_path, {"PROFILED_METRICS_INTERVAL_S": "0.2"}, "0.7")
+    records = metrics_records(text)
+    assert len(records) >= 3, text[-2000:]  # a few periodic ones, then the last at exit
+    last = records[-1]
+    assert last["schema"] == "torch-profiled/metrics/1"
+    ranges = last["ranges"]
+    # every call, inside the window or not: 300 steps + 8 threads x 2000 calls
+    assert ranges["work"]["count"] == 300 + 8 * 2000
+    assert ranges["train_step"]["count"] == 300
+    assert ranges["data"]["count"] == 300
+    assert last["steps"]["count"] == 300
+    for r in ranges.values():
+        assert 0 < r["min_s"] <= r["p50_s"] <= r["p90_s"] <= r["p99_s"] <= r["max_s"]
+        assert r["sum_s"] >= r["count"] * r["min_s"]
+    assert last["pid"] > 0 and last["rank"] == 0 and last["world_size"] == 1 and last["host"]
+    # cumulative: counts never go down from one record to the next
+    works = [r["ranges"].get("work", {"count": 0})["count"] for r in records]
+    assert works == sorted(works)
+    assert window_records(text), "the window report is still written beside them"
+
+
+def test_metrics_can_be_switched_off_and_are_off_without_a_metrics_exporter(tmp_path):
+    _out, text = _run(tmp_path, {"PROFILED_METRICS": "0"})
+    assert metrics_records(text) == [] and window_records(text)
+    code = PROGRAM + (
+        "from instrument import state\nprint('metrics on:', state.metrics_on)\nprint('done')\n"
+    )
+    out, _text = _run(tmp_path, {"PROFILED_EXPORTERS": "console"}, program=code)
+    assert "metrics on: False" in out.stdout
+
+
+def test_a_forked_child_starts_empty_and_exports_nothing(tmp_path):
+    code = (
+        PROGRAM
+        + r"""
+from instrument import metrics
+pid = os.fork()
+if pid == 0:
+    work(x)
+    counts = {h.name: h.count for h in metrics.snapshot().ranges}
+    os.write(1, ("child counts %s\n" % counts).encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+print("done")
+"""
+    )
+    out, text = _run(tmp_path, {}, program=code)
+    # none of the parent's counts; and nothing of its own (a forked child exports nothing)
+    assert "child counts {}" in out.stdout
+    records = metrics_records(text)
+    assert {r["pid"] for r in records} == {records[-1]["pid"]}  # the parent's only
+    assert records[-1]["ranges"]["work"]["count"] == 300 + 8 * 2000
+
+
+def test_module_ranges_only_when_asked(tmp_path):
+    code = r"""
+import torch
+from instrument import instrument_module, profiled
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+instrument_module(model, depth=2)
+
+@profiled("fwd")
+def fwd(x):
+    return model(x)
+
+for _ in range(50):
+    fwd(torch.zeros(2, 4))
+print("done")
+"""
+    _out, text = _run(tmp_path, {}, program=code)
+    assert set(metrics_records(text)[-1]["ranges"]) == {"fwd"}
+    _out, text = _run(tmp_path, {"PROFILED_METRICS_MODULES": "1"}, program=code)
+    ranges = metrics_records(text)[-1]["ranges"]
+    assert ranges["fwd"]["count"] == 50
+    assert {k: v["count"] for k, v in ranges.items() if k != "fwd"} == {
+        "Sequential": 50,
+        "0": 50,
+        "1": 50,
+    }
+
+
+def test_memory_stays_flat_over_200k_calls(tmp_path):
+    code = r"""
+import resource, torch
+from instrument import profiled
+
+@profiled("tiny")
+def tiny():
+    return None
+
+def rss_kb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() // 1024
+
+for _ in range(20_000):
+    tiny()
+before = rss_kb()
+for _ in range(200_000):
+    tiny()
+print("grew_kb", rss_kb() - before)
+print("done")
+"""
+    out, text = _run(tmp_path, {"PROFILED_SCHEDULE": "wait=1000000"}, program=code)
+    grew = int(out.stdout.split("grew_kb")[1].split()[0])
+    assert grew < 2048, out.stdout  # no memory per call: a few pages of noise at most
+    assert metrics_records(text)[-1]["ranges"]["tiny"]["count"] == 220_000
+
+
+def test_an_exporter_failing_in_export_metrics_costs_a_warning_only(tmp_path):
+    code = r"""
+import instrument, warnings
+from exporters import Exporter, ExportResult
+from instrument import profiled
+
+class Broken(Exporter):
+    def export(self, report):
+        return ExportResult.SUCCESS
+    def export_metrics(self, report):
+        raise RuntimeError("backend down")
+
+instrument.configure(exporters=[Broken()])
+
+@profiled("f")
+def f():
+    return 1
+
+assert sum(f() for _ in range(10)) == 10
+instrument.shutdown()
+print("done")
+"""
+    out, _text = _run(tmp_path, {}, program=code)
+    assert "raised RuntimeError" in out.stderr and "export_metrics()" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_the_records_are_json_with_the_documented_keys(tmp_path):
+    _out, text = _run(tmp_path, {})
+    last = metrics_records(text)[-1]  # the one made at exit
+    assert json.loads(json.dumps(last)) == last
+    assert set(last) == {
+        "schema",
+        "time_ns",
+        "since_ns",
+        "rank",
+        "world_size",
+        "host",
+        "pid",
+        "ranges",
+        "steps",
+    }
+    assert set(last["ranges"]["work"]) == {
+        "count",
+        "sum_s",
+        "min_s",
+        "p50_s",
+        "p90_s",
+        "p99_s",
+        "max_s",
+    }
