@@ -81,6 +81,7 @@ class Session:
             config.sampling,
             max_windows=config.max_windows,
             min_interval_s=config.min_interval_s,
+            slow_step=config.slow_step,
         )
         self._stops = Stops(self)
         self._windows = Windows(self, self._stops)
@@ -239,6 +240,10 @@ class Session:
                     self._check_finished()
                     if self.finished:
                         return
+            if self._planner.slow is not None and self._planner.step_ended(
+                self.step_index, time.perf_counter_ns()
+            ):
+                self._idle_until = 0  # a slow step: the next one may open a window
             if (
                 not self._planner.in_cycle()
                 and windows.window is None
