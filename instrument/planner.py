@@ -25,6 +25,7 @@ __all__ = [
     "SLOW_SETTLE_NS",
     "SLOW_SETTLE_STEPS",
     "SLOW_WARMUP",
+    "UNSCHEDULED",
     "Plan",
     "SlowSteps",
     "WindowPlanner",
