@@ -236,9 +236,7 @@ def test_every_window_says_why_it_opened():
         "schedule",
         "schedule",
     ]
-    assert set(reasons(WindowPlanner(Schedule(warmup=1, active=2), Sampling(every=5)))) == {
-        "every"
-    }
+    assert set(reasons(WindowPlanner(Schedule(warmup=1, active=2), Sampling(every=5)))) == {"every"}
     sampled = WindowPlanner(Schedule(warmup=1, active=2), Sampling(sample_rate=0.3, seed=3))
     assert set(reasons(sampled, 60)) == {"sample"}
     triggered = _slow_only()
