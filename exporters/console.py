@@ -58,7 +58,13 @@ def format_report(report: WindowReport, rows: int = 15) -> str:
     """The window's table as text (at most ``WIDTH`` columns but for a long trace path), in
     the order a person reads it: title, verdict, ranges, top operators and kernels, totals."""
     rule = "-" * WIDTH
-    lines = [_title(report), rule]
+    lines = [_title(report)]
+    reason = getattr(report, "reason", None)
+    if reason is not None:  # why the window opened
+        lines.extend(
+            _wrap(f"opened by {reason.kind}" + (f": {reason.detail}" if reason.detail else ""))
+        )
+    lines.append(rule)
     verdict = getattr(report, "verdict", None)
     if verdict is not None and verdict.reason:
         lines.extend(_wrap(f"window: {verdict}: {verdict.reason}"))

@@ -89,6 +89,8 @@ ATTRIBUTES: dict[str, str] = {
     "profiled.window.steps": "the recorded steps (int array)",
     "profiled.window.partial": "the window ended early (shutdown, session exit)",
     "profiled.window.range_occurrences": "range occurrences recorded in the window",
+    "profiled.window.reason": "why the window opened: schedule, every, sample, trigger, slow_step",
+    "profiled.window.reason_detail": "the same in a sentence (slow_step: the step's time, median)",
     "profiled.rank": "torch.distributed rank (0 without it)",
     "profiled.world_size": "torch.distributed world size (1 without it)",
     "profiled.device": "'cpu' or the accelerator's name",
@@ -690,6 +692,10 @@ def _window_attributes(report: WindowReport) -> dict[str, Any]:
     }
     if report.flops:
         attrs["profiled.flops"] = report.flops
+    reason = getattr(report, "reason", None)
+    if reason is not None:
+        attrs["profiled.window.reason"] = reason.kind
+        attrs["profiled.window.reason_detail"] = reason.detail
     if report.trace_file:
         attrs["profiled.trace_file"] = report.trace_file
     return attrs

@@ -48,6 +48,7 @@ __all__ = [
     "MAX_EXPORT_TIMEOUT_S",
     "MAX_METRICS_INTERVAL_S",
     "MAX_MIN_INTERVAL_S",
+    "MAX_SLOW_STEP",
     "MAX_TRACE_MAX_MB",
     "QUOTE_CHARS",
     "SETTINGS",
@@ -64,6 +65,9 @@ MAX_MIN_INTERVAL_S = 7 * 86400.0
 
 MAX_METRICS_INTERVAL_S = 86400.0
 """The longest ``PROFILED_METRICS_INTERVAL_S``: one day."""
+
+MAX_SLOW_STEP = 1000.0
+"""The largest ``PROFILED_SLOW_STEP`` factor."""
 
 MAX_TRACE_MAX_MB = 1048576.0
 """The largest ``PROFILED_TRACE_MAX_MB``: 1 TiB (0 means no limit at all)."""
@@ -256,6 +260,18 @@ SETTINGS: tuple[Setting, ...] = (
         "it is removed when taken; anything else there is left alone)",
     ),
     Setting(
+        "slow_step",
+        "PROFILED_SLOW_STEP",
+        None,
+        **kinds.optional(
+            number(1.0, MAX_SLOW_STEP, low_open=True, note="a factor of the median step time")
+        ),
+        doc="a factor, e.g. `3`: a step slower than that many times the median of the last "
+        "100 steps opens a window at the next step (after a warm-up of 10 steps; steps in "
+        "and just after a window are not judged; `PROFILED_MAX_WINDOWS` and "
+        "`PROFILED_MIN_INTERVAL_S` apply); unset: off (more than 1, at most 1000)",
+    ),
+    Setting(
         "export_timeout_s",
         "PROFILED_EXPORT_TIMEOUT_S",
         10.0,
@@ -352,6 +368,7 @@ class Config:
     min_interval_s: float = _default("min_interval_s")
     seed: int = _default("seed")
     trigger: str | None = _default("trigger")
+    slow_step: float | None = _default("slow_step")
     export_timeout_s: float = _default("export_timeout_s")
     analysis_process: bool = _default("analysis_process")
     metrics: bool | None = _default("metrics")  # None: auto

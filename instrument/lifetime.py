@@ -113,7 +113,11 @@ def _make_ambient() -> Session | None:
         _register_atexit()
         state.refresh_idle()
         if config.enabled and metrics.wanted(config.metrics, exporters):
-            sess.metrics = metrics.Feed(config.metrics_interval_s, sess._pipeline.submit_metrics)
+            sess.metrics = metrics.Feed(
+                config.metrics_interval_s,
+                sess._pipeline.submit_metrics,
+                lambda: state.set_metrics(False),
+            )
             state.set_metrics(True, config.metrics_modules)
         return sess
 

@@ -205,10 +205,17 @@ def wanted(setting: bool | None, exporters: Iterable[Any]) -> bool:
 
 class Feed:
     """The ambient session's metrics: a snapshot to ``submit`` every ``interval_s`` seconds
-    and a last one at ``close()``."""
+    and a last one at ``close()``, which first calls ``switch_off`` (``state`` turns timing
+    off: this module is below it)."""
 
-    def __init__(self, interval_s: float, submit: Callable[[MetricsReport], None]) -> None:
+    def __init__(
+        self,
+        interval_s: float,
+        submit: Callable[[MetricsReport], None],
+        switch_off: Callable[[], None],
+    ) -> None:
         self._submit = submit
+        self._switch_off = switch_off
         self._collector = Collector(interval_s, self.deliver)
 
     def deliver(self) -> None:
@@ -218,5 +225,7 @@ class Feed:
         self._submit(snapshot(dist["rank"], dist["world_size"]))
 
     def close(self) -> None:
+        """Calls stop timing themselves (``switch_off``); the last snapshot is delivered."""
+        self._switch_off()
         self._collector.stop()
         self.deliver()

@@ -4,18 +4,48 @@ Given a step, ``plan`` says what it does (``Action``) and whether a new window c
 there; nothing changes until ``commit``. A cycle is the schedule's warm-up + active steps from
 the step it starts at; it starts where the schedule's own table (``Schedule.action``) starts
 one, or, with sampling (``every``/``sample_rate``), where ``Sampling.opens`` says, spaced by
-``min_interval_s``; a fired trigger opens one at the next step; ``max_windows`` caps them all.
+``min_interval_s``; a fired trigger opens one at the next step; with ``slow_step`` (a factor,
+``PROFILED_SLOW_STEP``) a step slower than that factor times the rolling median step time opens
+one at the next step, spaced by ``min_interval_s`` too (``SlowSteps``); ``max_windows`` caps
+them all. Each plan that opens a window says why (``WindowReason``, carried to its report).
 """
 
 from __future__ import annotations
 
 import time
+from bisect import bisect_left, insort
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from .report import WindowReason
 from .sampling import Action, Sampling, Schedule
 
-__all__ = ["Plan", "WindowPlanner"]
+__all__ = [
+    "SLOW_HISTORY",
+    "SLOW_SETTLE_NS",
+    "SLOW_SETTLE_STEPS",
+    "SLOW_WARMUP",
+    "UNSCHEDULED",
+    "Plan",
+    "SlowSteps",
+    "WindowPlanner",
+]
+
+SLOW_HISTORY = 100
+"""The rolling median is over the last this many judged step times."""
+
+SLOW_WARMUP = 10
+"""Judged steps that only feed the median before a step can be found slow."""
+
+SLOW_SETTLE_STEPS = 5
+SLOW_SETTLE_NS = 1_000_000_000
+"""After a window's last step, this many steps and at least this long (1 s) are neither judged
+nor counted: the window's stop and its export (``export_chrome_trace`` holds the GIL) slow
+them, and must not open the next window."""
+
+UNSCHEDULED = 1 << 62
+"""``next_possible`` where no step is scheduled but a slow step may still open a window."""
 
 
 @dataclass(frozen=True)
@@ -27,6 +57,67 @@ class Plan:
     opens: bool = False
     by_trigger: bool = False
     cycle_over: bool = False  # the cycle before this step has ended
+    # why the window that ``opens`` opens (plans compare by what they do, not by this)
+    reason: WindowReason | None = field(default=None, compare=False)
+
+
+def _ms(ns: float) -> str:
+    """A step time as people read it: ``41.2 ms``, ``850 µs``, ``12.30 s``."""
+    if ns >= 10e9:
+        return f"{ns / 1e9:.2f} s"
+    return f"{ns / 1e6:.1f} ms" if ns >= 1e6 else f"{ns / 1e3:.0f} µs"
+
+
+class SlowSteps:
+    """The slow-step rule: step times in, "this step was slow" out.
+
+    ``ended(step, now_ns, in_window)`` is called at every step boundary with one
+    ``time.perf_counter_ns()``; the time from the previous boundary is the step's. Steps inside
+    a window and those settling after one (``SLOW_SETTLE_STEPS``, ``SLOW_SETTLE_NS``) are
+    skipped; the others are judged against the median of the last ``SLOW_HISTORY`` judged
+    steps, once ``SLOW_WARMUP`` of them are in, then added to it (kept sorted as they come
+    and go: with the step's timing ~0.5 µs a step on the 2-core CPU box)."""
+
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+        self.times: deque[int] = deque(maxlen=SLOW_HISTORY)
+        self.median: int | None = None
+        self._sorted: list[int] = []  # ``times`` in order
+        self._last_ns: int | None = None
+        self._settle_left = 0
+        self._settle_until_ns = 0
+
+    def ended(self, step: int, now_ns: int, in_window: bool) -> WindowReason | None:
+        """Step ``step`` ended at ``now_ns``: why it opens a window (it was slow), or None."""
+        last, self._last_ns = self._last_ns, now_ns
+        if in_window:
+            self._settle_left = SLOW_SETTLE_STEPS
+            self._settle_until_ns = now_ns + SLOW_SETTLE_NS
+            return None
+        if last is None:  # the first boundary: the step's start is unknown
+            return None
+        if self._settle_left or now_ns < self._settle_until_ns:
+            self._settle_left = max(0, self._settle_left - 1)
+            return None
+        took = now_ns - last
+        median, times, judged = self.median, self.times, len(self.times)
+        slow = median is not None and judged >= SLOW_WARMUP and took > self.factor * median
+        ordered = self._sorted
+        if judged == SLOW_HISTORY:  # the oldest leaves
+            del ordered[bisect_left(ordered, times[0])]
+        times.append(took)
+        insort(ordered, took)
+        self.median = ordered[len(ordered) // 2]
+        if not slow or median is None:
+            return None
+        return WindowReason(
+            "slow_step",
+            f"step {step} took {_ms(took)}, {took / max(median, 1):.1f}x the median "
+            f"{_ms(median)} of the last {judged} steps (slow_step={self.factor:g})",
+            step=step,
+            step_time_us=took / 1000.0,
+            median_step_us=median / 1000.0,
+        )
 
 
 class WindowPlanner:
@@ -39,6 +130,7 @@ class WindowPlanner:
         *,
         max_windows: int | None = None,
         min_interval_s: float = 0.0,
+        slow_step: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.schedule = schedule
@@ -50,6 +142,9 @@ class WindowPlanner:
         self.windows_opened = 0
         self.last_window_end: float | None = None  # clock() when the last window ended
         self.trigger_pending = False
+        self.slow = SlowSteps(slow_step) if slow_step else None
+        self.slow_pending: WindowReason | None = None  # the step that just ended was slow
+        self.reason: WindowReason | None = None  # why the last cycle opened
 
     # ------------------------------------------------------------ queries
 
@@ -68,23 +163,28 @@ class WindowPlanner:
             if offset == last:
                 return Plan(Action.RECORD_AND_SAVE)
             over = True
-        opens, by_trigger = self._opens_at(step, window_open)
-        if not opens:
+        reason, by_trigger = self._opens_at(step, window_open)
+        if reason is None:
             return Plan(Action.NONE, by_trigger=by_trigger, cycle_over=over)
         first = (
             Action.WARMUP
             if sched.warmup
             else (Action.RECORD if sched.active > 1 else Action.RECORD_AND_SAVE)
         )
-        return Plan(first, opens=True, by_trigger=by_trigger, cycle_over=over)
+        return Plan(first, opens=True, by_trigger=by_trigger, cycle_over=over, reason=reason)
 
     def capped(self) -> bool:
         return self.max_windows is not None and self.windows_opened >= self.max_windows
 
     def next_possible(self, step: int) -> int | None:
-        """The first step at or after ``step`` where a window may open (triggers aside)."""
+        """The first step at or after ``step`` where a window may open (triggers aside); with
+        ``slow_step``, ``UNSCHEDULED`` where none is scheduled (a slow step may open one)."""
         if self.capped():
             return None
+        nxt = self._next_scheduled(step)
+        return UNSCHEDULED if nxt is None and self.slow is not None else nxt
+
+    def _next_scheduled(self, step: int) -> int | None:
         sched = self.schedule
         if self.sampling.enabled:
             if self.sampling.sample_rate <= 0.0:
@@ -104,11 +204,13 @@ class WindowPlanner:
         """Make ``plan`` (from ``plan(step)``) happen; its action."""
         if plan.by_trigger:
             self.trigger_pending = False
+        self.slow_pending = None  # a slow step opens a window at the next step, or none
         if plan.cycle_over:
             self.cycle_start = None
         if plan.opens:
             self.cycle_start = step
             self.windows_opened += 1
+            self.reason = plan.reason
         return plan.action
 
     def advance(self, step: int, *, window_open: bool = False) -> Action:
@@ -119,27 +221,57 @@ class WindowPlanner:
         """A trigger fired (signal handler or poll thread): a window opens at the next step."""
         self.trigger_pending = True
 
+    def step_ended(self, step: int, now_ns: int) -> bool:
+        """With ``slow_step``: step ``step`` ended at ``now_ns`` (``time.perf_counter_ns()``,
+        once per step boundary, before its work); True when it was slow, and then the plan of
+        the next step opens a window if the caps and ``min_interval_s`` allow."""
+        if self.slow is None:
+            return False
+        self.slow_pending = self.slow.ended(step, now_ns, self.cycle_start is not None)
+        return self.slow_pending is not None
+
     def window_ended(self) -> None:
         self.last_window_end = self.clock()
 
     # ------------------------------------------------------------ the rule
 
-    def _opens_at(self, step: int, window_open: bool) -> tuple[bool, bool]:
-        """(a cycle may start at ``step``, a pending trigger is consumed there)."""
-        sched = self.schedule
+    def _opens_at(self, step: int, window_open: bool) -> tuple[WindowReason | None, bool]:
+        """(why a cycle starts at ``step``, or None; a pending trigger is consumed there)."""
         if self.trigger_pending:
-            return (not self.capped(), True)
+            why = WindowReason("trigger", f"a trigger fired; the window opened at step {step}")
+            return (None if self.capped() else why), True
         if self.capped():
-            return False, False
-        if self.sampling.enabled:
-            if not self.sampling.opens(step - sched.skip_first):
-                return False, False
-            gap = self.min_interval_s
-            if not gap:
-                return True, False
-            last = self.clock() if window_open else self.last_window_end
-            return last is None or self.clock() - last >= gap, False
+            return None, False
+        reason = self._due(step, window_open)
+        if reason is None and self.slow_pending is not None and self._spaced(window_open):
+            reason = self.slow_pending
+        return reason, False
+
+    def _spaced(self, window_open: bool) -> bool:
+        """``min_interval_s`` has passed since the last window ended (one ending now: not)."""
+        gap = self.min_interval_s
+        if not gap:
+            return True
+        last = self.clock() if window_open else self.last_window_end
+        return last is None or self.clock() - last >= gap
+
+    def _due(self, step: int, window_open: bool) -> WindowReason | None:
+        """Why the schedule or sampling opens a window at ``step``, or None."""
+        sched, sampling = self.schedule, self.sampling
+        if sampling.enabled:
+            if not sampling.opens(step - sched.skip_first) or not self._spaced(window_open):
+                return None
+            every = f"every {sampling.every} steps, " if sampling.every else ""
+            if sampling.sample_rate < 1.0:
+                return WindowReason(
+                    "sample",
+                    f"step {step} was drawn ({every}sample_rate={sampling.sample_rate:g}, "
+                    f"seed {sampling.seed})",
+                )
+            return WindowReason("every", f"a window every {sampling.every} steps, at step {step}")
         # the schedule: torch's table, a window starting where its cycle does
         if sched.action(step) is Action.NONE:
-            return False, False
-        return (step == 0 or sched.action(step - 1) in (Action.NONE, Action.RECORD_AND_SAVE), False)
+            return None
+        if step and sched.action(step - 1) not in (Action.NONE, Action.RECORD_AND_SAVE):
+            return None
+        return WindowReason("schedule", f"the schedule ({sched.to_env()}) opens one at step {step}")

@@ -29,10 +29,12 @@ __all__ = [
     "OccurrenceBudget",
     "Occurrences",
     "OpStats",
+    "REASON_KINDS",
     "RangeCalls",
     "RangeHistogram",
     "RangeStats",
     "Verdict",
+    "WindowReason",
     "WindowReport",
 ]
 
@@ -243,6 +245,28 @@ class Occurrences:
         return tuple(sorted(o.name for o in self.items if o.kind == "range.folded"))
 
 
+REASON_KINDS: tuple[str, ...] = ("schedule", "every", "sample", "trigger", "slow_step")
+"""Why a window opens (``WindowReason.kind``): the session's schedule (``PROFILED_SCHEDULE`` or
+an explicit ``Schedule``), ``PROFILED_EVERY``, ``PROFILED_SAMPLE_RATE``'s draw, a fired
+``PROFILED_TRIGGER``, or a step slower than ``PROFILED_SLOW_STEP`` times the median."""
+
+
+@dataclass(frozen=True)
+class WindowReason:
+    """Why a window opened: ``kind`` (one of ``REASON_KINDS``) and ``detail``, one sentence
+    for people. A ``slow_step`` window also names the slow step, its time and the rolling
+    median step time it was compared with (µs)."""
+
+    kind: str
+    detail: str = ""
+    step: int | None = None  # slow_step: the step that was slow (the window opens after it)
+    step_time_us: float | None = None
+    median_step_us: float | None = None
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.detail}" if self.detail else self.kind
+
+
 @dataclass(frozen=True)
 class WindowReport:
     """What one profiler window measured."""
@@ -272,6 +296,8 @@ class WindowReport:
     trace_file: str | None = None  # the file a trace exporter wrote, when one did
     # per-call occurrences, when an exporter asked for them (left out of ``to_dict``)
     occurrences: Occurrences | None = None
+    # why the window opened; None where unknown (a report read back from a trace file)
+    reason: WindowReason | None = None
 
     @property
     def duration_us(self) -> float:

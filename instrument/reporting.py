@@ -19,7 +19,7 @@ from . import _torch, analysis_process, rawtraces, state
 from .analysis import Analysis, analyze, drop_warmup
 from .analysis_process import shape_and_analyze
 from .config import Config
-from .report import OccurrenceBudget, WindowReport
+from .report import OccurrenceBudget, WindowReason, WindowReport
 from .sampling import Schedule
 from .tracefile import shape_file
 
@@ -51,6 +51,7 @@ class EndedWindow:
     names: frozenset[str]
     dist: dict[str, Any]
     stopped_at: float | None = None  # time.monotonic() of a deferred stop, else None
+    reason: WindowReason | None = None  # why the window opened (the planner's decision)
 
 
 def occurrence_budget(exporters: Sequence[Any]) -> OccurrenceBudget | None:
@@ -134,6 +135,7 @@ class ReportBuilder:
             device=_torch.device_name(self.activities),
             activities=tuple(self.activities),
             raw_trace_path=raw,
+            reason=ended.reason,
             **analysis.report_fields(),
         )
 

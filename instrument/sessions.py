@@ -81,6 +81,7 @@ class Session:
             config.sampling,
             max_windows=config.max_windows,
             min_interval_s=config.min_interval_s,
+            slow_step=config.slow_step,
         )
         self._stops = Stops(self)
         self._windows = Windows(self, self._stops)
@@ -146,8 +147,7 @@ class Session:
                 self._stops.run_pending()  # this thread started the window: stop it now
                 self._stops.resume_cpu_ops()
         state.refresh_idle()
-        if self.metrics is not None:  # the last snapshot, queued before the lanes close
-            state.set_metrics(False)
+        if self.metrics is not None:  # off, and the last snapshot queued before the lanes close
             self.metrics.close()
         # outside the lock: decorated calls in other threads must not wait for exporters
         lost = self._pipeline.close(
@@ -243,6 +243,10 @@ class Session:
                     self._check_finished()
                     if self.finished:
                         return
+            if self._planner.slow is not None and self._planner.step_ended(
+                self.step_index, time.perf_counter_ns()
+            ):
+                self._idle_until = 0  # a slow step: the next one may open a window
             if (
                 not self._planner.in_cycle()
                 and windows.window is None

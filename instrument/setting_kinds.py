@@ -18,7 +18,16 @@ from .ranks import RankSet
 from .sampling import Schedule
 from .triggers import TRIGGER_SIGNALS
 
-__all__ = ["KNOWN_ACTIVITIES", "activities", "exporters", "path", "ranks", "schedule", "trigger"]
+__all__ = [
+    "KNOWN_ACTIVITIES",
+    "activities",
+    "exporters",
+    "optional",
+    "path",
+    "ranks",
+    "schedule",
+    "trigger",
+]
 
 KNOWN_ACTIVITIES: tuple[str, ...] = ("cpu", "cuda", "xpu", "mtia", "hpu", "privateuse1")
 
@@ -174,3 +183,20 @@ def _check_ranks(name: str, value: Any) -> RankSet:
 def ranks() -> dict[str, Any]:
     """``RankSet.parse`` text; in code what ``RankSet.of`` takes."""
     return {"parse": RankSet.parse, "check": _check_ranks}
+
+
+_UNSET = ("", "none", "unset")
+
+
+def optional(kind: dict[str, Any]) -> dict[str, Any]:
+    """``kind`` (a ``parse``/``check`` pair, e.g. ``number(...)``) or None: in the environment
+    an empty value, ``none`` or ``unset``; in code ``None``."""
+    parse, check = kind["parse"], kind["check"]
+
+    def parse_optional(text: str) -> Any:
+        return None if text.strip().lower() in _UNSET else parse(text)
+
+    def check_optional(name: str, value: Any) -> Any:
+        return None if value is None else check(name, value)
+
+    return {"parse": parse_optional, "check": check_optional}

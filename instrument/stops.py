@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import _torch, state
+from .report import WindowReason
 from .reporting import EndedWindow
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ class Recorded:
     partial: bool
     start_ns: int
     end_ns: int
+    reason: WindowReason | None = None  # why the window opened
 
 
 @dataclass
@@ -261,5 +263,6 @@ class Stops:
                 frozenset(state.RANGE_NAMES),
                 _torch.distributed_info(),
                 time.monotonic() if deferred else None,
+                recorded.reason,
             )
         )

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from . import _torch, state, stops
 from ._atomic import atomic
+from .report import WindowReason
 from .sampling import Action
 from .stops import Recorded, Stops
 from .tracefile import STEP_MARKER, WINDOW_END
@@ -61,6 +62,7 @@ class Windows:
     active_started: bool = False  # the open window has begun its recorded steps
     told: bool = False  # the exporters' window_started hooks were called
     start_due: bool = False  # its profiler waits for the step's first decorated call
+    reason: WindowReason | None = None  # why the open window opened (the planner's)
 
     def transition(self, prev: Action, cur: Action, step: int, *, lazy: bool = False) -> None:
         """Do what ``TRANSITIONS`` names for (prev, cur) at the boundary into ``step``."""
@@ -119,6 +121,7 @@ class Windows:
             sess._warn(f"the profiler could not be prepared ({exc!r}); window skipped")
             return False
         self.window = window
+        self.reason = sess._planner.reason
         self.steps = []
         self.active_started = False
         self.start_due = False
@@ -255,7 +258,7 @@ class Windows:
         sess = self.session
         if window.recording and not window.overtaken():
             mark(WINDOW_END)
-        recorded = Recorded(steps, partial, self.start_ns, time.time_ns())
+        recorded = Recorded(steps, partial, self.start_ns, time.time_ns(), self.reason)
         sess._planner.window_ended()
         short_steps = steps and (recorded.end_ns - recorded.start_ns) / len(steps) < (
             stops.DEFER_MAX_STEP_NS

@@ -58,6 +58,13 @@ BAD_VALUES = [
     ("PROFILED_MIN_INTERVAL_S", "1e300", "min_interval_s", "0"),
     ("PROFILED_MIN_INTERVAL_S", "604801", "min_interval_s", "0"),
     ("PROFILED_MIN_INTERVAL_S", "inf", "min_interval_s", "0"),
+    # a factor of the median step time (issue 17, item 4): more than 1, at most 1000
+    ("PROFILED_SLOW_STEP", "1", "slow_step", "unset"),
+    ("PROFILED_SLOW_STEP", "0.5", "slow_step", "unset"),
+    ("PROFILED_SLOW_STEP", "fast", "slow_step", "unset"),
+    ("PROFILED_SLOW_STEP", "1001", "slow_step", "unset"),
+    ("PROFILED_SLOW_STEP", "inf", "slow_step", "unset"),
+    ("PROFILED_SLOW_STEP", "nan", "slow_step", "unset"),
     ("PROFILED_RANKS", "0-4000000000", "ranks", "all"),
     ("PROFILED_RANKS", "2147483648", "ranks", "all"),
     ("PROFILED_RANKS", "1-99999999999999999999999", "ranks", "all"),

@@ -9,7 +9,14 @@ import pathlib
 import pytest
 import torch
 
-from instrument.planner import Plan, WindowPlanner
+from instrument.planner import (
+    SLOW_SETTLE_NS,
+    SLOW_SETTLE_STEPS,
+    SLOW_WARMUP,
+    UNSCHEDULED,
+    Plan,
+    WindowPlanner,
+)
 from instrument.sampling import Action, Sampling, Schedule
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -115,3 +122,131 @@ def test_the_planner_needs_no_torch():
             if isinstance(node, ast.ImportFrom) and node.level == 0
         }
         assert "torch" not in imported, module
+
+
+# ---------------------------------------------------------------- slow steps (issue 17, 4)
+
+MS = 1_000_000  # ns
+
+
+def _drive(planner: WindowPlanner, step_ms: list[float], clock: Clock | None = None) -> dict:
+    """Steps of ``step_ms[i]`` milliseconds, as the session drives the planner: at each
+    boundary the step's end (``step_ended``), then the next step's plan, then a window that
+    saved ends. Returns {step a window opened at: its reason}."""
+    now_ns = 10**12
+    opened = {}
+    prev = planner.advance(0)
+    if planner.windows_opened:
+        opened[0] = planner.reason
+    for step, ms in enumerate(step_ms):
+        now_ns += int(ms * MS)
+        if clock is not None:
+            clock.now += ms / 1000.0
+        planner.step_ended(step, now_ns)
+        before = planner.windows_opened
+        cur = planner.advance(step + 1, window_open=prev is not Action.NONE)
+        if prev is Action.RECORD_AND_SAVE:
+            planner.window_ended()
+        if planner.windows_opened > before:
+            opened[step + 1] = planner.reason
+        prev = cur
+    return opened
+
+
+def _slow_only(**kw) -> WindowPlanner:
+    """Only slow steps open windows (sample rate 0), each of 1 warm-up + 2 active steps."""
+    kw.setdefault("slow_step", 3.0)
+    return WindowPlanner(Schedule(warmup=1, active=2), Sampling(sample_rate=0.0), **kw)
+
+
+def test_a_slow_step_opens_a_window_at_the_next_step_and_says_why():
+    times = [10.0] * 40
+    times[25] = 41.0
+    opened = _drive(_slow_only(), times)
+    assert list(opened) == [26]
+    reason = opened[26]
+    assert (reason.kind, reason.step) == ("slow_step", 25)
+    assert reason.step_time_us == pytest.approx(41_000) and reason.median_step_us == 10_000
+    assert reason.detail.startswith("step 25 took 41.0 ms, 4.1x the median 10.0 ms")
+
+
+def test_the_warm_up_only_feeds_the_median():
+    # step 0's start is unknown; steps 1-10 are the warm-up; step 11 is the first judged
+    for slow, expected in ((10, []), (11, [12])):
+        times = [10.0] * 30
+        times[slow] = 100.0
+        assert list(_drive(_slow_only(), times)) == expected, slow
+    assert SLOW_WARMUP == 10
+
+
+def test_the_factor_is_respected():
+    for ms, expected in ((29.0, []), (31.0, [21])):
+        times = [10.0] * 30
+        times[20] = ms
+        assert list(_drive(_slow_only(), times)) == expected, ms
+    times = [10.0] * 30
+    times[20] = 31.0
+    assert _drive(_slow_only(slow_step=4.0), times) == {}
+
+
+def test_a_window_and_the_steps_settling_after_it_are_not_judged():
+    """The slow window's own steps (the profiler on) and the export after it are slow too:
+    they neither open the next window nor count in the median."""
+    planner = _slow_only()
+    times = [10.0] * 300
+    times[20] = 50.0  # opens a window at 21: steps 21-23
+    for step in range(21, 24):
+        times[step] = 200.0  # profiled steps are slow
+    for step in range(24, 46):  # the export slows the next second's steps (0.88 s)
+        times[step] = 40.0
+    times[200] = 50.0  # long after: opens the next one
+    opened = _drive(planner, times)
+    assert list(opened) == [21, 201]
+    assert opened[201].median_step_us == 10_000  # the window's steps were not counted
+    assert SLOW_SETTLE_STEPS >= 1 and SLOW_SETTLE_NS == 1_000_000_000
+
+
+def test_max_windows_and_min_interval_apply_to_slow_steps():
+    times = [10.0] * 400
+    for slow in (20, 150, 300):
+        times[slow] = 100.0
+    assert list(_drive(_slow_only(max_windows=1), times)) == [21]
+    capped = _slow_only(max_windows=1)
+    _drive(capped, times)
+    assert capped.next_possible(400) is None
+    # windows at least 2.5 s apart: the step at 150 (about 1.3 s after the first window)
+    # opens none, and is not kept for later; the one at 300 does
+    clock = Clock()
+    spaced = _slow_only(min_interval_s=2.5, clock=clock)
+    assert list(_drive(spaced, times, clock)) == [21, 301]
+
+
+def test_without_slow_step_nothing_is_timed_and_the_session_may_finish():
+    planner = WindowPlanner(Schedule(warmup=1, active=2), Sampling(sample_rate=0.0))
+    assert planner.slow is None and planner.step_ended(5, 10**12) is False
+    assert planner.next_possible(0) is None
+    assert _slow_only().next_possible(0) == UNSCHEDULED  # a slow step may still open one
+
+
+def test_every_window_says_why_it_opened():
+    def reasons(planner: WindowPlanner, steps: int = 30) -> list[str]:
+        return [r.kind for r in _drive(planner, [10.0] * steps).values()]
+
+    assert reasons(WindowPlanner(Schedule(warmup=1, active=2, repeat=2), Sampling())) == [
+        "schedule",
+        "schedule",
+    ]
+    assert set(reasons(WindowPlanner(Schedule(warmup=1, active=2), Sampling(every=5)))) == {"every"}
+    sampled = WindowPlanner(Schedule(warmup=1, active=2), Sampling(sample_rate=0.3, seed=3))
+    assert set(reasons(sampled, 60)) == {"sample"}
+    triggered = _slow_only()
+    triggered.triggered()
+    (why,) = _drive(triggered, [10.0] * 5).values()
+    assert why.kind == "trigger" and "trigger" in why.detail
+    first = WindowPlanner(Schedule(), Sampling())
+    first.advance(0)
+    assert first.reason is not None
+    assert str(first.reason) == (
+        "schedule: the schedule (wait=0,warmup=1,active=3,repeat=1,skip_first=0) opens one "
+        "at step 0"
+    )
