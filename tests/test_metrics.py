@@ -282,3 +282,31 @@ def test_the_records_are_json_with_the_documented_keys(tmp_path):
         "p99_s",
         "max_s",
     }
+
+
+def test_async_functions_and_generators_are_counted_too(tmp_path):
+    code = r"""
+import asyncio
+from instrument import profiled
+
+@profiled("fetch")
+async def fetch(i):
+    await asyncio.sleep(0)
+    return i
+
+@profiled("rows")
+def rows():
+    yield 1
+    yield 2
+
+async def main():
+    return sum(await asyncio.gather(*(fetch(i) for i in range(100))))
+
+assert asyncio.run(main()) == 4950
+assert [r for _ in range(10) for r in rows()] == [1, 2] * 10
+print("done")
+"""
+    _out, text = _run(tmp_path, {}, program=code)
+    ranges = metrics_records(text)[-1]["ranges"]
+    assert ranges["fetch"]["count"] == 100  # one per call, covering the awaited time
+    assert ranges["rows"]["count"] == 30  # one per resume: 2 items + the finishing resume
