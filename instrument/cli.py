@@ -844,7 +844,11 @@ def _summarize_metrics(args: argparse.Namespace, found: list[tuple[str, list[str
     from . import metrics_summary
 
     try:
-        margin = metrics_summary.parse_margin(args.straggler_margin or "0.2")
+        margin = metrics_summary.parse_margin(
+            str(metrics_summary.DEFAULT_MARGIN)
+            if args.straggler_margin is None
+            else args.straggler_margin
+        )
     except ValueError as exc:
         raise _UsageError(
             f"--straggler-margin: {exc}; expected a number >= 0 (0.2: 20% over the ranks' "
