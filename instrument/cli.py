@@ -782,11 +782,13 @@ def _only(report: WindowReport, names: Sequence[str]) -> WindowReport:
     return dataclasses.replace(report, ranges=kept)
 
 
-def _missing_range_message(missing: Sequence[str], present: Iterable[str], traces: int) -> str:
+def _missing_range_message(
+    missing: Sequence[str], present: Iterable[str], traces: int, what: str = "trace"
+) -> str:
     """The one line for ``--range`` names in no trace: the ranges that are there (sorted, the
     first ``RANGES_LISTED``) and, per missing name, the closest one present."""
     there = sorted(set(present))
-    read = f"{traces} trace{'s' if traces != 1 else ''} read"
+    read = f"{traces} {what}{'s' if traces != 1 else ''} read"
     head = f"--range {', '.join(repr(m) for m in missing)}: no such range in the {read}"
     if not there:
         return (
@@ -862,7 +864,7 @@ def _summarize_metrics(args: argparse.Namespace, found: list[tuple[str, list[str
     present = {n for rec in records for n in rec["ranges"]}
     missing = [n for n in wanted if n not in present]
     if missing:
-        raise _UsageError(_missing_range_message(missing, present, len(records)))
+        raise _UsageError(_missing_range_message(missing, present, len(records), "process record"))
     doc = metrics_summary.summarize(
         records, margin=margin, rows=args.rows, names=wanted, notes=notes
     )

@@ -218,7 +218,7 @@ def test_range_filter_and_rows(ranks_dir, capsys):
     rc, out, _ = _main(capsys, "summarize", str(ranks_dir), "--json", "--rows", "1")
     assert rc == 0 and json.loads(out)["ranges"] == ["train_step"]
     rc, out, err = _main(capsys, "summarize", str(ranks_dir), "--range", "dta")
-    _one_error_line(rc, out, err, "did you mean 'data'")
+    _one_error_line(rc, out, err, "did you mean 'data'", f"in the {WORLD} process records read")
 
 
 def test_traces_and_records_do_not_mix(ranks_dir, tmp_path, capsys):
@@ -226,6 +226,8 @@ def test_traces_and_records_do_not_mix(ranks_dir, tmp_path, capsys):
     trace.write_text(json.dumps({"traceEvents": []}))
     rc, out, err = _main(capsys, "summarize", str(trace), str(ranks_dir))
     _one_error_line(rc, out, err, "expected one kind per command")
+    rc, out, err = _main(capsys, "summarize", str(trace), "--straggler-margin", "0.5")
+    _one_error_line(rc, out, err, "--straggler-margin: applies to metrics records")
 
 
 def test_in_a_real_process(ranks_dir):
