@@ -19,6 +19,13 @@ a rank's traces), the slowest rank and the spread (``--json``: ``{"reports": [..
 {...}}``), and a note when the ranks recorded different steps (``ProfilerStep#N``), whose
 times then do not compare like with like.
 
+``summarize`` of the json exporter's JSON-lines files (``.jsonl``, or any file whose first
+line is a JSON object with a ``schema``; a directory of them that holds no traces) reads the
+``torch-profiled/metrics/1`` records instead: per rank the step count and step p50/p99, each
+range's p50/p99, and the stragglers, ranks whose step p50 is more than ``--straggler-margin``
+over the ranks' median (``instrument.metrics_summary``). Traces and record files do not mix in
+one command.
+
 ``diff A B`` sums each side over its traces and lists, per range, per device kernel and per
 operator (self CPU time), before, after, delta and after/before, largest change first.
 
@@ -775,11 +782,13 @@ def _only(report: WindowReport, names: Sequence[str]) -> WindowReport:
     return dataclasses.replace(report, ranges=kept)
 
 
-def _missing_range_message(missing: Sequence[str], present: Iterable[str], traces: int) -> str:
+def _missing_range_message(
+    missing: Sequence[str], present: Iterable[str], traces: int, what: str = "trace"
+) -> str:
     """The one line for ``--range`` names in no trace: the ranges that are there (sorted, the
     first ``RANGES_LISTED``) and, per missing name, the closest one present."""
     there = sorted(set(present))
-    read = f"{traces} trace{'s' if traces != 1 else ''} read"
+    read = f"{traces} {what}{'s' if traces != 1 else ''} read"
     head = f"--range {', '.join(repr(m) for m in missing)}: no such range in the {read}"
     if not there:
         return (
@@ -803,9 +812,77 @@ def _missing_range_message(missing: Sequence[str], present: Iterable[str], trace
     )
 
 
+def _record_paths(paths: Sequence[str]) -> list[tuple[str, list[str]]] | None:
+    """``(path, record files)`` for each path when they all name JSON-lines record files (a
+    directory: one with record files and no traces), None when none does; a mix of the two
+    kinds is a usage error."""
+    from . import metrics_summary
+
+    found: list[tuple[str, list[str]]] = []
+    for path in paths:
+        if os.path.isdir(path):
+            files = metrics_summary.records_in_dir(path)
+            if files and not _has_traces(path, files):
+                found.append((path, files))
+        elif metrics_summary.is_records_file(path):
+            found.append((path, [path]))
+    if found and len(found) != len(paths):
+        traces = [p for p in paths if p not in {f for f, _ in found}]
+        raise _UsageError(
+            f"{', '.join(traces)}: traces beside JSON-lines record files "
+            f"({', '.join(f for f, _ in found)}); expected one kind per command"
+        )
+    return found or None
+
+
+def _has_traces(path: str, records: list[str]) -> bool:
+    try:
+        return bool(set(find_traces(path)) - set(records))
+    except InputError:
+        return False
+
+
+def _summarize_metrics(args: argparse.Namespace, found: list[tuple[str, list[str]]]) -> str:
+    from . import metrics_summary
+
+    try:
+        margin = metrics_summary.parse_margin(
+            str(metrics_summary.DEFAULT_MARGIN)
+            if args.straggler_margin is None
+            else args.straggler_margin
+        )
+    except ValueError as exc:
+        raise _UsageError(
+            f"--straggler-margin: {exc}; expected a number >= 0 (0.2: 20% over the ranks' "
+            "median step p50)"
+        ) from None
+    try:
+        records, notes = metrics_summary.load(found)
+    except metrics_summary.RecordsError as exc:
+        raise InputError(exc.path, exc.what, exc.expected) from None
+    wanted = list(dict.fromkeys(args.range or ()))
+    present = {n for rec in records for n in rec["ranges"]}
+    missing = [n for n in wanted if n not in present]
+    if missing:
+        raise _UsageError(_missing_range_message(missing, present, len(records), "process record"))
+    doc = metrics_summary.summarize(
+        records, margin=margin, rows=args.rows, names=wanted, notes=notes
+    )
+    if args.json:
+        return json.dumps(doc, indent=2) + "\n"
+    return metrics_summary.format_summary(doc)
+
+
 def _summarize(args: argparse.Namespace) -> str:
     from exporters.console import format_report
 
+    record_paths = _record_paths(args.paths)
+    if record_paths is not None:
+        return _summarize_metrics(args, record_paths)
+    if args.straggler_margin is not None:
+        raise _UsageError(
+            "--straggler-margin: applies to metrics records (JSON-lines files), not to traces"
+        )
     wanted = list(dict.fromkeys(args.range or ()))
     # every range kept at first: a name missing everywhere is told apart from the ranges there
     reports = _reports(
@@ -861,18 +938,8 @@ def _max_mb_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description="Summarize and compare torch.profiler traces (Chrome/Kineto JSON, "
-        ".json or .json.gz), from torch-profiled or from any torch.profiler user.",
-        epilog="Exit status: 0 ok, 2 bad input or usage. See 'torch-profiled COMMAND -h'.",
-    )
-    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
+def _summarize_parser(sub: Any) -> None:
+    """The ``summarize`` command's arguments."""
     s = sub.add_parser(
         "summarize",
         help="print the table for each trace (and the spread between ranks)",
@@ -880,13 +947,15 @@ def build_parser() -> argparse.ArgumentParser:
         "@profiled), top operators and kernels, totals and verdicts. Traces from "
         "several ranks also get a 'ranks side by side' section.",
         epilog="With --json: one object for one trace, a list for several, and "
-        '{"reports": [...], "ranks": {...}} for traces of several ranks.',
+        '{"reports": [...], "ranks": {...}} for traces of several ranks. Metrics records '
+        "(JSON lines): a row per rank (step count, step and range p50/p99) and the stragglers.",
     )
     s.add_argument(
         "paths",
         nargs="+",
         metavar="PATH",
-        help="a trace file (.json, .json.gz) or a directory of them",
+        help="a trace file (.json, .json.gz) or a directory of them; or the json exporter's "
+        "JSON-lines file (.jsonl) or a directory of them (one per rank): step health per rank",
     )
     s.add_argument("--json", action="store_true", help="print the report(s) as JSON")
     s.add_argument(
@@ -902,8 +971,29 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="rows per table section (default 15)",
     )
+    s.add_argument(
+        "--straggler-margin",
+        metavar="M",
+        help="metrics files: name the ranks whose step p50 is more than M over the ranks' "
+        "median step p50 (default 0.2: 20%%)",
+    )
     _max_mb_option(s)
     s.set_defaults(func=_summarize)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Summarize and compare torch.profiler traces (Chrome/Kineto JSON, "
+        ".json or .json.gz), from torch-profiled or from any torch.profiler user.",
+        epilog="Exit status: 0 ok, 2 bad input or usage. See 'torch-profiled COMMAND -h'.",
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    _summarize_parser(sub)
 
     d = sub.add_parser(
         "diff",

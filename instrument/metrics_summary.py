@@ -1,0 +1,397 @@
+"""Step health per rank: ``torch-profiled summarize`` of the json exporter's metrics records.
+
+A JSON-lines file written by the json exporter holds window reports
+(``torch-profiled/window-report/1``) and metrics records (``torch-profiled/metrics/1``), one
+JSON object a line, each naming its ``schema``. A metrics record is cumulative since its process
+started counting, so only the *last* record of each process (``host``, ``pid``; the largest
+``time_ns``) counts. Processes are grouped by ``rank``; where several processes recorded one
+rank (a restart) the newest is kept, and a note says so.
+
+The summary: per rank, the step count, p50 and p99 of the step time (``step=True`` calls; where
+no record has steps, the range with the largest total time stands in, and a note says so), and
+p50 and p99 of each range (the ``rows`` with the largest total time over the ranks). A
+*straggler* is a rank whose step p50 is more than ``margin`` (0.2: 20%) above the median over
+the ranks of the step p50.
+
+Reading streams the lines (memory holds one record per process), so a file that grew over a
+long run costs its reading time, not its size in memory. Plain Python: no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from exporters._format import WIDTH, fit, format_time_us
+from exporters.json_lines import METRICS_SCHEMA, SCHEMA
+
+__all__ = [
+    "DEFAULT_MARGIN",
+    "EXPECT_METRICS",
+    "RecordsError",
+    "format_summary",
+    "is_records_file",
+    "load",
+    "records_in_dir",
+    "summarize",
+]
+
+DEFAULT_MARGIN = 0.2
+EXPECT_METRICS = (
+    f"expected JSON lines with {METRICS_SCHEMA} records (the json exporter writes them while "
+    "metrics are on: PROFILED_EXPORTERS=json, PROFILED_METRICS auto or 1)"
+)
+RECORDS_SUFFIX = ".jsonl"
+_FIRST_LINE_CAP = 1 << 20  # content detection reads at most this much of a first line
+_STAT_KEYS = ("count", "sum_s", "min_s", "p50_s", "p90_s", "p99_s", "max_s")
+
+
+class RecordsError(Exception):
+    """Bad metrics input: ``PATH: WHAT; EXPECTED`` (the CLI prints it as its one error line)."""
+
+    def __init__(self, path: str, what: str, expected: str = EXPECT_METRICS) -> None:
+        super().__init__(f"{path}: {what}; {expected}")
+        self.path = path
+        self.what = what
+        self.expected = expected
+
+
+# ---------------------------------------------------------------- finding record files
+
+
+def _first_line(path: str) -> bytes:
+    """The first non-empty line of ``path`` (at most ``_FIRST_LINE_CAP`` bytes of it)."""
+    with open(path, "rb") as f:
+        while True:
+            line = f.readline(_FIRST_LINE_CAP)
+            if not line or line.strip():
+                return line.strip()
+
+
+def is_records_file(path: str) -> bool:
+    """A ``.jsonl`` file, or one whose first non-empty line is a JSON object with ``schema``
+    (not a trace: traces have ``traceEvents``)."""
+    if not os.path.isfile(path):
+        return False
+    if path.endswith(RECORDS_SUFFIX):
+        return True
+    try:
+        line = _first_line(path)
+    except OSError:
+        return False
+    if not line.startswith(b"{") or not line.endswith(b"}"):
+        return False
+    try:
+        first = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(first, dict) and "schema" in first and "traceEvents" not in first
+
+
+def records_in_dir(path: str) -> list[str]:
+    """The record files directly inside the directory ``path``, sorted by name."""
+    try:
+        names = sorted(e.name for e in os.scandir(path) if not e.name.startswith("."))
+    except OSError:
+        return []
+    return [os.path.join(path, n) for n in names if is_records_file(os.path.join(path, n))]
+
+
+# ---------------------------------------------------------------- reading the records
+
+
+def _problem(rec: dict[str, Any]) -> str | None:
+    """What makes ``rec`` an unusable metrics record, or None."""
+    for key, kind in (("rank", int), ("pid", int), ("time_ns", int), ("host", str)):
+        value = rec.get(key)
+        if isinstance(value, bool) or not isinstance(value, kind):
+            return f'"{key}" missing or not {"an integer" if kind is int else "a string"}'
+    ranges = rec.get("ranges")
+    if not isinstance(ranges, dict):
+        return '"ranges" missing or not an object'
+    stats = list(ranges.items()) + ([("steps", rec["steps"])] if rec.get("steps") else [])
+    for name, s in stats:
+        if not isinstance(s, dict) or not all(_is_number(s.get(k)) for k in _STAT_KEYS):
+            return f"range {name!r} without numbers {', '.join(_STAT_KEYS)}"
+    if rec.get("steps") is not None and not isinstance(rec.get("steps"), dict):
+        return '"steps" neither an object nor null'
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _read_file(path: str, last: dict[tuple[str, int], dict[str, Any]]) -> dict[str, int]:
+    """Each process's newest metrics record of ``path`` into ``last``; returns the counts of
+    what the file held (``metrics``, ``windows``, ``other`` schemas, ``bad`` lines)."""
+    counts = {"metrics": 0, "windows": 0, "other": 0, "bad": 0}
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for n, text in enumerate(f, 1):
+                if not text.strip():
+                    continue
+                try:
+                    rec = json.loads(text)
+                except ValueError:
+                    counts["bad"] += 1
+                    continue
+                schema = rec.get("schema") if isinstance(rec, dict) else None
+                if schema == METRICS_SCHEMA:
+                    problem = _problem(rec)
+                    if problem:
+                        raise RecordsError(path, f"line {n}: a metrics record with {problem}")
+                    counts["metrics"] += 1
+                    key = (rec["host"], rec["pid"])
+                    if key not in last or rec["time_ns"] >= last[key]["time_ns"]:
+                        last[key] = dict(rec, file=path)
+                elif schema == SCHEMA:
+                    counts["windows"] += 1
+                elif schema is None:
+                    counts["bad"] += 1
+                else:
+                    counts["other"] += 1
+    except OSError as exc:
+        raise RecordsError(path, f"cannot read ({exc.strerror or exc})") from None
+    return counts
+
+
+def _none_found(path: str, counts: dict[str, int]) -> RecordsError:
+    held = []
+    if counts["windows"]:
+        held.append(f"{counts['windows']} window report(s) ({SCHEMA})")
+    if counts["other"]:
+        held.append(f"{counts['other']} record(s) of other schemas")
+    if counts["bad"]:
+        held.append(f"{counts['bad']} line(s) that are not torch-profiled records")
+    found = ", ".join(held) if held else "nothing but blank lines"
+    return RecordsError(path, f"no metrics records: found {found}")
+
+
+def load(paths: Sequence[tuple[str, list[str]]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every process's last metrics record from ``(path, files)`` pairs (a file: itself; a
+    directory: its record files), and notes (lines skipped). A path whose files hold no
+    metrics record is a ``RecordsError``."""
+    last: dict[tuple[str, int], dict[str, Any]] = {}
+    bad = 0
+    for path, files in paths:
+        total = {"metrics": 0, "windows": 0, "other": 0, "bad": 0}
+        for f in files:
+            for k, v in _read_file(f, last).items():
+                total[k] += v
+        if not total["metrics"]:
+            raise _none_found(path, total)
+        bad += total["bad"]
+    notes = [f"{bad} line(s) that are not JSON records skipped"] if bad else []
+    return list(last.values()), notes
+
+
+# ---------------------------------------------------------------- the summary
+
+
+def _by_rank(records: list[dict[str, Any]], notes: list[str]) -> dict[int, dict[str, Any]]:
+    """One record per rank: the newest process's (a note names ranks that had several)."""
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for rec in records:
+        groups.setdefault(rec["rank"], []).append(rec)
+    chosen = {}
+    several = []
+    for rank in sorted(groups):
+        group = sorted(groups[rank], key=lambda r: (r["time_ns"], r["pid"]))
+        chosen[rank] = dict(group[-1], processes=len(group))
+        if len(group) > 1:
+            several.append(f"rank {rank}: {len(group)} (kept pid {group[-1]['pid']})")
+    if several:
+        notes.append(
+            "several processes recorded one rank (restarts?); each rank's newest is kept: "
+            + "; ".join(several)
+        )
+    return chosen
+
+
+def _totals(ranks: dict[int, dict[str, Any]]) -> dict[str, float]:
+    """Each range's total time over the ranks (seconds)."""
+    totals: dict[str, float] = {}
+    for rec in ranks.values():
+        for name, s in rec["ranges"].items():
+            totals[name] = totals.get(name, 0.0) + s["sum_s"]
+    return totals
+
+
+def _step_source(ranks: dict[int, dict[str, Any]], notes: list[str]) -> str | None:
+    """None: the records' ``steps``; else the name of the range standing in for the step."""
+    if any(rec.get("steps") for rec in ranks.values()):
+        return None
+    totals = _totals(ranks)
+    if not totals:
+        notes.append("no step=True function and no range ran: no step time")
+        return ""
+    name = min(totals, key=lambda n: (-totals[n], n))
+    notes.append(
+        f"no step=True function recorded steps; the range {name!r} (largest total time) "
+        "stands in for the step"
+    )
+    return name
+
+
+def _median(values: list[float]) -> float:
+    import statistics
+
+    return statistics.median(values)
+
+
+def summarize(
+    records: list[dict[str, Any]],
+    *,
+    margin: float = DEFAULT_MARGIN,
+    rows: int = 15,
+    names: Sequence[str] = (),
+    notes: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The JSON document: per rank its step and range stats, the stragglers, the margin."""
+    notes = list(notes)
+    ranks = _by_rank(records, notes)
+    source = _step_source(ranks, notes)
+    totals = _totals(ranks)
+    shown = [n for n in names if n in totals] if names else sorted(totals, key=lambda n: -totals[n])
+    shown = shown[:rows]
+    step_of: dict[int, dict[str, Any] | None] = {
+        r: (rec.get("steps") if source is None else rec["ranges"].get(source or ""))
+        for r, rec in ranks.items()
+    }
+    p50s = [s["p50_s"] for s in step_of.values() if s and s["count"]]
+    median = _median(p50s) if p50s else None
+    out_ranks = {}
+    stragglers = []
+    for r, rec in ranks.items():
+        step = step_of[r]
+        step = step if step and step["count"] else None
+        ratio = step["p50_s"] / median if step and median else None
+        slow = ratio is not None and ratio > 1.0 + margin
+        if slow:
+            stragglers.append(r)
+        out_ranks[str(r)] = {
+            **{k: rec.get(k) for k in ("rank", "world_size", "host", "pid", "time_ns")},
+            **{k: rec.get(k) for k in ("since_ns", "file", "processes")},
+            "step": step,
+            "step_p50_vs_median": ratio,
+            "straggler": slow,
+            "ranges": {n: rec["ranges"][n] for n in shown if n in rec["ranges"]},
+        }
+    return {
+        "schema": "torch-profiled/metrics-summary/1",
+        "margin": margin,
+        "step_source": "steps" if source is None else {"range": source or None},
+        "median_step_p50_s": median,
+        "stragglers": stragglers,
+        "ranges": shown,
+        "ranks": out_ranks,
+        "notes": notes,
+    }
+
+
+# ---------------------------------------------------------------- the table
+
+_RANK_W, _COUNT_W, _TIME_W = 6, 9, 11
+
+
+def _t(stats: dict[str, Any] | None, key: str) -> str:
+    return "-" if not stats else format_time_us(stats[key] * 1e6)
+
+
+def _range_blocks(names: list[str], first_room: int, room: int) -> list[list[str]]:
+    """The range columns cut into tables that fit ``WIDTH`` (the first beside the step's)."""
+    pair = 2 * _TIME_W
+    blocks: list[list[str]] = []
+    per = max(first_room // pair, 0)
+    rest = list(names)
+    while rest or not blocks:
+        blocks.append(rest[:per])
+        rest = rest[per:]
+        per = max(room // pair, 1)
+    return blocks
+
+
+def _table(doc: dict[str, Any], names: list[str], with_step: bool) -> list[str]:
+    pair = 2 * _TIME_W
+    head1 = f"{'':<{_RANK_W}}" + (f"{'':>{_COUNT_W + 2 * _TIME_W}}" if with_step else "")
+    head2 = f"{'rank':<{_RANK_W}}"
+    if with_step:
+        head2 += f"{'steps':>{_COUNT_W}}{'step p50':>{_TIME_W}}{'step p99':>{_TIME_W}}"
+    for n in names:
+        head1 += f"{fit(n, pair - 2, middle=True):>{pair}}"
+        head2 += f"{'p50':>{_TIME_W}}{'p99':>{_TIME_W}}"
+    lines = ["-" * WIDTH, head1.rstrip(), head2]
+    for key, r in doc["ranks"].items():
+        line = f"{key:<{_RANK_W}}"
+        if with_step:
+            step = r["step"]
+            count = str(step["count"]) if step else "-"
+            line += (
+                f"{count:>{_COUNT_W}}{_t(step, 'p50_s'):>{_TIME_W}}{_t(step, 'p99_s'):>{_TIME_W}}"
+            )
+        for n in names:
+            s = r["ranges"].get(n)
+            line += f"{_t(s, 'p50_s'):>{_TIME_W}}{_t(s, 'p99_s'):>{_TIME_W}}"
+        lines.append(line + (" *" if with_step and r["straggler"] else ""))
+    return lines
+
+
+def _stragglers_line(doc: dict[str, Any]) -> str:
+    median = doc["median_step_p50_s"]
+    if median is None:
+        return "stragglers: none named (no rank has a step time)"
+    rule = (
+        f"step p50 more than {doc['margin']:.0%} over the ranks' median of "
+        f"{format_time_us(median * 1e6)}"
+    )
+    if not doc["stragglers"]:
+        return f"stragglers: none ({rule})"
+    named = ", ".join(
+        f"rank {r} ({_t(doc['ranks'][str(r)]['step'], 'p50_s')}, "
+        f"{doc['ranks'][str(r)]['step_p50_vs_median']:.2f}x)"
+        for r in doc["stragglers"]
+    )
+    return f"stragglers ({rule}): {named}"
+
+
+def format_summary(doc: dict[str, Any]) -> str:
+    """The table: a row per rank (step count, p50, p99; each range's p50, p99), then the
+    stragglers."""
+    n = len(doc["ranks"])
+    source = doc["step_source"]
+    if source == "steps":
+        step = "step=True calls"
+    elif source["range"]:
+        step = f"range {source['range']!r} as the step"
+    else:
+        step = "no step time"
+    lines = [
+        fit(
+            f"torch-profiled metrics | per rank: {step}, ranges p50/p99 (wall time, cumulative) "
+            f"| {n} rank{'s' if n != 1 else ''}",
+            WIDTH,
+        )
+    ]
+    lines.extend(fit(f"note: {note}", WIDTH) for note in doc["notes"])
+    first = WIDTH - _RANK_W - _COUNT_W - 2 * _TIME_W
+    for i, names in enumerate(_range_blocks(doc["ranges"], first, WIDTH - _RANK_W)):
+        if i == 0 or names:
+            lines.extend(_table(doc, names, with_step=i == 0))
+    lines.append("-" * WIDTH)
+    lines.append(_stragglers_line(doc))
+    return "\n".join(lines) + "\n"
+
+
+def parse_margin(text: str) -> float:
+    """``--straggler-margin``: a number >= 0, else ``ValueError`` with the reason."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{text!r} is not a finite number >= 0")
+    return value
