@@ -63,6 +63,10 @@ class Exporter(abc.ABC):
     #: own lane like reports.
     export_metrics: Callable[[MetricsReport], None] | None = None
 
+    #: False: this exporter defines ``export_metrics`` but takes no metrics now (the otel
+    #: exporter with a meter provider of the application's); they are not turned on for it.
+    takes_metrics: bool = True
+
     @abc.abstractmethod
     def export(self, report: WindowReport) -> ExportResult:
         """Handle one window's report."""

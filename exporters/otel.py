@@ -63,9 +63,11 @@ from opentelemetry.sdk.trace import SpanProcessor
 
 from ._base import Exporter, ExporterWarning, ExportResult
 from ._warn import warn
+from .otel_metrics import metrics_data
 
 if TYPE_CHECKING:
     from instrument.report import (
+        MetricsReport,
         Occurrence,
         OccurrenceBudget,
         Occurrences,
@@ -186,6 +188,7 @@ class _OwnPipeline:
         from opentelemetry.sdk.metrics.export import InMemoryMetricReader
         from opentelemetry.sdk.trace import TracerProvider
 
+        self.resource = resource
         self.span_sinks = span_sinks
         self.metric_sinks = metric_sinks
         self.collector = _Collect()
@@ -346,20 +349,21 @@ def _sinks(signal: str, warn) -> list[_Sink]:
     return out
 
 
-def _resource(report: WindowReport) -> Any:
+def _resource(report: WindowReport | MetricsReport) -> Any:
     """``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` (read by ``Resource.create``),
     plus who recorded the window."""
     from opentelemetry.sdk.resources import Resource
 
-    return Resource.create(
-        {
-            "host.name": report.host or socket.gethostname(),
-            "process.pid": report.pid,
-            "profiled.rank": report.rank,
-            "profiled.world_size": report.world_size,
-            "profiled.device": report.device,
-        }
-    )
+    attributes: dict[str, Any] = {
+        "host.name": report.host or socket.gethostname(),
+        "process.pid": report.pid,
+        "profiled.rank": report.rank,
+        "profiled.world_size": report.world_size,
+    }
+    device = getattr(report, "device", None)  # a MetricsReport has none
+    if device is not None:
+        attributes["profiled.device"] = device
+    return Resource.create(attributes)
 
 
 def _global_tracer_provider() -> Any:
@@ -452,6 +456,35 @@ class OTelExporter(Exporter):
             self._lock.release()
         return ExportResult.SUCCESS if ok else ExportResult.FAILURE
 
+    @property
+    def takes_metrics(self) -> bool:  # type: ignore[override]  # computed here
+        """The always-on histograms go only through this exporter's own metric exporters: not
+        when disabled, nor with a meter provider of the application's (the metrics API cannot
+        take histograms already aggregated), so they turn no metrics on then."""
+        return not self.disabled and self._meter_source() is None
+
+    def export_metrics(self, report: MetricsReport) -> None:
+        """The always-on histograms (``exporters.otel_metrics``), through this exporter's own
+        metric exporters (see ``takes_metrics``)."""
+        if not self.takes_metrics:
+            return
+        if not self._lock.acquire(timeout=4 * DEFAULT_TIMEOUT_S):
+            self.lost["metric_exports"] += 1
+            return
+        try:
+            own = self._pipeline(report)
+            data = metrics_data(report, own.resource, _SCOPE, _version())
+            for sink in own.metric_sinks:
+                self._delivery.deliver(
+                    sink,
+                    None,
+                    "the always-on histograms",
+                    lambda s=sink: s.exporter.export(data, timeout_millis=DEFAULT_TIMEOUT_S * 1000),
+                    0,
+                )
+        finally:
+            self._lock.release()
+
     def shutdown(self) -> None:
         if not self._lock.acquire(timeout=4 * DEFAULT_TIMEOUT_S):
             return  # an export is stuck on its backend: its own timeout will end it
@@ -483,7 +516,7 @@ class OTelExporter(Exporter):
 
         return fit(occurrences, self.occurrence_budget)
 
-    def _pipeline(self, report: WindowReport) -> _OwnPipeline:
+    def _pipeline(self, report: WindowReport | MetricsReport) -> _OwnPipeline:
         if self._own is None:
             self._own = _OwnPipeline(
                 _resource(report),
@@ -560,7 +593,9 @@ class _Delivery:
         self._failing: set[str] = set()  # destinations whose last delivery failed
         self._answering: set[tuple[str, int]] = set()  # OTLP addresses: last delivery succeeded
 
-    def deliver(self, sink: _Sink, report: WindowReport, what: str, send, spans: int) -> bool:
+    def deliver(
+        self, sink: _Sink, report: WindowReport | None, what: str, send, spans: int
+    ) -> bool:
         began = time.monotonic()
         good, why = self._send(sink, send)
         key = f"{sink.signal} via {sink.label}"
@@ -576,7 +611,8 @@ class _Delivery:
         if key not in self._failing:
             self._failing.add(key)
             warn(
-                f"otel exporter: window {report.window}: {what} were not delivered via "
+                f"otel exporter: {f'window {report.window}: ' if report else ''}"
+                f"{what} were not delivered via "
                 f"{sink.label} ({why}; gave up after {time.monotonic() - began:.1f} s) and are "
                 "lost; the program goes on. Further failures there are counted in "
                 "OTelExporter.lost and not repeated until a delivery succeeds",

@@ -300,7 +300,7 @@ SETTINGS: tuple[Setting, ...] = (
         shown="auto",
         doc="always-on metrics: every decorated call's wall time in a per-range histogram, "
         "between windows too, exported every `PROFILED_METRICS_INTERVAL_S` and at exit; "
-        "`auto`: on when an exporter takes metrics (`json`), `1`/`0` force it",
+        "`auto`: on when an exporter takes metrics (`json`, `otel`), `1`/`0` force it",
     ),
     Setting(
         "metrics_interval_s",

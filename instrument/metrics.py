@@ -200,7 +200,14 @@ def wanted(setting: bool | None, exporters: Iterable[Any]) -> bool:
     """``PROFILED_METRICS``: forced on or off, or (None: auto) on when an exporter takes them."""
     if setting is not None:
         return setting
-    return any(callable(getattr(e, "export_metrics", None)) for e in exporters)
+    return any(takes_metrics(e) for e in exporters)
+
+
+def takes_metrics(exporter: Any) -> bool:
+    """It defines ``export_metrics`` and does not say no (``takes_metrics = False``)."""
+    return callable(getattr(exporter, "export_metrics", None)) and bool(
+        getattr(exporter, "takes_metrics", True)
+    )
 
 
 class Feed:

@@ -44,6 +44,7 @@ from typing import Any
 from exporters import ExporterWarning, ExportResult
 from exporters._warn import warn
 
+from .metrics import takes_metrics
 from .report import WindowReport
 
 __all__ = [
@@ -302,7 +303,7 @@ class _Lane(_Worker):
         self.label = label
         self.writes_trace_file = bool(getattr(exporter, "writes_trace_file", False))
         self.stalled = False  # a trace writer that missed its wait
-        self.takes_metrics = callable(getattr(exporter, "export_metrics", None))
+        self.takes_metrics = takes_metrics(exporter)
 
     def _do(self, job: _Job) -> Any:
         """Run one job; whatever the exporter raises ends here (see the module)."""

@@ -49,6 +49,7 @@ def test_e2e_overhead_runs_every_variant_and_writes_its_json(tmp_path):
     variants = {
         "unprofiled",
         "idle",
+        "metrics",
         "idle_modules",
         "counting",
         "sampled",
@@ -66,7 +67,7 @@ def test_e2e_overhead_runs_every_variant_and_writes_its_json(tmp_path):
         "torch_profiler_export",
     }
     assert all(len(runs) == 1 and runs[0] > 0 for runs in doc["steps_per_s"].values())
-    assert set(doc["targets"]) == {"idle", "sampled"}
+    assert set(doc["targets"]) == {"idle", "metrics", "sampled"}
     assert "windows timed" in out.stdout and "(2 windows timed per sampled variant)" in out.stdout
     assert sorted(os.listdir(tmp_path)) == ["e2e.json", "tmp"]
     assert os.listdir(tmp_path / "tmp") == []  # its trace directory is removed at the end

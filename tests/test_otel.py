@@ -32,6 +32,7 @@ from tests.otlp_receiver import (
     HangingServer,
     HttpReceiver,
     Received,
+    attributes,
     closed_endpoint,
 )
 
@@ -655,3 +656,52 @@ def test_kernels_detail_and_device_time_on_a_gpu():
         for m in sm.metrics
     ]
     assert "profiled.range.device_time" in names
+
+
+def test_the_always_on_histograms_arrive_with_a_count_per_call(otlp_env, receiver):
+    import instrument
+
+    protocol, server, received = receiver
+    otlp_env(server.endpoint, protocol, OTEL_SERVICE_NAME="metrics-test")
+    instrument.configure(exporters=[OTelExporter()], schedule=Schedule(wait=10**6))
+
+    @profiled("serve", step=True)
+    def serve(x):
+        return tiny(x)
+
+    for _ in range(40):
+        serve(torch.ones(2))
+    for _ in range(7):
+        tiny(torch.ones(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ExporterWarning)  # delivery must not fail
+        instrument.shutdown()  # the last snapshot, sent before the exporter shuts down
+    assert received.wait(lambda r: "profiled.range.duration" in r.metrics())
+    (duration,) = received.metrics()["profiled.range.duration"][-1:]
+    assert duration.unit == "s"
+    points = {
+        attributes(p.attributes)["profiled.range.name"]: p for p in duration.histogram.data_points
+    }
+    assert {name: p.count for name, p in points.items()} == {"serve": 40, "tiny": 47}
+    tiny_point = points["tiny"]
+    assert sum(tiny_point.bucket_counts) == 47
+    assert len(tiny_point.bucket_counts) == len(tiny_point.explicit_bounds) + 1
+    assert tiny_point.explicit_bounds[0] == pytest.approx(1.024e-6)
+    assert 0 < tiny_point.min <= tiny_point.sum / 47 <= tiny_point.max
+    assert attributes(tiny_point.attributes)["profiled.rank"] == 0
+    (steps,) = received.metrics()["profiled.step.duration"][-1:]
+    assert steps.histogram.data_points[0].count == 40
+
+
+def test_with_the_applications_meter_provider_the_histograms_turn_nothing_on(otlp_env):
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from instrument import metrics
+
+    otlp_env("http://127.0.0.1:9")
+    own = OTelExporter()
+    theirs = OTelExporter(meter_provider=MeterProvider())
+    assert own.takes_metrics and metrics.wanted(None, [own])
+    # the metrics API takes no histograms already aggregated: nothing to send them through
+    assert not theirs.takes_metrics and not metrics.wanted(None, [theirs])
+    assert metrics.wanted(True, [theirs])  # PROFILED_METRICS=1 still records (for json)

@@ -1,0 +1,79 @@
+"""Always-on histograms (``MetricsReport``) as OpenTelemetry metrics data.
+
+``profiled.range.duration`` (one data point per range, attribute ``profiled.range.name``) and
+``profiled.step.duration``: wall time in seconds of every call since the process started
+counting (cumulative temporality, ``start_time`` = when counting began), with the report's own
+bucket bounds, count, sum, min and max. Names apart from the window-derived metrics
+(``profiled.range.cpu_time``, ``profiled.range.device_time``, ``profiled.windows``), so nothing
+is counted twice.
+
+The OpenTelemetry metrics API takes single values, not histograms already aggregated, so these
+are built as SDK ``MetricsData`` and handed to the otel exporter's own metric exporters (OTLP
+or console): they are sent when the otel exporter owns its pipeline (no meter provider of the
+application's).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from instrument.report import MetricsReport, RangeHistogram
+
+__all__ = ["RANGE_DURATION", "STEP_DURATION", "metrics_data"]
+
+RANGE_DURATION = "profiled.range.duration"
+STEP_DURATION = "profiled.step.duration"
+
+
+def _point(report: MetricsReport, h: RangeHistogram, attributes: dict[str, Any]) -> Any:
+    from opentelemetry.sdk.metrics.export import HistogramDataPoint
+
+    return HistogramDataPoint(
+        attributes=attributes,
+        start_time_unix_nano=report.since_ns,
+        time_unix_nano=report.time_ns,
+        count=h.count,
+        sum=h.sum_ns / 1e9,
+        bucket_counts=list(h.bucket_counts),
+        explicit_bounds=[b / 1e9 for b in report.bounds_ns],
+        min=h.min_ns / 1e9,
+        max=h.max_ns / 1e9,
+    )
+
+
+def _metric(name: str, description: str, points: list[Any]) -> Any:
+    from opentelemetry.sdk.metrics.export import AggregationTemporality, Histogram, Metric
+
+    data = Histogram(data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE)
+    return Metric(name=name, description=description, unit="s", data=data)
+
+
+def metrics_data(report: MetricsReport, resource: Any, scope: str, version: str) -> Any:
+    """The report as one ``MetricsData`` of ``resource``."""
+    from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, ScopeMetrics
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    who = {"profiled.rank": report.rank, "profiled.world_size": report.world_size}
+    metrics = []
+    if report.ranges:
+        points = [_point(report, h, {"profiled.range.name": h.name, **who}) for h in report.ranges]
+        metrics.append(
+            _metric(RANGE_DURATION, "Wall time of every call of a @profiled range", points)
+        )
+    if report.steps is not None and report.steps.count:
+        metrics.append(
+            _metric(
+                STEP_DURATION,
+                "Wall time of every step=True call",
+                [_point(report, report.steps, who)],
+            )
+        )
+    scope_metrics = ScopeMetrics(
+        scope=InstrumentationScope(scope, version), metrics=metrics, schema_url=""
+    )
+    return MetricsData(
+        resource_metrics=[
+            ResourceMetrics(resource=resource, scope_metrics=[scope_metrics], schema_url="")
+        ]
+    )
