@@ -6,7 +6,8 @@ trace JSON while exporters run) and never import torch or see a profiler object.
 (torch-free helpers for span budgets); what they need per call comes in the report
 (``report.occurrences``, when an exporter asks for it with ``occurrence_budget``).
 
-Names resolve through built-ins (``console``, ``trace``, ``memory``, ``json``, ``otel``) and the
+Names resolve through built-ins (``console``, ``trace``, ``memory``, ``json``, ``otel``,
+``prometheus``) and the
 entry-point group ``torch_profiled.exporters`` (an entry point names a class or a
 zero-argument factory). An unknown name warns and lists the names that are known.
 """
@@ -49,12 +50,20 @@ def _otel(**kwargs: Any) -> Exporter:
     return OTelExporter(**kwargs)
 
 
+def _prometheus(**kwargs: Any) -> Exporter:
+    """``PrometheusExporter``: binds its address when made, so only when asked for."""
+    from .prometheus import PrometheusExporter
+
+    return PrometheusExporter(**kwargs)
+
+
 _BUILTINS: dict[str, Callable[..., Exporter]] = {
     "console": ConsoleExporter,
     "trace": TraceFileExporter,
     "memory": InMemoryExporter,
     "json": JsonLinesExporter,
     "otel": _otel,
+    "prometheus": _prometheus,
 }
 
 

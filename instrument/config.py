@@ -209,6 +209,14 @@ SETTINGS: tuple[Setting, ...] = (
         "output); must be a regular file: a link, FIFO or directory there is refused "
         "with one warning",
     ),
+    Setting(
+        "prometheus_addr",
+        "PROFILED_PROMETHEUS_ADDR",
+        "127.0.0.1:9464",
+        **kinds.address(),
+        doc="where the `prometheus` exporter serves `/metrics` (`host:port`; port 0: any "
+        "free one); an address in use costs one warning",
+    ),
     *otel_settings.SETTINGS,
     Setting(
         "every",
@@ -300,7 +308,8 @@ SETTINGS: tuple[Setting, ...] = (
         shown="auto",
         doc="always-on metrics: every decorated call's wall time in a per-range histogram, "
         "between windows too, exported every `PROFILED_METRICS_INTERVAL_S` and at exit; "
-        "`auto`: on when an exporter takes metrics (`json`, `otel`), `1`/`0` force it",
+        "`auto`: on when an exporter takes metrics (`json`, `otel`, `prometheus`), `1`/`0` "
+        "force it",
     ),
     Setting(
         "metrics_interval_s",
@@ -362,6 +371,7 @@ class Config:
     trace_gzip: bool = _default("trace_gzip")
     trace_keep: int = _default("trace_keep")
     json_path: str = _default("json_path")
+    prometheus_addr: str = _default("prometheus_addr")
     every: int | None = _default("every")
     sample_rate: float = _default("sample_rate")
     max_windows: int | None = _default("max_windows")

@@ -200,3 +200,21 @@ def optional(kind: dict[str, Any]) -> dict[str, Any]:
         return None if value is None else check(name, value)
 
     return {"parse": parse_optional, "check": check_optional}
+
+
+def _parse_address(text: str) -> str:
+    from exporters.prometheus import parse_addr
+
+    parse_addr(text)  # ValueError says what was expected
+    return text.strip()
+
+
+def _check_address(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str host:port, got {type(value).__name__} {value!r}")
+    return _parse_address(value)
+
+
+def address() -> dict[str, Any]:
+    """``host:port`` (``[::1]:9464`` for IPv6), port 0-65535."""
+    return {"parse": _parse_address, "check": _check_address}
