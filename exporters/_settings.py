@@ -303,3 +303,16 @@ STRICT = Setting(
 )
 """Declared here, not with the SDK's other settings: every reader of settings (the OTel
 exporter's too) needs it, and reads it tolerantly (a bad value of it is never strict)."""
+
+
+DEFAULT_PROMETHEUS_ADDR = "127.0.0.1:9464"
+
+
+def parse_addr(text: str) -> tuple[str, int]:
+    """``host:port`` (``[::1]:9464`` for IPv6) -> (host, port); ``ValueError`` says why not.
+    Here, not in ``exporters.prometheus``: checking a setting must not import a web server."""
+    host, sep, port = text.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"expected host:port (port 0-65535), like {DEFAULT_PROMETHEUS_ADDR}")
+    return host, int(port)

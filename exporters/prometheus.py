@@ -27,6 +27,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from ._base import Exporter, ExporterWarning, ExportResult
+from ._settings import DEFAULT_PROMETHEUS_ADDR as DEFAULT_ADDR
+from ._settings import parse_addr
 from ._warn import warn
 
 if TYPE_CHECKING:
@@ -34,17 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_ADDR", "PrometheusExporter", "exposition", "parse_addr"]
 
-DEFAULT_ADDR = "127.0.0.1:9464"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-
-def parse_addr(text: str) -> tuple[str, int]:
-    """``host:port`` (``[::1]:9464`` for IPv6) -> (host, port); ``ValueError`` says why not."""
-    host, sep, port = text.strip().rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"expected host:port (port 0-65535), like {DEFAULT_ADDR}")
-    return host, int(port)
 
 
 def _label(value: Any) -> str:

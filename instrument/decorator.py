@@ -161,7 +161,7 @@ def _timed(f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: A
     t0 = _now()
     try:
         if _SESSION is not None or (not _QUIET and state.session_for_calls() is not None):
-            return _call(f, name, is_step, args, kwargs)
+            return _call(f, name, is_step, args, kwargs, True)
         if _ON_FIRST_CALL is not None:
             _ON_FIRST_CALL()
         if _FLAG._is_profiler_enabled:
@@ -174,12 +174,16 @@ def _timed(f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: A
             _record(recorder, STEP, ns)
 
 
-def _call(f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: Any) -> Any:
-    """A sync call while a session counts steps (the lean twin of ``_enter``/``_exit``)."""
+def _call(
+    f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: Any, timed: bool = False
+) -> Any:
+    """A sync call while a session counts steps (the lean twin of ``_enter``/``_exit``).
+    ``timed``: ``_timed`` called it (never hand the call back there: the mirror of the session
+    may lag behind ``session_for_calls``, after a start an exception cut short)."""
     sess = _SESSION
     if sess is None:
         sess = state.session_for_calls()
-        if _METRICS is not None:  # this call made the session that turned metrics on
+        if _METRICS is not None and not timed:  # this call made the session that turned them on
             return _timed(f, name, is_step, args, kwargs)
     if sess is None or sess._steps_declared:  # root calls do not end steps: no depth needed
         if is_step and sess is not None:

@@ -110,16 +110,20 @@ def _make_ambient() -> Session | None:
                     "do)",
                     ExporterWarning,
                 )
-        state.ambient = state.current = sess
+        # the session, its metrics and their switch all or none: a signal handler's exception
+        # (a program's timeout) waits for the block, so metrics are never left off for good
+        with atomic():
+            if config.enabled and metrics.wanted(config.metrics, exporters):
+                sess.metrics = metrics.Feed(
+                    config.metrics_interval_s,
+                    sess._pipeline.submit_metrics,
+                    lambda: state.set_metrics(False),
+                )
+            state.ambient = state.current = sess
+            if sess.metrics is not None:
+                state.set_metrics(True, config.metrics_modules)
         _register_atexit()
         state.refresh_idle()
-        if config.enabled and metrics.wanted(config.metrics, exporters):
-            sess.metrics = metrics.Feed(
-                config.metrics_interval_s,
-                sess._pipeline.submit_metrics,
-                lambda: state.set_metrics(False),
-            )
-            state.set_metrics(True, config.metrics_modules)
         return sess
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from exporters._settings import quote
+from exporters._settings import parse_addr, quote
 
 from .ranks import RankSet
 from .sampling import Schedule
@@ -203,8 +203,6 @@ def optional(kind: dict[str, Any]) -> dict[str, Any]:
 
 
 def _parse_address(text: str) -> str:
-    from exporters.prometheus import parse_addr
-
     parse_addr(text)  # ValueError says what was expected
     return text.strip()
 

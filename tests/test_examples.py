@@ -229,3 +229,25 @@ def test_06_training_loop_disabled_runs_the_same_loop_with_no_profiler(tmp_path)
     assert out.returncode == 0, out.stderr
     assert "loss " in out.stdout and "@profiled range" not in out.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_07_service_metrics_counts_every_request_and_profiles_the_slow_one(tmp_path):
+    out = run_example(
+        "07_service_metrics.py",
+        tmp_path,
+        env={
+            "PROFILED_JSON_PATH": str(tmp_path / "m.jsonl"),
+            "PROFILED_PROMETHEUS_ADDR": "127.0.0.1:0",  # any free port: printed
+        },
+    )
+    assert out.returncode == 0, out.stderr
+    assert "metrics on http://127.0.0.1:" in out.stdout
+    # a real scrape of its /metrics while it served: every request counted
+    assert 'scraped: profiled_range_duration_seconds_count{range="generate"' in out.stdout
+    assert out.stdout.split("scraped: ")[1].split("\n")[0].endswith("} 300")
+    # no scheduled window; the slow request opened one, and its report says so
+    assert "window 0: step 200 took " in out.stdout and "(slow_step=100)" in out.stdout
+    assert "window 1:" not in out.stdout  # one window: at most one per 10 s
+    assert "opened by slow_step: step 200 took" in out.stderr  # the console table's line
+    for name in ("generate", "request", "tokenize"):
+        assert f"{name}: 300 calls, p50 " in out.stdout

@@ -184,3 +184,15 @@ def test_bad_addresses_are_refused(bad):
     with pytest.raises(ValueError, match="expected host:port"):
         parse_addr(bad)
     assert parse_addr("[::1]:9464") == ("::1", 9464)
+
+
+def test_reading_the_settings_imports_no_web_server(run_python):
+    # the address is checked with every Config: importing http.server there made the first
+    # decorated call slow enough for a program's 0.3 ms timer storm to cut every attempt short
+    out = run_python(
+        "import sys\nfrom instrument.config import Config\n"
+        "Config.from_env({'PROFILED_PROMETHEUS_ADDR': '127.0.0.1:9999'})\n"
+        "print('http.server' in sys.modules)"
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False"]

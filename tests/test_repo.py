@@ -23,9 +23,17 @@ def test_readme_opens_with_demo_and_test_commands_and_ci_runs_the_second():
     assert "constraints.txt" in demo and "constraints.txt" in tests
     ci = open(os.path.join(REPO, ".ci", "run"), encoding="utf-8").read()
     command_lines = [ln for ln in ci.splitlines() if ln and not ln.startswith(("#", "set ", "cd "))]
-    # the README's test command last; before it only the Phoenix install for the e2e test
+    # the README's test command last; before it only the services the tests start: Debian's
+    # Prometheus server and Arize Phoenix (the end-to-end OpenTelemetry test)
     assert command_lines[-1] == tests
-    assert all("phoenix" in ln.lower() for ln in command_lines[:-1])
+
+    def installs_a_service(line: str) -> bool:
+        line = line.strip()
+        return (
+            "phoenix" in line.lower() or "prometheus" in line or line in ("apt-get update -q", "fi")
+        )
+
+    assert all(installs_a_service(ln) for ln in command_lines[:-1]), command_lines
     assert "torch==2.13.0" in open(os.path.join(REPO, "constraints.txt")).read()
 
 
