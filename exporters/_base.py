@@ -67,6 +67,10 @@ class Exporter(abc.ABC):
     #: exporter with a meter provider of the application's); they are not turned on for it.
     takes_metrics: bool = True
 
+    #: False: this exporter does nothing with window reports (``prometheus``); a session whose
+    #: exporters are all such opens no profiler window (only the metrics count).
+    takes_windows: bool = True
+
     @abc.abstractmethod
     def export(self, report: WindowReport) -> ExportResult:
         """Handle one window's report."""

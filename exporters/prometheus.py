@@ -9,7 +9,8 @@ at exit) in Prometheus's text exposition format, from a daemon thread of its own
 both with labels ``rank`` and ``host``, cumulative since the process started counting, with the
 report's own bucket bounds (``le`` is the upper bound of each; a Prometheus bucket counts what
 is at most its bound, ours what is below it: the same but for a duration of exactly a power of
-two nanoseconds). Window reports are not served (``export`` does nothing with them).
+two nanoseconds). Window reports are not served (``export`` does nothing with them), so with
+no other exporter no profiler window opens at all (``takes_windows``).
 
 Written here rather than with ``opentelemetry-exporter-prometheus``: that reader collects from
 a meter provider, whose API takes single values, not histograms already aggregated. No new
@@ -77,6 +78,8 @@ def exposition(report: MetricsReport) -> str:
 
 class PrometheusExporter(Exporter):
     """Serves the always-on histograms on ``http://addr/metrics``."""
+
+    takes_windows = False  # alone, it opens no profiler window
 
     def __init__(self, addr: str = DEFAULT_ADDR) -> None:
         host, port = parse_addr(addr)

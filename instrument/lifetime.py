@@ -99,7 +99,9 @@ def _make_ambient() -> Session | None:
             else []
         )
         sess = Session(config, exporters, ambient=True)
-        if not exporters:
+        if exporters and not any(getattr(e, "takes_windows", True) for e in exporters):
+            sess.finished = True  # metrics exporters only (prometheus): no window to open
+        elif not exporters:
             # disabled, or nothing would see a window: open none (PROFILED_EXPORTERS=none, or
             # every name unknown, each of which has warned already)
             sess.finished = True

@@ -38,6 +38,8 @@ def train_step(x):
 x = torch.zeros(4)
 for _ in range(250):
     train_step(x)
+from instrument import state
+print("windows opened:", state.current.windows_opened, file=sys.stderr)  # alone: none
 print("ready", flush=True)
 sys.stdin.read()  # served until the test closes stdin
 print("done")
@@ -89,6 +91,7 @@ def program(tmp_path):
     out, err = proc.communicate("", timeout=60)
     assert proc.returncode == 0, err
     assert out.endswith("done\n")
+    assert "windows opened: 0" in err  # the prometheus exporter alone records no window
 
 
 def test_the_program_serves_exact_counts_on_metrics(program):
