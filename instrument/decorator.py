@@ -31,10 +31,7 @@ import wrapt
 
 from . import _torch, state
 from .config import enabled_from_env
-from .metrics import MAX as _MAX
-from .metrics import MIN as _MIN
 from .metrics import STEP
-from .metrics import SUM as _SUM
 from .metrics import record as _record
 
 __all__ = ["RANGE_NAMES", "profiled"]
@@ -239,13 +236,7 @@ def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...,
                 return f(*args, **kwargs)
             finally:
                 ns = _now() - t0
-                shard = m.d.get(name) or m.shard(name)
-                shard[ns.bit_length()] += 1
-                shard[_SUM] += ns
-                if ns > shard[_MAX]:
-                    shard[_MAX] = ns
-                if ns < shard[_MIN]:
-                    shard[_MIN] = ns
+                _record(m, name, ns)
                 if is_step:
                     _record(m, STEP, ns)
         return _call(f, name, is_step, args, kwargs)

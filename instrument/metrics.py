@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from . import _torch
 from .report import MetricsReport, RangeHistogram
 
 __all__ = [
@@ -226,9 +227,7 @@ class Feed:
         self._collector = Collector(interval_s, self.deliver)
 
     def deliver(self) -> None:
-        from . import _torch  # at the snapshot: the program may set up its ranks late
-
-        dist = _torch.distributed_info()
+        dist = _torch.distributed_info()  # at each snapshot: a program may set up ranks late
         self._submit(snapshot(dist["rank"], dist["world_size"]))
 
     def close(self) -> None:

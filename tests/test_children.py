@@ -4,12 +4,11 @@ each profiled itself as "rank 0/1" and printed its own tables."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 
-from exporters.json_lines import SCHEMA
+from tests._records import window_records
 
 PROGRAM = """
 import multiprocessing as mp, os, sys, torch
@@ -44,8 +43,7 @@ if __name__ == "__main__":
 
 def _pids(path) -> list[int]:
     """The process of each window report (the metrics records aside)."""
-    records = [json.loads(line) for line in path.read_text().splitlines()]
-    return [r["pid"] for r in records if r["schema"] == SCHEMA]
+    return [r["pid"] for r in window_records(path.read_text())]
 
 
 @pytest.mark.parametrize("children", [None, "1"])

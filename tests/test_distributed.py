@@ -15,13 +15,13 @@ import pytest
 
 import instrument
 from exporters import InMemoryExporter
-from exporters.json_lines import SCHEMA
 from instrument import Config, ConfigWarning, Schedule, _torch, decorator, profiled, state
 from instrument import config as config_mod
 from instrument.ranks import LAUNCHER_VARS, RankSet, launcher_ranks_from_env
 from instrument.sampling import Sampling
 from instrument.testing import capture
 from tests import _proc
+from tests._records import window_records
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = os.path.join(REPO, "tests", "_dist_job.py")
@@ -286,10 +286,7 @@ def job_env(base, **extra: str) -> dict[str, str]:
 def read_reports(path) -> dict[int, list[dict]]:
     by_rank: dict[int, list[dict]] = {}
     with open(path, encoding="utf-8") as f:
-        for line in f:
-            doc = json.loads(line)
-            if doc["schema"] != SCHEMA:
-                continue  # a metrics record
+        for doc in window_records(f.read()):  # the metrics records aside
             by_rank.setdefault(doc["rank"], []).append(doc)
     for docs in by_rank.values():
         docs.sort(key=lambda d: d["window"])

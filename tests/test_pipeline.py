@@ -8,7 +8,6 @@ really exit. Time bounds appear only where the behaviour under test is itself a 
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import warnings
@@ -18,11 +17,11 @@ import pytest
 import torch
 
 from exporters import Exporter, ExporterWarning, ExportResult, InMemoryExporter
-from exporters.json_lines import SCHEMA
 from instrument import Schedule, profiled, session
 from instrument.pipeline import ExportPipeline, export_report
 from instrument.report import WindowReport
 from instrument.testing import capture
+from tests._records import window_records
 
 X = torch.randn(8, 8)
 
@@ -156,8 +155,7 @@ def test_a_hanging_trace_writer_loses_only_its_own_output_at_exit(run_python, tm
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout == "done\n"
-    records = [json.loads(line) for line in path.read_text().splitlines()]
-    records = [r for r in records if r["schema"] == SCHEMA]  # not the metrics records
+    records = window_records(path.read_text())  # not the metrics records
     # the json exporter got both windows, without a trace path (none was written)
     assert [r["window"] for r in records] == [0, 1]
     assert all(r["trace_file"] is None for r in records)
@@ -300,8 +298,7 @@ def test_exit_keeps_to_the_export_deadline_and_says_what_was_lost(run_python, tm
     # torch-profiled's exit (sessions, pipeline, helper process); torch's own C++ teardown
     # comes after it (about 1 s here, the same without torch-profiled)
     assert float(took.split()[-1]) < 2.5, took
-    records = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [r["window"] for r in records if r["schema"] == SCHEMA] == [0, 1]
+    assert [r["window"] for r in window_records(path.read_text())] == [0, 1]
     lost = [line for line in out.stderr.splitlines() if "not exported within" in line]
     assert len(lost) == 1
     assert "PROFILED_EXPORT_TIMEOUT_S=1s were dropped (StuckTrace: 2, Crawls: 2)" in lost[0]
