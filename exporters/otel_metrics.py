@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from instrument.report import MetricsReport, RangeHistogram
 
-__all__ = ["RANGE_DURATION", "STEP_DURATION", "metrics_data"]
+__all__ = ["RANGE_DEVICE_DURATION", "RANGE_DURATION", "STEP_DURATION", "metrics_data"]
 
 RANGE_DURATION = "profiled.range.duration"
+RANGE_DEVICE_DURATION = "profiled.range.device_duration"
 STEP_DURATION = "profiled.step.duration"
 
 
@@ -60,6 +61,19 @@ def metrics_data(report: MetricsReport, resource: Any, scope: str, version: str)
         points = [_point(report, h, {"profiled.range.name": h.name, **who}) for h in report.ranges]
         metrics.append(
             _metric(RANGE_DURATION, "Wall time of every call of a @profiled range", points)
+        )
+    if report.device_ranges:
+        points = [
+            _point(report, h, {"profiled.range.name": h.name, "profiled.device": h.device, **who})
+            for h in report.device_ranges
+        ]
+        metrics.append(
+            _metric(
+                RANGE_DEVICE_DURATION,
+                "Device time of one call in PROFILED_METRICS_DEVICE_EVERY of a @profiled range "
+                "(CUDA events)",
+                points,
+            )
         )
     if report.steps is not None and report.steps.count:
         metrics.append(

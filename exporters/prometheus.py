@@ -67,6 +67,15 @@ def exposition(report: MetricsReport) -> str:
     for h in report.ranges:
         labels = f"range={_label(h.name)},{who}"
         lines += _histogram("profiled_range_duration_seconds", h, labels, report.bounds_ns)
+    if report.device_ranges:
+        lines += [
+            "# HELP profiled_range_device_duration_seconds Device time of sampled calls of a "
+            "@profiled range (CUDA events).",
+            "# TYPE profiled_range_device_duration_seconds histogram",
+        ]
+    for h in report.device_ranges:
+        labels = f"range={_label(h.name)},device={_label(h.device)},{who}"
+        lines += _histogram("profiled_range_device_duration_seconds", h, labels, report.bounds_ns)
     lines += [
         "# HELP profiled_step_duration_seconds Wall time of every step=True call.",
         "# TYPE profiled_step_duration_seconds histogram",

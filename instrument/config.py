@@ -319,6 +319,15 @@ SETTINGS: tuple[Setting, ...] = (
         doc="how often the metrics are exported (and once more at exit)",
     ),
     Setting(
+        "metrics_device_every",
+        "PROFILED_METRICS_DEVICE_EVERY",
+        100,
+        **integer(0, note="0 turns it off"),
+        doc="with metrics on and CUDA in use: one call in this many of each range also gets "
+        "its device time, from CUDA events read back once complete (never a synchronize); "
+        "`0`: none",
+    ),
+    Setting(
         "metrics_modules",
         "PROFILED_METRICS_MODULES",
         False,
@@ -383,6 +392,7 @@ class Config:
     analysis_process: bool = _default("analysis_process")
     metrics: bool | None = _default("metrics")  # None: auto
     metrics_interval_s: float = _default("metrics_interval_s")
+    metrics_device_every: int = _default("metrics_device_every")
     metrics_modules: bool = _default("metrics_modules")
     # distributed and disk
     ranks: RankSet = _default("ranks")  # noqa: RUF009 - immutable: shared safely

@@ -123,7 +123,7 @@ def _make_ambient() -> Session | None:
                 )
             state.ambient = state.current = sess
             if sess.metrics is not None:
-                state.set_metrics(True, config.metrics_modules)
+                state.set_metrics(True, config.metrics_modules, config.metrics_device_every)
         _register_atexit()
         state.refresh_idle()
         return sess

@@ -24,7 +24,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import torch
+
 from . import _torch
+from .device_time import DeviceTimes
 from .report import MetricsReport, RangeHistogram
 
 __all__ = [
@@ -33,8 +36,10 @@ __all__ = [
     "Collector",
     "Feed",
     "Recorder",
+    "add",
     "record",
     "reset",
+    "sample_device",
     "snapshot",
     "wanted",
 ]
@@ -46,6 +51,8 @@ BOUNDS_NS: tuple[int, ...] = tuple(1 << b for b in range(LOW_BIT, HIGH_BIT + 1))
 ``BOUNDS_NS[i-1] <= d < BOUNDS_NS[i]``; one more bucket holds what is past the last bound."""
 
 SUM, MIN, MAX = 64, 65, 66  # a shard: 64 bucket counts (by bit length), then these
+SETTLE_S = 0.5
+"""At exit, how long the last sampled calls' device events may take to complete."""
 STEP = "\x00step"
 """The key of the step-time histogram (``step=True`` calls), apart from the range of the same
 function."""
@@ -59,6 +66,9 @@ def _new_shard() -> list[int]:
 
 class Recorder(threading.local):
     """Per-range histograms of one process. ``self.d`` is the calling thread's own dict."""
+
+    samples_device = False  # device time by CUDA events: calls go through ``decorator._timed``
+    device: DeviceTimes | None = None  # the sampler, while samples_device
 
     def __init__(self) -> None:
         self.d: dict[str, list[int]] = {}
@@ -89,8 +99,9 @@ recorder = Recorder()
 """The process's recorder; decorated calls use it while metrics are on (``state``)."""
 
 
-def record(recorder: Recorder, name: str, ns: int) -> None:
-    """Add one call of ``ns`` nanoseconds to ``name``'s histogram (the calling thread's)."""
+def record(recorder: Recorder, name: str, ns: int, is_step: bool = False) -> None:
+    """Add one call of ``ns`` nanoseconds to ``name``'s histogram (the calling thread's), and
+    to the step histogram too for a ``step=True`` call."""
     shard = recorder.d.get(name)
     if shard is None:
         shard = recorder.shard(name)
@@ -100,6 +111,19 @@ def record(recorder: Recorder, name: str, ns: int) -> None:
         shard[MAX] = ns
     if ns < shard[MIN]:
         shard[MIN] = ns
+    if is_step:
+        record(recorder, STEP, ns)
+
+
+def add(shards: dict[str, list[int]], name: str, ns: int) -> None:
+    """``record``'s update into a shard dict that is not a thread's (device times)."""
+    shard = shards.get(name)
+    if shard is None:
+        shard = shards[name] = _new_shard()
+    shard[ns.bit_length()] += 1
+    shard[SUM] += ns
+    shard[MAX] = max(shard[MAX], ns)
+    shard[MIN] = min(shard[MIN], ns)
 
 
 def _merge(into: dict[str, list[int]], shards: dict[str, list[int]]) -> None:
@@ -134,7 +158,7 @@ def merged() -> dict[str, list[int]]:
     return total
 
 
-def _histogram(name: str, shard: list[int]) -> RangeHistogram:
+def _histogram(name: str, shard: list[int], device: str | None = None) -> RangeHistogram:
     counts = [sum(shard[: LOW_BIT + 1])]
     counts.extend(shard[LOW_BIT + 1 : HIGH_BIT + 1])
     counts.append(sum(shard[HIGH_BIT + 1 : SUM]))
@@ -147,13 +171,19 @@ def _histogram(name: str, shard: list[int]) -> RangeHistogram:
         max_ns=shard[MAX],
         bucket_counts=tuple(counts),
         bounds_ns=BOUNDS_NS,
+        device=device,
     )
 
 
-def snapshot(rank: int = 0, world_size: int = 1) -> MetricsReport:
-    """Everything counted since metrics started in this process (cumulative)."""
+def snapshot(
+    rank: int = 0, world_size: int = 1, sampler: DeviceTimes | None = None
+) -> MetricsReport:
+    """Everything counted since metrics started in this process (cumulative); device times
+    from ``sampler`` (default: the recorder's, while it samples)."""
     total = merged()
     step = total.pop(STEP, None)
+    sampler = sampler or recorder.device
+    device = sampler.histograms() if sampler is not None else {}
     return MetricsReport(
         time_ns=time.time_ns(),
         since_ns=_registry.since_ns,
@@ -164,7 +194,21 @@ def snapshot(rank: int = 0, world_size: int = 1) -> MetricsReport:
         bounds_ns=BOUNDS_NS,
         ranges=tuple(_histogram(n, s) for n, s in sorted(total.items()) if any(s[:SUM])),
         steps=_histogram("step", step) if step is not None else None,
+        device_ranges=tuple(
+            _histogram(n, s, sampler.devices.get(n)) for n, s in sorted(device.items())
+        )
+        if sampler is not None
+        else (),
     )
+
+
+def sample_device(every: int) -> None:
+    """Device time by CUDA events for one call in ``every`` of each range (0: none), where
+    CUDA is available; the calls then go through ``decorator._timed`` (``state`` mirrors
+    ``samples_device``)."""
+    on = every > 0 and torch.cuda.is_available()
+    recorder.samples_device = on
+    recorder.device = DeviceTimes(every, add) if on else None
 
 
 def reset() -> None:
@@ -226,12 +270,15 @@ class Feed:
         self._switch_off = switch_off
         self._collector = Collector(interval_s, self.deliver)
 
-    def deliver(self) -> None:
+    def deliver(self, sampler: DeviceTimes | None = None) -> None:
         dist = _torch.distributed_info()  # at each snapshot: a program may set up ranks late
-        self._submit(snapshot(dist["rank"], dist["world_size"]))
+        self._submit(snapshot(dist["rank"], dist["world_size"], sampler))
 
     def close(self) -> None:
         """Calls stop timing themselves (``switch_off``); the last snapshot is delivered."""
+        device = recorder.device  # (switching off lets the sampler go)
         self._switch_off()
         self._collector.stop()
-        self.deliver()
+        if device is not None:
+            device.settle(SETTLE_S)
+        self.deliver(device)

@@ -330,6 +330,7 @@ class RangeHistogram:
     max_ns: int
     bucket_counts: tuple[int, ...]
     bounds_ns: tuple[int, ...] = ()
+    device: str | None = None  # device times: the device its calls ran on ("cuda:0")
 
     def quantile(self, q: float) -> float:
         """The ``q`` quantile (0..1) in nanoseconds: interpolated within its bucket, clamped
@@ -375,6 +376,8 @@ class MetricsReport:
     bounds_ns: tuple[int, ...]
     ranges: tuple[RangeHistogram, ...]
     steps: RangeHistogram | None = None
+    # device time of one call in PROFILED_METRICS_DEVICE_EVERY per range (CUDA events)
+    device_ranges: tuple[RangeHistogram, ...] = ()
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready: who and when, then per range (and for steps) count, sum, quantiles."""
@@ -387,4 +390,7 @@ class MetricsReport:
             "pid": self.pid,
             "ranges": {h.name: h.summary() for h in self.ranges},
             "steps": self.steps.summary() if self.steps is not None else None,
+            "device_ranges": {
+                h.name: {**h.summary(), "device": h.device} for h in self.device_ranges
+            },
         }

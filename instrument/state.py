@@ -108,11 +108,13 @@ def _write(idle: bool, session: Session | None, hook: Hook | None) -> None:
     _mirror(idle, session, hook, metrics.recorder if metrics_on else None)
 
 
-def set_metrics(on: bool, modules: bool = False) -> None:
+def set_metrics(on: bool, modules: bool = False, device_every: int = 0) -> None:
     """Decorated calls time themselves into ``metrics.recorder`` (``on``) or stop doing so;
-    ``modules``: ``instrument_module``'s ranges too."""
+    ``modules``: ``instrument_module``'s ranges too; ``device_every``: one call in that many
+    per range also gets its device time (CUDA events; 0: none)."""
     global metrics_on, metrics_modules
     metrics_on, metrics_modules = on, on and modules
+    metrics.sample_device(device_every if on else 0)
     _write(_idle, _session, _hook)
 
 

@@ -87,6 +87,9 @@ BAD_VALUES = [
     ("PROFILED_METRICS_INTERVAL_S", "inf", "metrics_interval_s", "60"),
     ("PROFILED_METRICS_INTERVAL_S", "soon", "metrics_interval_s", "60"),
     ("PROFILED_METRICS_MODULES", "all", "metrics_modules", "0"),
+    ("PROFILED_METRICS_DEVICE_EVERY", "-1", "metrics_device_every", "100"),
+    ("PROFILED_METRICS_DEVICE_EVERY", "often", "metrics_device_every", "100"),
+    ("PROFILED_METRICS_DEVICE_EVERY", "2.5", "metrics_device_every", "100"),
     ("PROFILED_PROMETHEUS_ADDR", "9464", "prometheus_addr", "127.0.0.1:9464"),
     ("PROFILED_PROMETHEUS_ADDR", "localhost:99999", "prometheus_addr", "127.0.0.1:9464"),
 ]

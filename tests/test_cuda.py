@@ -217,3 +217,70 @@ def test_a_profiler_the_program_starts_while_a_cuda_window_drains_survives(tmp_p
     # profiler started while a CUDA one runs records no CPU ranges; the contract here is
     # that it survives, stops and exports, and that the program is told why ours is missing.
     print(out)
+
+
+DEVICE_TIME_PROGRAM = """
+import json, sys
+import torch
+from instrument import profiled
+
+@profiled("mm")
+def mm(x):
+    return x @ x
+
+x = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+mm(x)
+torch.cuda.synchronize()
+# one call timed independently, with a sync, for the comparison
+begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+begin.record(); x @ x; end.record(); torch.cuda.synchronize()
+alone_ms = begin.elapsed_time(end)
+for _ in range(199):
+    mm(x)
+for _ in range(50):
+    with profiled("ctx"):
+        x @ x
+# a CUDA graph captured through the decorated function: no event may be recorded in capture
+side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):
+    for _ in range(10):
+        mm(x)
+torch.cuda.current_stream().wait_stream(side)
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    y = mm(x)
+graph.replay()
+print(json.dumps({"alone_ms": alone_ms}))
+"""
+
+
+def test_device_time_of_sampled_calls_without_a_sync(tmp_path):
+    """One call in PROFILED_METRICS_DEVICE_EVERY of each range gets its device time from CUDA
+    events, read once complete; calls captured into a CUDA graph record none and break nothing."""
+    from tests._records import metrics_records
+
+    script = tmp_path / "prog.py"
+    script.write_text(DEVICE_TIME_PROGRAM)
+    path = tmp_path / "m.jsonl"
+    env = {
+        "PROFILED_EXPORTERS": "json",
+        "PROFILED_JSON_PATH": str(path),
+        "PROFILED_METRICS_DEVICE_EVERY": "10",
+    }
+    proc = _proc.run(str(script), env=_proc.sdk_env(env), cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    alone_ms = json.loads(proc.stdout.strip().splitlines()[-1])["alone_ms"]
+    last = metrics_records(path.read_text())[-1]
+    assert last["ranges"]["mm"]["count"] == 1 + 199 + 10 + 1  # the captured call is timed too
+    device = last["device_ranges"]
+    # mm's calls 0, 10, ..., 200 are sampled: 21 (call 200 on the side stream); call 210 is
+    # its turn too, but it is being captured into the graph: no events. ctx: 0, 10, .., 40
+    assert device["mm"]["count"] == 21, device
+    assert device["ctx"]["count"] == 5, device
+    assert device["mm"]["device"] == "cuda:0"
+    p50_ms = device["mm"]["p50_s"] * 1e3
+    assert 0.5 * alone_ms <= p50_ms <= 2.0 * alone_ms, (p50_ms, alone_ms)
+    # the device time of a call is within its wall time's range (the GPU can't run it faster
+    # than it ran; a call's wall time here is its launch only, so no upper bound holds)
+    assert device["mm"]["max_s"] > 0

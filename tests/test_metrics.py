@@ -4,6 +4,7 @@ subprocesses; the histogram arithmetic on known durations."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 
@@ -54,6 +55,38 @@ def test_quantiles_stay_within_the_bucket_and_the_exact_extremes(fresh_metrics):
     assert 4_194_304 <= h.quantile(0.99) <= 6_000_000
     assert h.quantile(1.0) == 6_000_000
     assert RangeHistogram("e", 0, 0, 0, 0, (0,) * 29, metrics.BOUNDS_NS).quantile(0.5) == 0.0
+
+
+def test_the_sync_wrappers_inline_update_is_metrics_record(fresh_metrics, monkeypatch):
+    """The metrics-only path of a decorated function inlines ``metrics.record``: same buckets,
+    sum, min and max for the same durations (the clock is scripted, the update is real)."""
+    import instrument
+    from instrument import Schedule, decorator, profiled, state
+
+    instrument.configure(  # a one-window schedule run to its end: no session needs calls
+        schedule=Schedule(wait=0, warmup=1, active=1, repeat=1), exporters=[], activities=("cpu",)
+    )
+    warm = profiled("warm")(lambda: None)
+    for _ in range(4):
+        warm()
+    assert decorator._IDLE
+    durations = [1500, 500, 3000, 1500, 10**9, 700]  # the first call makes the shard
+    ticks = iter([t for d in durations for t in (1_000, 1_000 + d)])
+    monkeypatch.setattr(decorator, "_now", lambda: next(ticks))
+    inline = profiled("inline")(lambda: None)
+    state.set_metrics(True)
+    try:
+        assert decorator._COUNT_ONLY is metrics.recorder  # the inline path is the one taken
+        for _ in durations:
+            inline()
+    finally:
+        state.set_metrics(False)
+    for ns in durations:
+        metrics.record(metrics.recorder, "record", ns)
+    a, b = metrics.snapshot().ranges
+    assert (a.name, b.name) == ("inline", "record")
+    assert a.count == len(durations)
+    assert dataclasses.replace(a, name="record") == b
 
 
 def test_threads_count_exactly_and_ended_threads_are_folded_in(fresh_metrics):
@@ -272,6 +305,7 @@ def test_the_records_are_json_with_the_documented_keys(tmp_path):
         "pid",
         "ranges",
         "steps",
+        "device_ranges",
     }
     assert set(last["ranges"]["work"]) == {
         "count",
@@ -310,3 +344,13 @@ print("done")
     ranges = metrics_records(text)[-1]["ranges"]
     assert ranges["fetch"]["count"] == 100  # one per call, covering the awaited time
     assert ranges["rows"]["count"] == 30  # one per resume: 2 items + the finishing resume
+
+
+def test_device_sampling_on_a_machine_without_cuda_changes_nothing(tmp_path):
+    """PROFILED_METRICS_DEVICE_EVERY=1 where CUDA is not in use: every call still counted
+    exactly, no device histograms, nothing said on stderr."""
+    out, text = _run(tmp_path, {"PROFILED_METRICS_DEVICE_EVERY": "1"})
+    last = metrics_records(text)[-1]
+    assert last["ranges"]["work"]["count"] == 300 + 8 * 2000
+    assert last["device_ranges"] == {}
+    assert "Warning" not in out.stderr, out.stderr[-2000:]
