@@ -64,6 +64,7 @@ def profile_into(directory: str, model: nn.Module, x: torch.Tensor) -> None:
     with session(
         schedule=Schedule(wait=1, warmup=1, active=3),
         exporters=["console", TraceFileExporter(directory, keep=1)],
+        with_flops=True,  # FLOP/s and MFU under the table
     ) as s:
         for _ in range(5):
             mlp(model, x)

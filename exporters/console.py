@@ -20,7 +20,7 @@ from ._base import Exporter, ExportResult
 from ._format import WIDTH, fit, format_time_us, row
 
 if TYPE_CHECKING:
-    from instrument.report import WindowReport
+    from instrument.report import RangeStats, WindowReport
 
 __all__ = ["ConsoleExporter", "format_report", "format_time_us"]
 
@@ -98,10 +98,10 @@ def _range_lines(report: WindowReport, rows: int) -> list[str]:
     FLOPs and the calls still running when the window ended."""
     shown = list(report.ranges.values())[:rows]
     # module paths (instrument_module) run long: the column grows as far as 100 columns allow
-    name_w = max(30, min(max((len(r.name) for r in shown), default=0), WIDTH - 64))
+    name_w = max(24, min(max((len(r.name) for r in shown), default=0), WIDTH - 68))
     header = (
-        f"{'@profiled range':<{name_w}} {'calls':>6} {'CPU total':>11} {'device':>11} "
-        f"{'dev/CPU':>8} {'busy':>5}  {'verdict':<16}"
+        f"{'@profiled range':<{name_w}} {'calls':>6} {'CPU total':>9} {'CPU/call':>9} "
+        f"{'device':>9} {'dev/call':>9} {'busy':>5}  {'verdict':<13}"
     )
     lines = [header]
     if not shown:
@@ -111,19 +111,19 @@ def _range_lines(report: WindowReport, rows: int) -> list[str]:
         lines.append(
             row(
                 r.name,
-                f" {r.calls:>6} {format_time_us(r.cpu_time_us):>11} "
-                f"{format_time_us(r.device_time_us):>11} {_pct(r.device_to_cpu_ratio):>8} "
+                f" {r.calls:>6} {format_time_us(r.cpu_time_us):>9} "
+                f"{format_time_us(r.cpu_time_per_call_us):>9} "
+                f"{format_time_us(r.device_time_us):>9} "
+                f"{format_time_us(r.device_time_per_call_us):>9} "
                 f"{_pct(r.device_busy_share) if r.device_time_us else '-':>5}  "
-                f"{str(r.verdict) if r.verdict.reason else '':<16}",
+                f"{r.verdict.short if r.verdict.reason else '':<13}",
                 name_w,
                 middle=True,
             )
         )
     for r in shown:
         if r.flops:
-            per_call = r.flops / r.calls if r.calls else 0.0
-            rate = f", {_si(r.flops_per_s)}FLOP/s on the device" if r.flops_per_s else ""
-            lines.append(fit(f"  {r.name}: {_si(per_call)}FLOP per call{rate}", WIDTH))
+            lines.extend(_wrap(f"  {r.name}: " + flops_line(report, r)))
     for r in shown:
         if r.open_calls:
             lines.extend(
@@ -133,6 +133,27 @@ def _range_lines(report: WindowReport, rows: int) -> list[str]:
                 )
             )
     return lines
+
+
+def flops_line(report: WindowReport, r: RangeStats) -> str:
+    """A range's FLOPs per call, achieved FLOP/s, MFU and FLOP/byte in words."""
+    per_call = r.flops / r.calls if r.calls else 0.0
+    text = f"{_si(per_call)}FLOP per call"
+    if not r.flops_per_s:
+        if r.cpu_time_us:
+            text += f", {_si(r.flops / (r.cpu_time_us * 1e-6))}FLOP/s over its CPU time"
+        return text + " (no device work: no MFU)"
+    text += f", {_si(r.flops_per_s)}FLOP/s on the device"
+    dtype = r.flops_dtype or "dtype unknown"
+    peak = report.peak_flops_per_s(r.flops_dtype)
+    mfu = report.mfu(r)
+    if mfu is not None and peak is not None:
+        text += f", MFU {100 * mfu:.1f}% of {_si(peak)}FLOP/s ({dtype}, {report.peak_source})"
+    else:
+        text += f", MFU: peak unknown for {report.device} ({dtype}; set PROFILED_PEAK_TFLOPS)"
+    if r.arithmetic_intensity:
+        text += f", {r.arithmetic_intensity:.0f} FLOP/byte"
+    return text
 
 
 def _operator_lines(report: WindowReport, rows: int) -> list[str]:

@@ -105,6 +105,10 @@ ATTRIBUTES: dict[str, str] = {
     "profiled.device_busy_us": "union of those intervals in µs (no idle gaps)",
     "profiled.kernel_launches": "device work launched inside",
     "profiled.flops": "estimated FLOPs (with_flops)",
+    "profiled.flops_per_s": "achieved FLOP/s over the device time (with_flops)",
+    "profiled.flops_dtype": "the dtype most of those FLOPs ran in (bf16, fp32, ...)",
+    "profiled.mfu": "achieved FLOP/s over the device's dense peak for that dtype (0..1)",
+    "profiled.peak_tflops": "that peak, TFLOP/s (the built-in table or PROFILED_PEAK_TFLOPS)",
     "profiled.verdict": "cpu-only, overhead-bound or compute-bound (+ compute/memory-heavy)",
     "profiled.verdict_reason": "the numbers behind the verdict",
     "profiled.profiler_overhead_us": "the profiler's own bookkeeping in the window, µs",
@@ -728,6 +732,9 @@ def _window_attributes(report: WindowReport) -> dict[str, Any]:
     }
     if report.flops:
         attrs["profiled.flops"] = report.flops
+        _rate_attributes(
+            attrs, report, report.flops, report.self_device_time_total_us, report.flops_dtype
+        )
     reason = getattr(report, "reason", None)
     if reason is not None:
         attrs["profiled.window.reason"] = reason.kind
@@ -735,6 +742,22 @@ def _window_attributes(report: WindowReport) -> dict[str, Any]:
     if report.trace_file:
         attrs["profiled.trace_file"] = report.trace_file
     return attrs
+
+
+def _rate_attributes(
+    attrs: dict[str, Any], report: WindowReport, flops: int, device_us: float, dtype: str
+) -> None:
+    """FLOP/s over ``device_us``, the dtype, and MFU where the device's peak is known."""
+    if dtype:
+        attrs["profiled.flops_dtype"] = dtype
+    if not device_us:
+        return
+    rate = flops / (device_us * 1e-6)
+    attrs["profiled.flops_per_s"] = rate
+    peak = report.peak_flops_per_s(dtype)
+    if peak:
+        attrs["profiled.mfu"] = rate / peak
+        attrs["profiled.peak_tflops"] = peak / 1e12
 
 
 def _occurrence_attributes(occ: Occurrence, report: WindowReport) -> dict[str, Any]:
@@ -757,6 +780,9 @@ def _occurrence_attributes(occ: Occurrence, report: WindowReport) -> dict[str, A
         attrs["profiled.verdict_reason"] = occ.verdict.reason
     if occ.flops:
         attrs["profiled.flops"] = occ.flops
+        stats = report.ranges.get(occ.name)
+        dtype = stats.flops_dtype if stats is not None else ""
+        _rate_attributes(attrs, report, occ.flops, occ.device_time_us, dtype)
     if occ.thread_id is not None:
         attrs["thread.id"] = occ.thread_id
     return attrs

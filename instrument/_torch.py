@@ -705,7 +705,7 @@ def kineto_events(results: Any, with_flops: bool = True) -> list[Any]:
     One loop over every event of a window (~140k in a big one): the classes stay integer
     literals and the per-event work inline; only a new (name, category) pair calls out.
     """
-    from .events import DEVICE_CATEGORIES, UNFINISHED, USER_ANNOTATION, Event, input_bytes
+    from .events import DEVICE_CATEGORIES, UNFINISHED, USER_ANNOTATION, Event, kineto_flops
 
     raw = _kineto_raw_events(results)
     op_thread: dict[int, Any] = {}
@@ -731,9 +731,11 @@ def kineto_events(results: Any, with_flops: bool = True) -> list[Any]:
                 thread = threads[tid] = ("cpu", tid)
             ext = e.correlation_id()
             op_thread[ext] = thread
-            flops = e.flops() if with_flops else 0
-            nbytes = input_bytes(e.shapes(), e.dtypes()) if flops else 0
-            flags = USER_ANNOTATION if cat == "user_annotation" else 0
+            flops = nbytes = flags = 0
+            if with_flops:
+                flops, nbytes, flags = kineto_flops(name, e.flops(), e.shapes, e.dtypes)
+            if cat == "user_annotation":
+                flags |= USER_ANNOTATION
             if e.end_thread_id() == 0:  # cut short by the stop (torch's ids start at 1)
                 flags |= UNFINISHED
             start, dur = e.start_ns(), e.duration_ns()

@@ -43,6 +43,7 @@ from .events import (
     _order,
     _union_ns,
     events_from_trace,
+    flops_dtype,
     is_bookkeeping,
     no_gc,
 )
@@ -74,6 +75,7 @@ class _Range:
     launches: int = 0
     flops: int = 0
     nbytes: int = 0
+    dtype_flops: dict[str, int] = field(default_factory=dict)  # FLOPs per dtype
     open_calls: int = 0  # still open when the profiler stopped
     # [start, end, last device end, profiler work inside]
     occurrences: list[list[int]] = field(default_factory=list)
@@ -91,6 +93,8 @@ class Analysis:
     device_busy_us: float = 0.0
     wall_time_us: float = 0.0
     flops: int = 0
+    bytes_moved: int = 0
+    flops_dtype: str = ""
     verdict: Verdict = field(default_factory=lambda: Verdict(CPU_ONLY, "no events"))
     event_count: int = 0
     occurrences: Occurrences | None = None  # when asked for (``analyze(occurrences=...)``)
@@ -107,6 +111,8 @@ class Analysis:
             "profiler_overhead_us": self.profiler_overhead_us,
             "device_busy_us": self.device_busy_us,
             "flops": self.flops,
+            "bytes_moved": self.bytes_moved,
+            "flops_dtype": self.flops_dtype,
             "verdict": self.verdict,
             "event_count": self.event_count,
             "occurrences": self.occurrences,
@@ -260,6 +266,8 @@ class _Host:
         self.op_ranges: dict[int, tuple[tuple[_Range, list[int]], ...]] = {}
         self.self_ns = 0
         self.flops = 0
+        self.nbytes = 0
+        self.dtype_flops: dict[str, int] = {}
         self.overhead_ns = 0
         self.work_ns = 0  # the profiler's own work (PROFILER_WORK_NAMES), self time
         self.first: int | None = None
@@ -342,7 +350,7 @@ def _walk_thread(host: _Host, evs: list[Event]) -> None:
                 agg = ops[name] = [0, 0, 0]
         if flops:
             total_flops += flops
-            _add_flops(open_ranges, flops, nbytes)
+            _add_flops(host, open_ranges, flops, nbytes, annotation)
         if open_ranges and (ext or link):
             op_ranges[ext or link] = open_ranges
         stack.append([end, name, 0, dur, agg])
@@ -375,10 +383,28 @@ def _open_range(
     return agg
 
 
-def _add_flops(open_ranges: tuple[tuple[_Range, list[int]], ...], flops: int, nbytes: int) -> None:
+def _add_flops(
+    host: _Host,
+    open_ranges: tuple[tuple[_Range, list[int]], ...],
+    flops: int,
+    nbytes: int,
+    annotation: int,
+) -> None:
+    """An operator's FLOPs (and the bytes of its inputs) go to every range open around it and
+    to the window, by the dtype they ran in."""
+    dtype = flops_dtype(annotation)
+    host.nbytes += nbytes
+    host.dtype_flops[dtype] = host.dtype_flops.get(dtype, 0) + flops
     for rng, _occ in open_ranges:
         rng.flops += flops
         rng.nbytes += nbytes
+        rng.dtype_flops[dtype] = rng.dtype_flops.get(dtype, 0) + flops
+
+
+def _main_dtype(dtype_flops: dict[str, int]) -> str:
+    """The dtype most FLOPs ran in ("" when none is known)."""
+    known = {d: f for d, f in dtype_flops.items() if d}
+    return max(known, key=lambda d: known[d]) if known else ""
 
 
 @dataclass
@@ -435,6 +461,8 @@ def _range_stats(ranges: dict[str, _Range]) -> dict[str, RangeStats]:
             wall_time_us=wall / 1000.0,
             flops=agg.flops,
             open_calls=agg.open_calls,
+            bytes_moved=agg.nbytes,
+            flops_dtype=_main_dtype(agg.dtype_flops),
             verdict=judge(
                 device_us=agg.device_ns / 1000.0,
                 busy_us=busy / 1000.0,
@@ -459,7 +487,7 @@ def _summarize(host: _Host, dev: _Device, top: int, count: int) -> Analysis:
     )
     first, last = host.first, host.last
     wall_all = max(0, last - first - host.work_ns) if first is not None and last is not None else 0
-    window_bytes = sum(a.nbytes for a in host.ranges.values())
+    window_bytes = host.nbytes
     self_us, device_us = host.self_ns / 1000.0, dev.total_ns / 1000.0
     return Analysis(
         ranges=FrozenMap(_range_stats(host.ranges)),
@@ -471,6 +499,8 @@ def _summarize(host: _Host, dev: _Device, top: int, count: int) -> Analysis:
         device_busy_us=dev.busy_ns / 1000.0,
         wall_time_us=wall_all / 1000.0,
         flops=host.flops,
+        bytes_moved=host.nbytes,
+        flops_dtype=_main_dtype(host.dtype_flops),
         verdict=judge(
             device_us=device_us,
             busy_us=dev.busy_ns / 1000.0,

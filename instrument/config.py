@@ -158,7 +158,17 @@ SETTINGS: tuple[Setting, ...] = (
         "PROFILED_WITH_FLOPS",
         False,
         **boolean(),
-        doc="estimate FLOPs of matrix multiplications and convolutions",
+        doc="count FLOPs (matrix products, convolutions, scaled-dot-product attention; "
+        "records input shapes too): per range FLOPs, achieved FLOP/s over device time, MFU "
+        "against the device's dense peak, FLOP/byte against its ridge point",
+    ),
+    Setting(
+        "peak_tflops",
+        "PROFILED_PEAK_TFLOPS",
+        None,
+        **kinds.optional(number(0.0, 1e6, low_open=True, note="TFLOP/s")),
+        doc="the device's dense peak in TFLOP/s for MFU, for every dtype (unset: the "
+        "built-in table of data-centre GPUs; a device not in it says `peak unknown`)",
     ),
     Setting(
         "trace_dir",
@@ -376,6 +386,7 @@ class Config:
     all_threads: bool = _default("all_threads")
     with_stack: bool = _default("with_stack")
     with_flops: bool = _default("with_flops")
+    peak_tflops: float | None = _default("peak_tflops")
     trace_dir: str = _default("trace_dir")
     trace_gzip: bool = _default("trace_gzip")
     trace_keep: int = _default("trace_keep")

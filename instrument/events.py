@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
+
+from .peaks import dtype_name
 
 __all__ = [
     "BOOKKEEPING_NAMES",
@@ -29,6 +31,9 @@ __all__ = [
     "input_bytes",
     "is_bookkeeping",
     "mm_flops",
+    "flops_dtype",
+    "flops_dtype_bits",
+    "kineto_flops",
     "no_gc",
 ]
 
@@ -60,6 +65,10 @@ _tuple_new = tuple.__new__
 # stopped before it ended (torch's ``"finished": false``: a range still open at the stop)
 USER_ANNOTATION = 1
 UNFINISHED = 2
+# bits 2-4: the dtype of an operator's FLOPs (``flops_dtype``), an index into DTYPE_NAMES
+DTYPE_SHIFT = 2
+DTYPE_NAMES = ("", "fp64", "fp32", "fp16", "bf16", "fp8", "int8", "")
+_DTYPE_CODES = {name: i for i, name in enumerate(DTYPE_NAMES) if name}
 
 CPU_OP_CATEGORIES = frozenset({"cpu_op", "user_annotation", "python_function"})
 RUNTIME_CATEGORIES = frozenset(
@@ -125,10 +134,41 @@ def dtype_bytes(dtype: str) -> int:
     return _DTYPE_BYTES.get(dtype, 4)
 
 
-def mm_flops(name: str, dims: list[Any]) -> int:
-    """FLOPs of the matrix products torch's ``with_flops`` counts, from input shapes.
+# Scaled-dot-product attention's fused operators, which the profiler's own FLOP count leaves
+# out: name -> index of the query in the inputs (q, k, v follow). The composite
+# ``aten::scaled_dot_product_attention`` is not here: its math fallback runs ``aten::bmm``,
+# which is counted already.
+SDPA_OPS = {
+    "aten::_scaled_dot_product_flash_attention": 0,
+    "aten::_scaled_dot_product_efficient_attention": 0,
+    "aten::_scaled_dot_product_cudnn_attention": 0,
+    "aten::_scaled_dot_product_flash_attention_for_cpu": 0,
+    "aten::_flash_attention_forward": 0,
+    "aten::_efficient_attention_forward": 0,
+}
+SDPA_BACKWARD_OPS = {
+    "aten::_scaled_dot_product_flash_attention_backward": 1,
+    "aten::_scaled_dot_product_efficient_attention_backward": 1,
+    "aten::_scaled_dot_product_cudnn_attention_backward": 1,
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": 1,
+}
 
-    Used for traces (torch 2.13's trace JSON carries shapes but no FLOP counts)."""
+
+def _sdpa_flops(dims: list[Any], at: int) -> int:
+    """torch.utils.flop_counter's formula: QK^T and PV, 2*b*h*s_q*s_k*(d_q + d_v)."""
+    q, k, v = dims[at], dims[at + 1], dims[at + 2]
+    if len(q) != 4 or len(k) != 4 or len(v) != 4:
+        return 0
+    b, h, s_q, d_q = q
+    s_k, d_v = k[2], v[3]
+    return 2 * b * h * s_q * s_k * (d_q + d_v)
+
+
+def mm_flops(name: str, dims: list[Any]) -> int:
+    """FLOPs of an operator from its input shapes: the matrix products torch's ``with_flops``
+    counts (used for traces: torch 2.13's trace JSON carries shapes but no FLOP counts), and
+    scaled-dot-product attention, which torch's count leaves out (torch.utils.flop_counter's
+    formulas: the backward is twice the forward)."""
     try:
         if name == "aten::mm" and len(dims[0]) == 2 and len(dims[1]) == 2:
             (m, k), (_, n) = dims[0], dims[1]
@@ -142,9 +182,44 @@ def mm_flops(name: str, dims: list[Any]) -> int:
         if name == "aten::baddbmm" and len(dims[1]) == 3 and len(dims[2]) == 3:
             (b, m, k), (_, _, n) = dims[1], dims[2]
             return 2 * b * m * k * n
+        if name in SDPA_OPS:
+            return _sdpa_flops(dims, SDPA_OPS[name])
+        if name in SDPA_BACKWARD_OPS:
+            return 2 * _sdpa_flops(dims, SDPA_BACKWARD_OPS[name])
     except (TypeError, ValueError, IndexError):
         return 0
     return 0
+
+
+SDPA_NAMES = frozenset(SDPA_OPS) | frozenset(SDPA_BACKWARD_OPS)
+
+
+def kineto_flops(
+    name: str, flops: int, shapes: Callable[[], Any], dtypes: Callable[[], Any]
+) -> tuple[int, int, int]:
+    """(FLOPs, input bytes, dtype bits) of a Kineto operator event: the profiler's own count
+    (``flops``), else ours for attention; shapes and dtypes are read only when needed."""
+    if not flops and name in SDPA_NAMES:
+        flops = mm_flops(name, shapes())
+    if not flops:
+        return 0, 0, 0
+    types = dtypes()
+    return flops, input_bytes(shapes(), types), flops_dtype_bits(types)
+
+
+def flops_dtype_bits(dtypes: Iterable[Any]) -> int:
+    """The ``annotation`` bits naming the dtype an operator's FLOPs ran in: its first
+    floating (or int8) input's."""
+    for dtype in dtypes:
+        code = _DTYPE_CODES.get(dtype_name(str(dtype)))
+        if code:
+            return code << DTYPE_SHIFT
+    return 0
+
+
+def flops_dtype(annotation: int) -> str:
+    """The dtype name ``flops_dtype_bits`` put in ``annotation`` ("" when unknown)."""
+    return DTYPE_NAMES[(annotation >> DTYPE_SHIFT) & 7]
 
 
 def input_bytes(dims: Iterable[Any], dtypes: Iterable[Any]) -> int:
@@ -190,15 +265,18 @@ def _events_from_trace(trace: Mapping[str, Any]) -> list[Event]:
                 append(new(Event, ("overhead", name, start, dur, thread, 0, 0, 0, 0, 0)))
                 continue
             flops = int(args.get("flops", 0) or 0)
-            nbytes = 0
+            nbytes = flags = 0
             dims = args.get("Input Dims")
             if dims is not None:
                 if not flops:
                     flops = mm_flops(name, dims)
                 if flops:
-                    nbytes = input_bytes(dims, args.get("Input type") or ())
+                    types = args.get("Input type") or ()
+                    nbytes = input_bytes(dims, types)
+                    flags = flops_dtype_bits(types)
             ext = int(args.get("External id", 0) or 0)
-            flags = USER_ANNOTATION if cat == "user_annotation" else 0
+            if cat == "user_annotation":
+                flags |= USER_ANNOTATION
             if args.get("finished") is False:
                 flags |= UNFINISHED
             append(new(Event, ("cpu", name, start, dur, thread, ext, 0, flops, nbytes, flags)))

@@ -94,10 +94,21 @@ class RangeStats:
     # calls that began in the window and were still running when its profiler stopped (a
     # range held across steps): counted in ``calls``, their time cut at the stop
     open_calls: int = 0
+    bytes_moved: int = 0  # with_flops: input bytes of the operators that did those FLOPs
+    flops_dtype: str = ""  # the dtype most of those FLOPs ran in ("bf16"; "" unknown)
 
     @property
     def cpu_time_per_call_us(self) -> float:
         return self.cpu_time_us / self.calls if self.calls else 0.0
+
+    @property
+    def device_time_per_call_us(self) -> float:
+        return self.device_time_us / self.calls if self.calls else 0.0
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        """FLOPs per byte of operator inputs (0 when either is unknown)."""
+        return self.flops / self.bytes_moved if self.flops and self.bytes_moved else 0.0
 
     @property
     def device_to_cpu_ratio(self) -> float:
@@ -298,10 +309,37 @@ class WindowReport:
     occurrences: Occurrences | None = None
     # why the window opened; None where unknown (a report read back from a trace file)
     reason: WindowReason | None = None
+    bytes_moved: int = 0  # with_flops: input bytes of the operators that did the FLOPs
+    flops_dtype: str = ""  # the dtype most FLOPs ran in
+    # the device's dense peaks (TFLOP/s per dtype, ``instrument.peaks``) and where they come
+    # from ("NVIDIA H200", "PROFILED_PEAK_TFLOPS=500"; "" unknown)
+    peak_tflops: FrozenMap[float] = field(default_factory=FrozenMap)
+    peak_source: str = ""
 
     @property
     def duration_us(self) -> float:
         return (self.end_ns - self.start_ns) / 1000.0
+
+    @property
+    def flops_per_s(self) -> float:
+        """Achieved FLOP/s over the window's device time (0 when unknown)."""
+        if not (self.flops and self.self_device_time_total_us):
+            return 0.0
+        return self.flops / (self.self_device_time_total_us * 1e-6)
+
+    def peak_flops_per_s(self, dtype: str) -> float | None:
+        """The device's dense peak for ``dtype`` (None: peak unknown)."""
+        tflops = self.peak_tflops.get(dtype)
+        return tflops * 1e12 if tflops else None
+
+    def mfu(self, r: RangeStats | None = None) -> float | None:
+        """Achieved FLOP/s over the device's dense peak for the FLOPs' dtype, of range ``r``
+        or (None) the whole window; None when FLOPs, device time or the peak are unknown."""
+        rate, dtype = (
+            (self.flops_per_s, self.flops_dtype) if r is None else (r.flops_per_s, r.flops_dtype)
+        )
+        peak = self.peak_flops_per_s(dtype)
+        return rate / peak if rate and peak else None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready plain data: the window's numbers. Per-call ``occurrences`` are left out
@@ -309,7 +347,20 @@ class WindowReport:
         out = asdict(dataclasses.replace(self, occurrences=None))
         del out["occurrences"]
         # FrozenMap is a Mapping but not a dict: convert it by hand
-        out["ranges"] = {name: asdict(r) for name, r in self.ranges.items()}
+        out["ranges"] = {name: self._range_dict(r) for name, r in self.ranges.items()}
+        out["peak_tflops"] = dict(self.peak_tflops)
+        out["flops_per_s"] = self.flops_per_s
+        out["mfu"] = self.mfu()
+        return out
+
+    def _range_dict(self, r: RangeStats) -> dict[str, Any]:
+        """A range's fields, then what follows from them: per-call averages, FLOP/s, MFU."""
+        out = asdict(r)
+        out["cpu_time_per_call_us"] = r.cpu_time_per_call_us
+        out["device_time_per_call_us"] = r.device_time_per_call_us
+        out["flops_per_s"] = r.flops_per_s
+        out["mfu"] = self.mfu(r)
+        out["arithmetic_intensity"] = r.arithmetic_intensity
         return out
 
 

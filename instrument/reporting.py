@@ -21,6 +21,7 @@ from .analysis_process import shape_and_analyze
 from .config import Config
 from .report import OccurrenceBudget, WindowReason, WindowReport
 from .sampling import Schedule
+from .throughput import with_peaks
 from .tracefile import shape_file
 
 __all__ = [
@@ -122,7 +123,7 @@ class ReportBuilder:
         except BaseException:
             rawtraces.remove(raw)  # no report will carry it: nobody else would remove it
             raise
-        return WindowReport(
+        report = WindowReport(
             window=ended.index,
             steps=ended.steps,
             partial=ended.partial,
@@ -138,6 +139,7 @@ class ReportBuilder:
             reason=ended.reason,
             **analysis.report_fields(),
         )
+        return with_peaks(report, self.config.peak_tflops)
 
     def _in_helper(self, raw: str, names: frozenset[str], dist: dict[str, Any]) -> Any:
         """The window's trace work in the shared helper process; None (the caller does it

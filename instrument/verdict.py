@@ -11,9 +11,11 @@ Every threshold lives here. The words are the seed's ("Profiling in PyTorch"):
 - **compute-bound**: the device was busy for at least that share: the CPU runs ahead and the
   device is the bottleneck (matmul+bias at 4096x4096). When FLOPs are known
   (``with_flops=True``) the verdict also says **compute-heavy** or **memory-heavy**: FLOPs per
-  byte of operator inputs at or above ``COMPUTE_HEAVY_FLOP_PER_BYTE`` (100, between the
-  bf16 ridge points of an A100, ~150, and the fp32 ones of current GPUs, ~15) count as
-  compute-heavy; below, the kernels mostly move memory.
+  byte of operator inputs at or above the device's ridge point for the FLOPs' dtype (peak
+  FLOP/s over memory bandwidth, ``instrument.peaks``: ~206 for bf16 on an H200) count as
+  compute-heavy; below, the kernels mostly move memory. For a device not in that table the
+  line is ``COMPUTE_HEAVY_FLOP_PER_BYTE`` (100, between the bf16 ridge points of an A100,
+  ~150, and the fp32 ones of current GPUs, ~15).
 
 No torch imports: the CLI applies the same verdicts to saved traces. Times in the reasons
 are formatted as in the tables (``exporters._format``).
@@ -77,8 +79,11 @@ def judge(
     cpu_us: float,
     flops: int = 0,
     input_bytes: int = 0,
+    ridge: float | None = None,
 ) -> Verdict:
-    """The verdict for a range or a window from its numbers (µs, FLOPs, bytes)."""
+    """The verdict for a range or a window from its numbers (µs, FLOPs, bytes). ``ridge``:
+    the device's ridge point for the FLOPs' dtype (FLOP/byte, ``instrument.peaks``), which
+    splits compute-heavy from memory-heavy; None: ``COMPUTE_HEAVY_FLOP_PER_BYTE``."""
     if device_us <= 0.0:
         return Verdict(CPU_ONLY, f"no device work in {format_time_us(cpu_us)} of CPU time")
     share = busy_us / wall_us if wall_us > 0 else 1.0
@@ -89,8 +94,11 @@ def judge(
     detail = ""
     if flops > 0 and input_bytes > 0:
         intensity = flops / input_bytes
-        detail = "compute-heavy" if intensity >= COMPUTE_HEAVY_FLOP_PER_BYTE else "memory-heavy"
+        line = COMPUTE_HEAVY_FLOP_PER_BYTE if ridge is None else ridge
+        detail = "compute-heavy" if intensity >= line else "memory-heavy"
         numbers += f", {intensity:.0f} FLOP/byte"
+        if ridge is not None:
+            numbers += f" (the device's ridge: {ridge:.0f})"
     if share < OVERHEAD_BOUND_BELOW:
         return Verdict(
             OVERHEAD_BOUND, numbers + ": the device idles while the CPU dispatches", detail

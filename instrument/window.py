@@ -110,7 +110,7 @@ class Windows:
             # telemetry must never break the program. Warm-up steps are still counted.
             window = _torch.ProfilerWindow(
                 sess.activities,
-                record_shapes=config.record_shapes,
+                record_shapes=config.record_shapes or config.with_flops,  # attention FLOPs
                 profile_memory=config.profile_memory,
                 with_stack=config.with_stack,
                 with_flops=config.with_flops,

@@ -74,6 +74,11 @@ def test_03_mlp_eager_against_compiled_and_the_diff(tmp_path):
     eager, compiled = table_rows(out.stderr, "top operators by self CPU time")
     assert calls(eager["aten::gelu"]) == 3 and calls(eager["aten::mul"]) == 3
     assert calls(eager["aten::mm"]) == 9  # gate, up, down
+    # with_flops: the FLOPs line under each table (three GEMMs of 128x256x1024 per call)
+    per_call = re.findall(r"^  mlp: ([\d.]+) MFLOP per call, ", out.stderr, re.M)
+    assert [float(v) for v in per_call] == pytest.approx(
+        [3 * 2 * 128 * 256 * 1024 / 1e6] * 2, rel=0.01
+    )
     for d in ("eager", "compiled"):
         files = os.listdir(tmp_path / "profiled_traces" / "03_mlp" / d)
         assert len(files) == 1 and files[0].endswith(".pt.trace.json.gz")

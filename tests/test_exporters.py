@@ -494,15 +494,15 @@ def test_console_range_column_grows_for_module_paths_and_cuts_their_middle():
     column = header.index("calls") - 1  # where each row's 6-wide calls field starts
     rows = {line.split()[0]: line for line in lines if line.startswith(("model.", "f "))}
     assert "model.layers.11.self_attn" in rows  # 25 characters: shown whole
-    cut = "model.layers.1.p...tention_layernorm"  # 39 characters: layer index and leaf kept
-    assert cut in rows and len(cut) == WIDTH - 64
+    cut = "model.layers.1...ntion_layernorm"  # 39 characters: layer index and leaf kept
+    assert cut in rows and len(cut) == WIDTH - 68
     assert all(
         line[column - 1] == " " and line[column : column + 6].strip() == "3"
         for line in rows.values()
     )
     assert all(len(line) <= WIDTH for line in lines)
     short = format_report(make_report(None)).splitlines()
-    assert next(line for line in short if line.startswith("@profiled range")).index("calls") == 32
+    assert next(line for line in short if line.startswith("@profiled range")).index("calls") == 26
 
 
 # ---------------------------------------------------------------- registry

@@ -7,6 +7,8 @@ import json
 import os
 import re
 
+import pytest
+
 from tests import _proc
 from tests._proc import REPO
 
@@ -88,6 +90,11 @@ def test_seed_demo_runs_and_writes_loadable_traces(tmp_path):
     assert tables == 2, out.stderr
     assert out.stderr.count("Self CPU time total:") == 2
     assert "no table" not in out.stderr
+    # the FLOPs line under each table: 2*n^3 per call (the bias add is not a FLOP counted)
+    per_call = re.findall(r"^  matmul_bias: ([\d.]+) ([kMG])FLOP per call", out.stderr, re.M)
+    assert [float(v) * {"k": 1e3, "M": 1e6, "G": 1e9}[u] for v, u in per_call] == pytest.approx(
+        [2 * 64**3, 2 * 1024**3], rel=0.01
+    )
     files = sorted(os.listdir(tmp_path / "profiled_traces"))
     assert len(files) == 2 and all(f.endswith(".pt.trace.json.gz") for f in files)
     for name in files:
