@@ -13,7 +13,8 @@ Variants, all in one process on one model, optimizer and pool of batches:
   is idle: no session counts steps and no profiler records, the state of a program after its
   windows, or between them once sampling skips idle steps.
 - *decorated, idle, metrics on*: the same with always-on metrics (each call timed into its
-  range's histogram; issue 17's target: >= 99.5%).
+  range's histogram; on a GPU one call in ``PROFILED_METRICS_DEVICE_EVERY`` (100) per range
+  also gets CUDA events; issue 17's target: >= 99.5%).
 - *decorated, idle + modules*: the same with ``instrument_module(model, depth=2)`` hooks.
 - *decorated, counting*: a session counts every step but never opens a window.
 - *plain torch.profiler, same windows*: no SDK; ``torch.profiler.profile`` with
@@ -145,10 +146,12 @@ class Bench:
         return self.timed(EX.train_step)
 
     def metrics(self) -> float:
-        """Decorated and idle, with always-on metrics (every call timed into its histogram)."""
+        """Decorated and idle, with always-on metrics (every call timed into its histogram)
+        and device-time sampling at its default (CUDA events on one call in 100 per range)."""
         from instrument import state
+        from instrument.config import Config
 
-        state.set_metrics(True)
+        state.set_metrics(True, device_every=Config().metrics_device_every)
         try:
             assert not decorator._IDLE and decorator._QUIET
             return self.timed(EX.train_step)

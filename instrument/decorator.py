@@ -112,7 +112,8 @@ def _enter(name: str, timed: bool = True) -> tuple[Any, Any, int, Any, str, int,
     if _ON_FIRST_CALL is not None:
         _ON_FIRST_CALL()
     m = _METRICS if timed else None
-    sampled = m.device.start(name) if m is not None and m.samples_device else None
+    sampler = m.device if m is not None else None
+    sampled = sampler.start(name) if sampler is not None else None
     t0 = _now() if m is not None else 0
     if _FLAG._is_profiler_enabled:
         # last, and straight into the caller's state: nothing between the range's start and
@@ -126,10 +127,11 @@ def _exit(state: tuple[Any, ...], is_step: bool, root_ends_step: bool = True) ->
     _DEPTH.reset(token)
     if rf is not None:
         _range_exit(rf)
-    if t0 and _METRICS is not None:
-        _record(_METRICS, name, _now() - t0, is_step)
-        if sampled is not None and _METRICS.device is not None:
-            _METRICS.device.end(sampled)
+    m = _METRICS  # (read once: another thread may switch metrics off meanwhile)
+    if t0 and m is not None:
+        _record(m, name, _now() - t0, is_step)
+    if sampled is not None:
+        sampled[0].end(sampled)
     if sess is not None:
         if is_step:
             sess._step_function_returned()
@@ -165,11 +167,14 @@ def _step_call(f: Callable[..., Any], name: str, sess: Any, args: Any, kwargs: A
         sess._step_function_returned()
 
 
-def _timed(f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: Any) -> Any:
+def _timed(
+    recorder: Any, f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: Any
+) -> Any:
     """A sync call while metrics are on: its wall time goes to ``name``'s histogram (and, for
-    one call in ``PROFILED_METRICS_DEVICE_EVERY``, its device time)."""
-    recorder = _METRICS
-    sampled = recorder.device.start(name) if recorder.samples_device else None
+    one call in ``PROFILED_METRICS_DEVICE_EVERY``, its device time). ``recorder``: the
+    ``_METRICS`` the caller saw (read once: another thread may switch metrics off)."""
+    sampler = recorder.device  # (read once: metrics may be switched off meanwhile)
+    sampled = sampler.start(name) if sampler is not None else None
     t0 = _now()
     try:
         if _SESSION is not None or (not _QUIET and state.session_for_calls() is not None):
@@ -182,7 +187,7 @@ def _timed(f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: A
     finally:
         _record(recorder, name, _now() - t0, is_step)
         if sampled is not None:
-            recorder.device.end(sampled)
+            sampled[0].end(sampled)
 
 
 def _call(
@@ -194,8 +199,9 @@ def _call(
     sess = _SESSION
     if sess is None:
         sess = state.session_for_calls()
-        if _METRICS is not None and not timed:  # this call made the session that turned them on
-            return _timed(f, name, is_step, args, kwargs)
+        m = _METRICS
+        if m is not None and not timed:  # this call made the session that turned them on
+            return _timed(m, f, name, is_step, args, kwargs)
     if sess is None or sess._steps_declared:  # root calls do not end steps: no depth needed
         if is_step and sess is not None:
             return _step_call(f, name, sess, args, kwargs)
@@ -260,8 +266,9 @@ def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...,
                 _compiled_step_returned()
                 return result
             return f(*args, **kwargs)
-        if _METRICS is not None:
-            return _timed(f, name, is_step, args, kwargs)
+        m = _METRICS
+        if m is not None:
+            return _timed(m, f, name, is_step, args, kwargs)
         return _call(f, name, is_step, args, kwargs)
 
     return wrapper
@@ -423,8 +430,9 @@ def _wrap_callable_object(obj: Any, name: str, is_step: bool) -> Any:
                 _compiled_step_returned()
                 return result
             return wrapped(*args, **kwargs)
-        if _METRICS is not None:
-            return _timed(wrapped, name, is_step, args, kwargs)
+        m = _METRICS
+        if m is not None:
+            return _timed(m, wrapped, name, is_step, args, kwargs)
         return _call(wrapped, name, is_step, args, kwargs)
 
     return wrapt.FunctionWrapper(obj, wrapper)

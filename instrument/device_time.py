@@ -47,8 +47,10 @@ class DeviceTimes:
         self.devices: dict[str, str] = {}  # name -> "cuda:N" of its last sample
         self.dropped = 0
 
-    def start(self, name: str) -> tuple[str, Any] | None:
-        """Before a call of ``name``: its start event when this call is sampled, else None."""
+    def start(self, name: str) -> tuple[DeviceTimes, str, Any] | None:
+        """Before a call of ``name``: (this sampler, the name, its start event) when this call
+        is sampled, else None; hand it to ``end`` after the call. Never raises: a call that
+        cannot be sampled goes unsampled."""
         counter = self._counters.get(name)
         if counter is None:
             counter = self._counters.setdefault(name, itertools.count())
@@ -60,19 +62,21 @@ class DeviceTimes:
             self.poll()
             begin = torch.cuda.Event(enable_timing=True)
             begin.record()
-        except RuntimeError:  # no usable device now: this call goes unsampled
+        except Exception:  # noqa: BLE001 - no usable device now: this call goes unsampled
             return None
-        return name, begin
+        return self, name, begin
 
-    def end(self, started: tuple[str, Any]) -> None:
-        """After the sampled call: its end event; the pair waits to be read."""
-        name, begin = started
+    @staticmethod
+    def end(started: tuple[DeviceTimes, str, Any]) -> None:
+        """After the sampled call: its end event, on the sampler that started it (metrics may
+        have been switched meanwhile); the pair waits to be read. Never raises."""
+        self, name, begin = started
         try:
             if torch.cuda.is_current_stream_capturing():
                 return
             finish = torch.cuda.Event(enable_timing=True)
             finish.record()
-        except RuntimeError:
+        except Exception:  # noqa: BLE001 - telemetry never breaks the call it measured
             return
         with self._lock:
             self._pending.append((name, begin, finish))
@@ -91,7 +95,7 @@ class DeviceTimes:
                         waiting.append(item)
                         continue
                     ms = begin.elapsed_time(finish)
-                except RuntimeError:  # unreadable now and later: dropped
+                except Exception:  # noqa: BLE001 - unreadable now and later: dropped
                     self.dropped += 1
                     continue
                 self._add(self.shards, name, max(0, int(ms * 1e6)))

@@ -354,3 +354,63 @@ def test_device_sampling_on_a_machine_without_cuda_changes_nothing(tmp_path):
     assert last["ranges"]["work"]["count"] == 300 + 8 * 2000
     assert last["device_ranges"] == {}
     assert "Warning" not in out.stderr, out.stderr[-2000:]
+
+
+TOGGLE_PROGRAM = r"""
+import sys, threading
+import instrument
+from exporters import InMemoryExporter
+from instrument import Schedule, profiled, state
+
+# a session that counts every step and never opens a window: calls take the general path
+instrument.configure(schedule=Schedule(skip_first=10**9), exporters=[InMemoryExporter()])
+sys.setswitchinterval(1e-6)  # thread switches between any two bytecodes, as often as can be
+
+@profiled("sync")
+def work(x):
+    return x + 1
+
+@profiled("step", step=True)
+def train(x):
+    return work(x)
+
+errors = []
+
+def calls():
+    try:
+        for i in range(20000):
+            train(i)
+            with profiled("ctx"):
+                work(i)
+    except BaseException as exc:
+        errors.append(repr(exc))
+
+def toggle(callers):
+    i = 0
+    while any(t.is_alive() for t in callers):
+        state.set_metrics(i % 2 == 0, device_every=1)
+        i += 1
+    state.set_metrics(False)
+    print("toggles", i)
+
+callers = [threading.Thread(target=calls) for _ in range(3)]
+toggler = threading.Thread(target=toggle, args=(callers,))
+for t in callers + [toggler]:
+    t.start()
+for t in callers + [toggler]:
+    t.join()
+print("errors", errors)
+"""
+
+
+def test_switching_metrics_on_and_off_under_running_calls_never_breaks_them(tmp_path):
+    """Another thread turns metrics on and off for as long as three threads call decorated
+    functions (sync, step, context form): no call raises (each reads the switch once)."""
+    script = tmp_path / "toggle.py"
+    script.write_text(TOGGLE_PROGRAM)
+    from tests import _proc
+
+    out = _proc.run(str(script), env=_proc.sdk_env({}), timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "errors []", out.stdout[-3000:]
+    assert int(out.stdout.split("toggles ")[1].split()[0]) > 100  # it did run alongside
