@@ -2,7 +2,7 @@
 program: ``python tests/_gate_program.py OUT:WINDOWS:SLEEP_MS:SIZE:SHAPES ...``, one session
 (and one directory of traces, OUT) per argument, one after the other.
 
-Each step calls the ``train_step`` range three times: a ``SIZE x SIZE`` matmul, then a sleep of
+Each step calls the ``train_step`` range five times: a ``SIZE x SIZE`` matmul, then a sleep of
 the window's SLEEP_MS (``2`` or, window by window and cycled, ``2/6/10``). The sleep makes a
 call's time predictable on a busy machine (a regression is a longer sleep, noise a spread of
 sleeps across windows); the matmul's shapes (and FLOPs) are what SHAPES=1 records
@@ -22,7 +22,7 @@ import torch
 from exporters import TraceFileExporter
 from instrument import Schedule, flush, profiled, session
 
-CALLS = 3  # train_step calls per step
+CALLS = 5  # train_step calls per step
 
 
 def run(out: str, windows: int, sleeps: list[float], size: int, shapes: bool) -> None:

@@ -1,10 +1,12 @@
 """``torch-profiled diff``, per call, and its regression gate (``--fail-over``), on real traces.
 
 The traces come from a real program (``tests/_gate_program.py``) run with the SDK in two
-processes, one after the other (at once, on two cores, a window's calls wait for the other's): one window against three, the same program twice, a slower variant, a
-spread of per-window times, other matrix sizes, no shapes recorded. Its range's time is a sleep
-plus a small matmul, so the figures the tests compare are known within a few percent on a busy
-machine, while the code under test reads them exactly as it reads any trace.
+processes, one after the other (at once, on two cores, a window's calls wait for the other's):
+one window against three, the same program twice, a slower variant, a spread of per-window
+times, other matrix sizes, no shapes recorded. Its range's time is a sleep plus a small matmul,
+so the figures compared are known within a few percent, while the code under test reads them
+as it reads any trace. A call the machine delays now and then is what the spread rule is for;
+the tests leave it margins where one window stands alone.
 """
 
 from __future__ import annotations
@@ -27,13 +29,13 @@ XSD = os.path.join(HERE, "junit.xsd")
 RUNS_A = {
     "one": (1, "2", 64, 1),
     "three": (3, "2", 64, 1),
-    "slow": (3, "6", 64, 1),
-    "spread_before": (3, "2/10/18", 64, 1),
+    "slow": (3, "20", 64, 1),
+    "spread_before": (3, "2/20/38", 64, 1),
     "big": (1, "2", 128, 1),
 }
 RUNS_B = {
     "again": (3, "2", 64, 1),
-    "spread_after": (3, "5/13/21", 64, 1),
+    "spread_after": (3, "8/26/44", 64, 1),
     "no_shapes": (1, "2", 64, 0),
 }
 
@@ -90,18 +92,19 @@ def test_one_window_against_three_compares_per_call(runs, capsys):
     assert "(1 trace, 1 window)" in out and "(3 traces, 3 windows)" in out
     (line,) = [ln for ln in out.splitlines() if ln.startswith("train_step ")]
     cells = line.split()
-    assert cells[-1] == "3"  # calls per window, the same on both sides
-    assert 0.8 < float(cells[-2].rstrip("x")) < 1.25  # per call about the same, not ~3x
+    assert cells[-1] == "5"  # calls per window, the same on both sides
+    # per call about the same (a margin for a call the machine delayed), not ~3x
+    assert 0.5 < float(cells[-2].rstrip("x")) < 1.6
     assert all(len(ln) <= 100 for ln in out.splitlines())
     doc = json.loads(_main(capsys, "diff", "--json", runs["one"], runs["three"])[1])
     (row,) = [r for r in doc["ranges"] if r["name"] == "train_step"]
-    assert (row["calls_before"], row["calls_after"]) == (3, 9)
-    assert row["calls_per_window_before"] == row["calls_per_window_after"] == 3
-    assert 0.8 < row["ratio"] < 1.25
-    # the per-call figure is all time over all calls: 9 calls of ~2 ms, never ~6 ms
-    assert 1800 < row["after_us"] < 2600
+    assert (row["calls_before"], row["calls_after"]) == (5, 15)
+    assert row["calls_per_window_before"] == row["calls_per_window_after"] == 5
+    assert 0.5 < row["ratio"] < 1.6
+    # the per-call figure is all time over all calls: 15 calls of ~2 ms, never ~6 ms
+    assert 1800 < row["after_us"] < 4000
     total = doc["totals"]["self_cpu_time_total_us"]  # per window, not the sum of three
-    assert 0.8 < total["ratio"] < 1.25
+    assert 0.5 < total["ratio"] < 1.6
 
 
 def test_different_window_counts_pass_the_gate_and_a_regression_still_fails(runs, capsys):
@@ -110,7 +113,7 @@ def test_different_window_counts_pass_the_gate_and_a_regression_still_fails(runs
     rc, doc = _gate(capsys, runs["one"], runs["slow"], "--fail-over", "10%")
     v = _verdict(doc)
     assert rc == 1 and v["status"] == "regression"
-    assert v["before"]["calls"] == 3 and v["after"]["calls"] == 9
+    assert v["before"]["calls"] == 5 and v["after"]["calls"] == 15
 
 
 # ---------------------------------------------------------------- the gate
@@ -125,11 +128,11 @@ def test_regression_fails_with_exit_1(runs, capsys):
     rc, doc = _gate(capsys, runs["three"], runs["slow"], "--fail-over", "10%")
     v = _verdict(doc)
     assert rc == 1 and v["status"] == "regression" and not doc["passed"]
-    assert 1.2 < v["change"] < 2.4  # a 2 ms sleep became 6 ms: about +190% per call
+    assert 5 < v["change"] < 12  # a 2 ms sleep became 20 ms: about +900% per call
     assert v["worse_by"] > max(v["noise"], 0.10)
     assert len(v["before"]["windows"]) == len(v["after"]["windows"]) == 3
     # a threshold above the change lets it through; faster is never a regression
-    rc, doc = _gate(capsys, runs["three"], runs["slow"], "--fail-over", "500%")
+    rc, doc = _gate(capsys, runs["three"], runs["slow"], "--fail-over", "2000%")
     assert rc == 0 and _verdict(doc)["status"] == "pass"
     rc, doc = _gate(capsys, runs["slow"], runs["three"], "--fail-over", "10")
     assert rc == 0 and _verdict(doc)["change"] < -0.3
@@ -146,8 +149,8 @@ def test_same_program_twice_is_noise_only(runs, capsys):
 
 
 def test_a_change_within_the_windows_spread_is_noise(runs, capsys, tmp_path):
-    """Windows of 2/10/18 ms against 5/13/21 ms: +30% per call, past a 10% threshold, but the
-    sides spread over ~150% each: noise. One window of each (2 ms against 5 ms, +150%): only
+    """Windows of 2/20/38 ms against 8/26/44 ms: +30% per call, past a 10% threshold, but the
+    sides spread over ~140% each: noise. One window of each (2 ms against 8 ms, +300%): only
     the threshold applies, and it fails."""
     rc, doc = _gate(capsys, runs["spread_before"], runs["spread_after"], "--fail-over", "10%")
     v = _verdict(doc)
@@ -159,13 +162,13 @@ def test_a_change_within_the_windows_spread_is_noise(runs, capsys, tmp_path):
     for side in ("spread_before", "spread_after"):
         d = tmp_path / side
         d.mkdir()
-        name = sorted(os.listdir(runs[side]))[0]  # the first window: 2 ms and 5 ms
+        name = sorted(os.listdir(runs[side]))[0]  # the first window: 2 ms and 8 ms
         shutil.copy(os.path.join(runs[side], name), d / name)
         first[side] = str(d)
     rc, doc = _gate(capsys, first["spread_before"], first["spread_after"], "--fail-over", "10%")
     v = _verdict(doc)
     assert rc == 1 and v["status"] == "regression" and v["noise"] == 0
-    assert 1.0 < v["change"] < 2.0
+    assert 1.0 < v["change"] < 4.0
 
 
 def test_mismatched_shapes_are_not_comparable(runs, capsys):
@@ -184,12 +187,14 @@ def test_mismatched_shapes_are_not_comparable(runs, capsys):
 
 
 def test_shapes_not_recorded_is_said_and_not_a_mismatch(runs, capsys):
-    rc, out, err = _main(capsys, "diff", runs["one"], runs["no_shapes"], "--fail-over", "50%")
-    assert rc == 0, out + err
+    rc, out, err = _main(capsys, "diff", runs["one"], runs["no_shapes"], "--fail-over", "10%")
     assert "note: input shapes not recorded after (record_shapes)" in out
-    rc, doc = _gate(capsys, runs["one"], runs["no_shapes"], "--fail-over", "50%")
-    assert _verdict(doc)["status"] == "pass"
+    # one window each: the times decide (a delayed call may fail it), the shapes never do
+    rc, doc = _gate(capsys, runs["one"], runs["no_shapes"], "--fail-over", "10%")
+    v = _verdict(doc)
+    assert v["status"] in ("pass", "regression") and "mismatch" not in v
     assert doc["before"]["shapes_recorded"] and not doc["after"]["shapes_recorded"]
+    assert doc["problems"] == []
 
 
 def _edited(runs, tmp_path, name: str, edit) -> str:
@@ -281,7 +286,8 @@ def test_range_picks_what_is_gated(runs, capsys, tmp_path):
 
 
 def test_junit_file_validates_against_the_junit_schema(runs, capsys, tmp_path):
-    etree = pytest.importorskip("lxml.etree")
+    from lxml import etree  # the dev extra's XML Schema validator
+
     schema = etree.XMLSchema(etree.parse(XSD))
     cases = {
         "regression": (runs["three"], runs["slow"], ()),
