@@ -652,13 +652,26 @@ def _only(report: WindowReport, names: Sequence[str]) -> WindowReport:
 
 
 def _missing_range_message(
-    missing: Sequence[str], present: Iterable[str], traces: int, what: str = "trace"
+    missing: Sequence[str],
+    present: Iterable[str],
+    traces: int,
+    what: str = "trace",
+    as_operators: Iterable[str] = (),
 ) -> str:
     """The one line for ``--range`` names in no trace: the ranges that are there (sorted, the
-    first ``RANGES_LISTED``) and, per missing name, the closest one present."""
+    first ``RANGES_LISTED``) and, per missing name, the closest one present. With no range
+    there, ``as_operators``: operators named like ``@profiled`` ranges (no ``::``), which is
+    how a range recorded inside another profiler looks."""
     there = sorted(set(present))
     read = f"{traces} {what}{'s' if traces != 1 else ''} read"
     head = f"--range {', '.join(repr(m) for m in missing)}: no such range in the {read}"
+    kind = "ranges there"
+    if not there:
+        there = sorted(set(as_operators))
+        kind = (
+            "they hold no record_function ranges; operators named like @profiled ranges "
+            "there (recorded inside another profiler)"
+        )
     if not there:
         return (
             f"{head}: they hold no ranges (no record_function or @profiled range ran); "
@@ -676,9 +689,25 @@ def _missing_range_message(
     if len(there) > RANGES_LISTED:
         listed += f", ... ({len(there)} in all)"
     return (
-        f"{head}{hint}; ranges there: {listed}; expected one of them or an operator's "
+        f"{head}{hint}; {kind}: {listed}; expected one of them or an operator's "
         "name (nothing printed)"
     )
+
+
+def _range_like_operators(paths: Sequence[str], max_bytes: int) -> set[str]:
+    """CPU operators whose names have no ``::`` (``aten::mm`` has): a ``@profiled`` range
+    recorded inside someone else's profiler is such an operator. Read again, on the error
+    path only."""
+    from .events import is_bookkeeping
+
+    names = set()
+    for f in _collect(paths):
+        for ev in load_checked(f, max_bytes)["traceEvents"]:
+            name = ev.get("name")
+            if ev.get("cat") == "cpu_op" and isinstance(name, str) and "::" not in name:
+                if not is_bookkeeping(name):
+                    names.add(name)
+    return names
 
 
 def _record_paths(paths: Sequence[str]) -> list[tuple[str, list[str]]] | None:
@@ -761,7 +790,8 @@ def _summarize(args: argparse.Namespace) -> str:
         found = {name for r in reports for name in r.ranges}
         missing = [n for n in wanted if n not in found]
         if missing:
-            raise _UsageError(_missing_range_message(missing, found, len(reports)))
+            ops = () if found else _range_like_operators(args.paths, args.max_mb * MB)
+            raise _UsageError(_missing_range_message(missing, found, len(reports), "trace", ops))
         reports = [_only(r, wanted) for r in reports]
     summary = rank_summary(reports)
     if args.json:

@@ -92,15 +92,18 @@ def _figure(side: Side, name: str, metric: str, basis: str) -> dict[str, Any] | 
         return None
     spread = 0.0
     if len(values) > 1:
-        mid = sorted(values)[len(values) // 2] if len(values) % 2 else _median(values)
+        mid = _median(values)
         spread = (max(values) - min(values)) / mid if mid > 0 else 0.0
+    # per step (ProfilerStep#N spans; none in a trace without a schedule): calls and time
     steps = sum(len(w.report.steps) for w in side.windows if name in w.report.ranges)
     return {
         "value": pooled,
         "windows": values,
         "calls": calls,
-        "calls_per_step": calls / steps if steps else None,
         "spread": spread,
+        "steps": steps,
+        "calls_per_step": calls / steps if steps else None,
+        "per_step": pooled * calls / steps if steps and metric != "flops" else None,
     }
 
 
@@ -235,9 +238,22 @@ def _verdict(
     found = problems + ([shape] if shape else [])
     if found:
         return _mismatch(out, found, opts)
-    if opts.metric == "flops" and not (b["value"] or a["value"]):
-        return dict(out, status=SKIPPED, reason="no FLOPs on either side")
-    return _judge(out, b, a, opts)
+    if not (b["value"] or a["value"]):
+        what = "FLOPs" if opts.metric == "flops" else f"{opts.metric} time"
+        return dict(out, status=SKIPPED, reason=f"no {what} on either side")
+    verdict = _judge(out, b, a, opts)
+    if b["calls_per_step"] and a["calls_per_step"] and b["calls_per_step"] != a["calls_per_step"]:
+        verdict["reason"] += (
+            f"; calls per step {b['calls_per_step']:g} -> {a['calls_per_step']:g}"
+            + _per_step_text(b, a, opts.metric)
+        )
+    return verdict
+
+
+def _per_step_text(b: dict[str, Any], a: dict[str, Any], metric: str) -> str:
+    if b["per_step"] is None or a["per_step"] is None:
+        return ""
+    return f" (per step {_fmt(b['per_step'], metric)} -> {_fmt(a['per_step'], metric)})"
 
 
 def _mismatch(out: dict[str, Any], reasons: list[str], opts: GateOptions) -> dict[str, Any]:

@@ -114,6 +114,9 @@ def test_different_window_counts_pass_the_gate_and_a_regression_still_fails(runs
     v = _verdict(doc)
     assert rc == 1 and v["status"] == "regression"
     assert v["before"]["calls"] == 5 and v["after"]["calls"] == 15
+    # per step too: one recorded step a window (ProfilerStep#N), five calls in it
+    assert v["before"]["calls_per_step"] == v["after"]["calls_per_step"] == 5
+    assert v["after"]["per_step"] == pytest.approx(5 * v["after"]["value"])
 
 
 # ---------------------------------------------------------------- the gate
@@ -384,3 +387,35 @@ def test_summarize_missing_range_lists_the_ranges_of_sdk_traces(runs, capsys):
     assert "hold no ranges" not in err
     assert "no such range in the 3 traces read (did you mean 'train_step'?)" in err
     assert "ranges there: 'train_step';" in err
+
+
+OWN_PROFILER = """
+import sys, torch
+from instrument import profiled
+
+@profiled("my_block")
+def work(x):
+    return x @ x
+
+x = torch.randn(32, 32)
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
+    for _ in range(3):
+        work(x)
+p.export_chrome_trace(sys.argv[1])
+"""
+
+
+def test_summarize_missing_range_lists_ranges_recorded_as_operators(tmp_path, capsys):
+    """An @profiled range inside the program's own profiler is recorded as an operator: the
+    message said the trace held no ranges, with ``my_block`` right there."""
+    path = str(tmp_path / "own.json")
+    proc = _proc.run("-c", OWN_PROFILER, path)
+    assert proc.returncode == 0, proc.stderr
+    rc, out, err = _main(capsys, "summarize", "--range", "my_blok", path)
+    _one_line_error(rc, out, err)
+    assert "hold no ranges" not in err
+    assert "(did you mean 'my_block'?)" in err
+    assert "operators named like @profiled ranges there" in err and ": 'my_block';" in err
+    assert "aten::" not in err
+    rc, out, err = _main(capsys, "summarize", "--json", "--range", "my_block", path)
+    assert rc == 0 and json.loads(out)["ranges"]["my_block"]["calls"] == 3
