@@ -943,10 +943,10 @@ def _diff_parser(sub: Any) -> None:
     d = sub.add_parser(
         "diff",
         help="compare two traces (or directories) per call; --fail-over gates regressions",
-        description="Per range, device kernel and operator (self CPU time): before, after, "
-        "delta and ratio (after/before) per call, pooled over each side's windows (a "
-        "directory holds a window per trace), largest change first; totals per window. "
-        "'-' marks a name missing on a side. With --fail-over: a regression gate for CI.",
+        description="Per range, device kernel and operator (self CPU time): before, after, delta\n"
+        "and ratio (after/before) per call, pooled over each side's windows (a directory holds\n"
+        "a window per trace), largest change first; totals per window. '-' marks a name\n"
+        "missing on a side. With --fail-over: a regression gate for CI.",
         epilog=DIFF_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -285,6 +285,59 @@ def test_range_picks_what_is_gated(runs, capsys, tmp_path):
     assert "no range is on both sides" in err
 
 
+# ---------------------------------------------------------------- on a GPU (device machine)
+
+# name -> spec after OUT: windows, sleep ms, size, shapes, device, matmuls per call
+CUDA_RUNS = (
+    {"base": "3:2:2048:1:cuda:1", "heavier": "3:2:2048:1:cuda:4"},
+    {"again": "3:2:2048:1:cuda:1"},
+)
+
+
+@pytest.fixture(scope="module")
+def cuda_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gate_cuda")
+    dirs = {}
+    for group in CUDA_RUNS:
+        specs = []
+        for name, spec in group.items():
+            dirs[name] = str(root / name)
+            specs.append(f"{dirs[name]}:{spec}")
+        proc = _proc.run(PROGRAM, *specs, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    return dirs
+
+
+H100 = os.path.join(HERE, "data", "gate_h100")  # recorded on an H100 (see its README.md)
+
+
+def test_metric_device_on_h100_traces(capsys):
+    _device_gate(capsys, *(os.path.join(H100, n) for n in ("base", "heavier", "again")))
+
+
+@pytest.mark.cuda
+def test_metric_device_on_a_gpu(cuda_runs, capsys):
+    _device_gate(capsys, cuda_runs["base"], cuda_runs["heavier"], cuda_runs["again"])
+
+
+def _device_gate(capsys, base: str, heavier: str, again: str) -> None:
+    """Four matmuls a call instead of one: the device time per call regresses, the achieved
+    FLOP/s does not (four times the FLOPs in four times the time), the same run twice passes."""
+    rc, doc = _gate(capsys, base, heavier, "--fail-over", "10%", "--metric", "device")
+    v = _verdict(doc)
+    assert rc == 1 and v["status"] == "regression", v
+    assert 2.0 < v["change"] < 5.0  # about +300% device time per call
+    assert doc["before"]["devices"] == doc["after"]["devices"] != ["cpu"]
+    rc, doc = _gate(capsys, base, again, "--fail-over", "10%", "--metric", "device")
+    assert rc == 0 and _verdict(doc)["status"] == "pass", _verdict(doc)
+    rc, doc = _gate(capsys, base, heavier, "--fail-over", "10%", "--metric", "flops")
+    v = _verdict(doc)
+    assert v["basis"] == "device" and v["before"]["value"] > 1e9
+    assert rc == 0 and v["status"] == "pass" and abs(v["change"]) < 0.3, v
+    rc, out, err = _main(capsys, "diff", base, heavier)
+    assert rc == 0 and "range (device per call)" in out and "device kernel (per launch)" in out
+
+
 # ---------------------------------------------------------------- JUnit
 
 
