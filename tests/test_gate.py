@@ -23,7 +23,9 @@ from tests import _proc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROGRAM = os.path.join(HERE, "_gate_program.py")
-XSD = os.path.join(HERE, "junit.xsd")
+JUNIT_XSDS = tuple(  # Jenkins' schema and a stricter one (tests/data/junit/README.md)
+    os.path.join(HERE, "data", "junit", name) for name in ("junit-10.xsd", "strict.xsd")
+)
 
 # name -> (windows, sleep ms per window, matrix size, record shapes); two processes' worth
 RUNS_A = {
@@ -344,7 +346,7 @@ def _device_gate(capsys, base: str, heavier: str, again: str) -> None:
 def test_junit_file_validates_against_the_junit_schema(runs, capsys, tmp_path):
     from lxml import etree  # the dev extra's XML Schema validator
 
-    schema = etree.XMLSchema(etree.parse(XSD))
+    schemas = [etree.XMLSchema(etree.parse(xsd)) for xsd in JUNIT_XSDS]
     cases = {
         "regression": (runs["three"], runs["slow"], ()),
         "pass": (runs["three"], runs["again"], ()),
@@ -358,7 +360,8 @@ def test_junit_file_validates_against_the_junit_schema(runs, capsys, tmp_path):
         )
         assert rc == (1 if case in ("regression", "error") else 0), err
         doc = etree.parse(str(path))
-        assert schema.validate(doc), (case, schema.error_log)
+        for xsd, schema in zip(JUNIT_XSDS, schemas):
+            assert schema.validate(doc), (case, xsd, schema.error_log)
         (suite,) = doc.getroot().findall("testsuite")
         assert suite.get("name") == "torch-profiled diff"
         (case_el,) = suite.findall("testcase")
@@ -377,9 +380,13 @@ def test_junit_file_validates_against_the_junit_schema(runs, capsys, tmp_path):
             assert case_el[0].get("message")
         assert suite.find("system-out").text == out  # the same text as on the terminal
     assert sorted(os.listdir(tmp_path)) == sorted(f"{c}.xml" for c in cases)  # no temp files
-    # the schema is no rubber stamp: a count that is not a number, a testcase with no name
-    bad = etree.fromstring(b'<testsuite name="x" tests="one"><testcase/></testsuite>')
-    assert not schema.validate(bad)
+    # the schemas are no rubber stamps: a testcase with no name; a count that is not a number
+    nameless = etree.fromstring(
+        b'<testsuite name="x" tests="1" failures="0" errors="0"><testcase/></testsuite>'
+    )
+    assert not any(schema.validate(nameless) for schema in schemas)
+    wordy = etree.fromstring(b'<testsuite name="x" tests="one" failures="0" errors="0"/>')
+    assert not schemas[1].validate(wordy)
 
 
 # ---------------------------------------------------------------- bad input
