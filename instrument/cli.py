@@ -626,9 +626,9 @@ def _runs(values: Sequence[int]) -> str:
 # ---------------------------------------------------------------- diff
 
 
-def _side(path: str, max_bytes: int = DEFAULT_MAX_MB * MB) -> Side:
+def _side(path: str, max_bytes: int = DEFAULT_MAX_MB * MB, shapes: bool = True) -> Side:
     """One side of a diff: a window per trace, every operator and kernel kept, with the input
-    shapes of each range's operators (``instrument.diff``)."""
+    shapes of each range's operators when ``shapes`` (the gate compares them)."""
     from .diff import Side, Window, range_shapes
 
     files = _collect([path])
@@ -636,7 +636,7 @@ def _side(path: str, max_bytes: int = DEFAULT_MAX_MB * MB) -> Side:
     for f in files:
         trace = load_checked(f, max_bytes)
         rep = report_from_trace(f, trace, rows=_ALL)
-        windows.append(Window(rep, range_shapes(trace, rep.ranges)))
+        windows.append(Window(rep, range_shapes(trace, rep.ranges) if shapes else None))
     return Side(path, tuple(files), tuple(windows))
 
 
@@ -824,7 +824,8 @@ def _diff(args: argparse.Namespace) -> str | tuple[str, int]:
     except gate.GateError as exc:
         raise _UsageError(str(exc)) from None
     limit = args.max_mb * MB
-    before, after = _side(args.before, limit), _side(args.after, limit)
+    gating = threshold is not None
+    before, after = _side(args.before, limit, gating), _side(args.after, limit, gating)
     names = list(dict.fromkeys(args.range or ()))
     present = before.range_names() | after.range_names()
     missing = [n for n in names if n not in present]

@@ -230,7 +230,6 @@ def _side_doc(side: Side) -> dict[str, Any]:
         "windows": len(side.windows),
         "devices": side.devices,
         "world_sizes": side.world_sizes,
-        "shapes_recorded": side.shapes_recorded,
     }
 
 
