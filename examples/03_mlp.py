@@ -7,8 +7,8 @@ operators per call (three GEMMs, the GELU, the multiply), each reading and writi
 activations. ``torch.compile`` keeps the three GEMMs and fuses the GELU and the multiply into
 one generated kernel. Both versions run under the same range name, ``mlp``, in sessions of the
 same shape (one unprofiled step, one warm-up step, three recorded steps), each writing its trace
-to a directory of its own; at the end ``torch-profiled diff`` compares the two traces per range,
-kernel and operator.
+to a directory of its own; at the end ``torch-profiled diff`` compares the two traces per call, per
+range, kernel and operator.
 
 On a GPU: bf16, 2048 tokens, 4096 -> 11008 -> 4096 (a 7B model's MLP). On a CPU: fp32, 128
 tokens, 256 -> 1024 -> 256, compiled by Inductor's C++ backend when a C++ compiler is on the
@@ -16,7 +16,8 @@ PATH, else by ``aot_eager`` (no fusion; the example says so). The first compiled
 (seconds); it runs before the session, so the window holds only steady-state calls.
 
 Traces go to ``$PROFILED_TRACE_DIR/03_mlp/{eager,compiled}`` (default ``./profiled_traces``);
-both directories are emptied first, since ``diff`` sums every trace in a directory.
+both directories are emptied first, since ``diff`` pools every trace in a directory (a trace
+left from an earlier run would count as one more window).
 """
 
 from __future__ import annotations

@@ -57,20 +57,19 @@ import os
 import sys
 import zlib
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
-from exporters._format import WIDTH, fit, format_delta_us, format_time_us, row
+from exporters._format import WIDTH, fit, format_time_us, row
 
 if TYPE_CHECKING:
+    from .diff import Side
     from .report import WindowReport
 
 __all__ = [
     "DEFAULT_MAX_MB",
     "InputError",
     "build_parser",
-    "diff_sides",
     "find_traces",
-    "format_diff",
     "format_rank_summary",
     "load_checked",
     "main",
@@ -102,6 +101,7 @@ _CHUNK = 4 * MB  # read/decompress step: the most read past the limit before sto
 # deflate never grows data by more than 5 bytes per 64 KiB block (plus a header): a .gz larger
 # than this cannot hold a trace within the limit (or is padded with junk)
 _GZIP_SLACK = 64 * 1024
+METRICS = ("cpu", "device", "flops")  # diff --metric (instrument.gate.METRICS)
 RANGES_LISTED = 20  # names a "--range names no range" message lists before "... (N in all)"
 
 
@@ -344,7 +344,9 @@ def report_from_trace(
     keeps only those ranges unless ``only_named`` is False (all ranges: what a "no such range"
     message lists)."""
     from .analysis import analyze_trace
+    from .config import peak_tflops_from_env
     from .report import FrozenMap, WindowReport
+    from .throughput import with_peaks
 
     names = frozenset(range_names)
     try:
@@ -360,7 +362,7 @@ def report_from_trace(
     if names and only_named:
         ranges = FrozenMap({n: r for n, r in ranges.items() if n in names})
     host = trace.get("host_name")
-    return WindowReport(
+    report = WindowReport(
         window=window,
         steps=tuple(sorted(facts.steps)),
         partial=False,
@@ -375,6 +377,8 @@ def report_from_trace(
         trace_file=path,
         **analysis.report_fields(ranges=ranges),
     )
+    # the device's peaks (MFU) and ridge points; PROFILED_PEAK_TFLOPS applies here too
+    return with_peaks(report, peak_tflops_from_env())
 
 
 @dataclasses.dataclass
@@ -626,149 +630,18 @@ def _runs(values: Sequence[int]) -> str:
 # ---------------------------------------------------------------- diff
 
 
-def _side(path: str, max_bytes: int = DEFAULT_MAX_MB * MB) -> dict[str, Any]:
-    """One side of a diff: its traces summed per name."""
-    ranges: dict[str, list[float]] = {}  # name -> [calls, cpu_us, device_us]
-    kernels: dict[str, list[Any]] = {}  # name -> [calls, device_us, kind]
-    ops: dict[str, list[float]] = {}  # name -> [calls, self_cpu_us]
-    totals = {"self_cpu_time_total_us": 0.0, "self_device_time_total_us": 0.0}
+def _side(path: str, max_bytes: int = DEFAULT_MAX_MB * MB, shapes: bool = True) -> Side:
+    """One side of a diff: a window per trace, every operator and kernel kept, with the input
+    shapes of each range's operators when ``shapes`` (the gate compares them)."""
+    from .diff import Side, Window, range_shapes
+
     files = _collect([path])
+    windows = []
     for f in files:
-        rep = report_from_trace(f, load_checked(f, max_bytes), rows=_ALL)
-        for name, r in rep.ranges.items():
-            acc = ranges.setdefault(name, [0, 0.0, 0.0])
-            acc[0] += r.calls
-            acc[1] += r.cpu_time_us
-            acc[2] += r.device_time_us
-        for k in rep.top_kernels:
-            acc = kernels.setdefault(k.name, [0, 0.0, k.kind])
-            acc[0] += k.calls
-            acc[1] += k.device_time_us
-        for o in rep.top_ops:
-            acc = ops.setdefault(o.name, [0, 0.0])
-            acc[0] += o.calls
-            acc[1] += o.self_cpu_time_us
-        totals["self_cpu_time_total_us"] += rep.self_cpu_time_total_us
-        totals["self_device_time_total_us"] += rep.self_device_time_total_us
-    return {
-        "path": path,
-        "traces": files,
-        "ranges": ranges,
-        "kernels": kernels,
-        "ops": ops,
-        "totals": totals,
-    }
-
-
-def _compare(
-    before: dict[str, list[Any]],
-    after: dict[str, list[Any]],
-    index: int,
-    rows: int,
-    kinds: bool = False,
-) -> list[dict[str, Any]]:
-    """Rows for names on either side, largest absolute change first."""
-    out = []
-    for name in set(before) | set(after):
-        b, a = before.get(name), after.get(name)
-        bv = b[index] if b is not None else None
-        av = a[index] if a is not None else None
-        row: dict[str, Any] = {
-            "name": name,
-            "before_us": bv,
-            "after_us": av,
-            "delta_us": (av or 0.0) - (bv or 0.0),
-            "ratio": _ratio(av, bv),
-            "calls_before": b[0] if b is not None else None,
-            "calls_after": a[0] if a is not None else None,
-        }
-        if kinds:
-            row["kind"] = (a or b)[2]  # type: ignore[index]
-        out.append(row)
-    out.sort(key=lambda r: (-abs(r["delta_us"]), r["name"]))
-    return out[:rows]
-
-
-def diff_sides(a: dict[str, Any], b: dict[str, Any], rows: int) -> dict[str, Any]:
-    result: dict[str, Any] = {
-        "before": {"path": a["path"], "traces": a["traces"]},
-        "after": {"path": b["path"], "traces": b["traces"]},
-        "ranges": _compare(a["ranges"], b["ranges"], 1, rows),
-    }
-    has_device = any(v[2] for side in (a, b) for v in side["ranges"].values())
-    result["range_device_time"] = _compare(a["ranges"], b["ranges"], 2, rows) if has_device else []
-    result["kernels"] = _compare(a["kernels"], b["kernels"], 1, rows, kinds=True)
-    result["operators"] = _compare(a["ops"], b["ops"], 1, rows)
-    totals = {}
-    for key in ("self_cpu_time_total_us", "self_device_time_total_us"):
-        bv, av = a["totals"][key], b["totals"][key]
-        totals[key] = {
-            "before_us": bv,
-            "after_us": av,
-            "delta_us": av - bv,
-            "ratio": _ratio(av, bv),
-        }
-    result["totals"] = totals
-    return result
-
-
-def _calls(b: int | None, a: int | None) -> str:
-    if b is None or a is None or b == a:
-        return str(a if a is not None else b)
-    return f"{b}->{a}"
-
-
-def _change(item: dict[str, Any]) -> str:
-    """A diff row's numbers: before, after, delta and after/before, aligned."""
-    return (
-        f"{_t(item['before_us']):>12}{_t(item['after_us']):>12}"
-        f"{format_delta_us(item['delta_us']):>13}{_ratio_text(item['ratio']):>9}"
-    )
-
-
-def format_diff(d: dict[str, Any]) -> str:
-    rule = "-" * WIDTH
-    n_b, n_a = len(d["before"]["traces"]), len(d["after"]["traces"])
-    lines = [
-        "torch-profiled diff | before -> after | delta = after - before, ratio = after/before",
-        f"before: {d['before']['path']} ({n_b} trace{'s' if n_b != 1 else ''})",
-        f"after:  {d['after']['path']} ({n_a} trace{'s' if n_a != 1 else ''})",
-    ]
-
-    def section(title: str, items: list[dict[str, Any]], empty: str) -> None:
-        lines.append(rule)
-        lines.append(
-            row(title, f"{'before':>12}{'after':>12}{'delta':>13}{'ratio':>9}{'calls':>14}")
-        )
-        if not items:
-            lines.append(empty)
-        for it in items:
-            name = (
-                it["name"]
-                if "kind" not in it or it["kind"] == "kernel"
-                else f"{it['name']} [{it['kind']}]"
-            )
-            lines.append(
-                row(name, _change(it) + f"{_calls(it['calls_before'], it['calls_after']):>14}")
-            )
-
-    section("range (CPU total)", d["ranges"], "(no range on either side)")
-    if d["range_device_time"]:
-        section("range (device time)", d["range_device_time"], "")
-    if d["kernels"]:
-        section("device kernel (device time)", d["kernels"], "")
-    section("operator (self CPU)", d["operators"], "(no operator on either side)")
-    lines.append(rule)
-    labels = [("self_cpu_time_total_us", "Self CPU time total")]
-    if (
-        d["totals"]["self_device_time_total_us"]["before_us"]
-        or d["totals"]["self_device_time_total_us"]["after_us"]
-    ):
-        labels.append(("self_device_time_total_us", "Self CUDA time total"))
-    for key, label in labels:
-        t = d["totals"][key]
-        lines.append(row(label, _change(t) + f"{'':>14}"))
-    return "\n".join(line.rstrip() for line in lines) + "\n"
+        trace = load_checked(f, max_bytes)
+        rep = report_from_trace(f, trace, rows=_ALL)
+        windows.append(Window(rep, range_shapes(trace, rep.ranges) if shapes else None))
+    return Side(path, tuple(files), tuple(windows))
 
 
 # ---------------------------------------------------------------- commands
@@ -783,13 +656,26 @@ def _only(report: WindowReport, names: Sequence[str]) -> WindowReport:
 
 
 def _missing_range_message(
-    missing: Sequence[str], present: Iterable[str], traces: int, what: str = "trace"
+    missing: Sequence[str],
+    present: Iterable[str],
+    traces: int,
+    what: str = "trace",
+    as_operators: Iterable[str] = (),
 ) -> str:
     """The one line for ``--range`` names in no trace: the ranges that are there (sorted, the
-    first ``RANGES_LISTED``) and, per missing name, the closest one present."""
+    first ``RANGES_LISTED``) and, per missing name, the closest one present. With no range
+    there, ``as_operators``: operators named like ``@profiled`` ranges (no ``::``), which is
+    how a range recorded inside another profiler looks."""
     there = sorted(set(present))
     read = f"{traces} {what}{'s' if traces != 1 else ''} read"
     head = f"--range {', '.join(repr(m) for m in missing)}: no such range in the {read}"
+    kind = "ranges there"
+    if not there:
+        there = sorted(set(as_operators))
+        kind = (
+            "they hold no record_function ranges; operators named like @profiled ranges "
+            "there (recorded inside another profiler)"
+        )
     if not there:
         return (
             f"{head}: they hold no ranges (no record_function or @profiled range ran); "
@@ -807,9 +693,25 @@ def _missing_range_message(
     if len(there) > RANGES_LISTED:
         listed += f", ... ({len(there)} in all)"
     return (
-        f"{head}{hint}; ranges there: {listed}; expected one of them or an operator's "
+        f"{head}{hint}; {kind}: {listed}; expected one of them or an operator's "
         "name (nothing printed)"
     )
+
+
+def _range_like_operators(paths: Sequence[str], max_bytes: int) -> set[str]:
+    """CPU operators whose names have no ``::`` (``aten::mm`` has): a ``@profiled`` range
+    recorded inside someone else's profiler is such an operator. Read again, on the error
+    path only."""
+    from .events import is_bookkeeping
+
+    names = set()
+    for f in _collect(paths):
+        for ev in load_checked(f, max_bytes)["traceEvents"]:
+            name = ev.get("name")
+            if ev.get("cat") == "cpu_op" and isinstance(name, str) and "::" not in name:
+                if not is_bookkeeping(name):
+                    names.add(name)
+    return names
 
 
 def _record_paths(paths: Sequence[str]) -> list[tuple[str, list[str]]] | None:
@@ -892,7 +794,8 @@ def _summarize(args: argparse.Namespace) -> str:
         found = {name for r in reports for name in r.ranges}
         missing = [n for n in wanted if n not in found]
         if missing:
-            raise _UsageError(_missing_range_message(missing, found, len(reports)))
+            ops = () if found else _range_like_operators(args.paths, args.max_mb * MB)
+            raise _UsageError(_missing_range_message(missing, found, len(reports), "trace", ops))
         reports = [_only(r, wanted) for r in reports]
     summary = rank_summary(reports)
     if args.json:
@@ -907,12 +810,58 @@ def _summarize(args: argparse.Namespace) -> str:
     return text
 
 
-def _diff(args: argparse.Namespace) -> str:
+def _diff(args: argparse.Namespace) -> str | tuple[str, int]:
+    """``diff``: the per-call table, or with ``--fail-over`` the gate (exit status 1 on a
+    regression or a range not comparable)."""
+    from . import diff, gate
+
+    if args.fail_over is None:
+        for flag, given in (
+            ("--junit", args.junit),
+            ("--allow-mismatch", args.allow_mismatch),
+            ("--metric", args.metric),
+        ):
+            if given:
+                raise _UsageError(f"{flag}: applies to the gate; expected --fail-over PCT with it")
+    try:
+        threshold = None if args.fail_over is None else gate.parse_threshold(args.fail_over)
+    except gate.GateError as exc:
+        raise _UsageError(str(exc)) from None
     limit = args.max_mb * MB
-    d = diff_sides(_side(args.before, limit), _side(args.after, limit), args.rows)
-    if args.json:
-        return json.dumps(d, indent=2) + "\n"
-    return format_diff(d)
+    gating = threshold is not None
+    before, after = _side(args.before, limit, gating), _side(args.after, limit, gating)
+    names = list(dict.fromkeys(args.range or ()))
+    present = before.range_names() | after.range_names()
+    missing = [n for n in names if n not in present]
+    if missing:
+        n = len(before.windows) + len(after.windows)
+        raise _UsageError(_missing_range_message(missing, present, n))
+    if threshold is None:
+        d = diff.diff_sides(before, after, args.rows, names or None)
+        return json.dumps(d, indent=2) + "\n" if args.json else diff.format_diff(d)
+    opts = gate.GateOptions(threshold, args.metric or "cpu", tuple(names), args.allow_mismatch)
+    try:
+        g = gate.gate(before, after, opts)
+    except gate.GateError as exc:
+        raise _UsageError(str(exc)) from None
+    text = gate.format_gate(g)
+    if args.junit:
+        _write_junit(args.junit, gate.junit_xml(g, text))
+    return (json.dumps(g, indent=2) + "\n" if args.json else text), g["exit_status"]
+
+
+def _write_junit(path: str, data: bytes) -> None:
+    from exporters._files import write_atomic
+
+    def write(f: BinaryIO) -> None:
+        f.write(data)
+
+    try:
+        write_atomic(path, write)
+    except OSError as exc:
+        raise InputError(
+            path, f"cannot write the JUnit file ({exc.strerror or exc})", "expected a writable path"
+        ) from None
 
 
 def _positive_int(text: str) -> int:
@@ -981,6 +930,65 @@ def _summarize_parser(sub: Any) -> None:
     s.set_defaults(func=_summarize)
 
 
+DIFF_EPILOG = """\
+The gate (--fail-over PCT): per range, the figure --metric picks, per call and pooled over each
+side's windows (all time over all calls: one window compares fairly with three). A range
+regresses when it got worse (time up; for flops, FLOP/s down) by more than PCT AND by more than
+the windows' spread: per side, (max - min) / median of its per-window per-call values; the
+larger side's spread is the noise (0 with one window per side: then only PCT applies). Not
+comparable: different devices or world sizes, or a range's operators saw different input
+shapes (checked where both sides recorded shapes); it fails the gate unless --allow-mismatch
+(then skipped). A range on one side only is skipped (not comparable if named with --range).
+Exit status: 0 no regression, 1 a regression or a range not comparable, 2 bad input or usage.
+"""
+
+
+def _diff_parser(sub: Any) -> None:
+    """The ``diff`` command's arguments."""
+    d = sub.add_parser(
+        "diff",
+        help="compare two traces (or directories) per call; --fail-over gates regressions",
+        description="Per range, device kernel and operator (self CPU time): before, after, delta\n"
+        "and ratio (after/before) per call, pooled over each side's windows (a directory holds\n"
+        "a window per trace), largest change first; totals per window. '-' marks a name\n"
+        "missing on a side. With --fail-over: a regression gate for CI.",
+        epilog=DIFF_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    d.add_argument("before", metavar="A", help="the trace (or directory) before the change")
+    d.add_argument("after", metavar="B", help="the trace (or directory) after the change")
+    d.add_argument("--json", action="store_true", help="print the comparison (or the verdicts)")
+    d.add_argument(
+        "--rows", type=_positive_int, default=15, metavar="N", help="rows per section (default 15)"
+    )
+    d.add_argument(
+        "--range",
+        action="append",
+        metavar="NAME",
+        help="only this range (repeatable); the gate fails if it is on one side only",
+    )
+    d.add_argument(
+        "--fail-over",
+        metavar="PCT",
+        help="gate: exit 1 when a range got worse by more than PCT (10%% or 10) and the spread",
+    )
+    d.add_argument(
+        "--metric",
+        choices=METRICS,
+        help="what the gate judges per call: cpu (CPU time, default), device (device time) "
+        "or flops (achieved FLOP/s, a drop regresses; needs record_shapes or with_flops)",
+    )
+    d.add_argument("--junit", metavar="PATH", help="gate: also write the verdicts as JUnit XML")
+    d.add_argument(
+        "--allow-mismatch",
+        action="store_true",
+        help="gate: skip ranges that are not comparable (device, world size, input shapes) "
+        "instead of failing",
+    )
+    _max_mb_option(d)
+    d.set_defaults(func=_diff)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -988,28 +996,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Summarize and compare torch.profiler traces (Chrome/Kineto JSON, "
         ".json or .json.gz), from torch-profiled or from any torch.profiler user.",
-        epilog="Exit status: 0 ok, 2 bad input or usage. See 'torch-profiled COMMAND -h'.",
+        epilog="Exit status: 0 ok, 1 a regression (diff --fail-over), 2 bad input or usage. "
+        "See 'torch-profiled COMMAND -h'.",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     _summarize_parser(sub)
 
-    d = sub.add_parser(
-        "diff",
-        help="compare two traces (or directories): did my change make it faster?",
-        description="Per range, device kernel and operator (self CPU time): before, after, "
-        "delta and ratio (after/before), largest absolute change first. A "
-        "directory is summed over its traces. '-' marks a name missing on a side.",
-    )
-    d.add_argument("before", metavar="A", help="the trace (or directory) before the change")
-    d.add_argument("after", metavar="B", help="the trace (or directory) after the change")
-    d.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    d.add_argument(
-        "--rows", type=_positive_int, default=15, metavar="N", help="rows per section (default 15)"
-    )
-    _max_mb_option(d)
-    d.set_defaults(func=_diff)
+    _diff_parser(sub)
     return parser
 
 
@@ -1035,20 +1030,34 @@ def _error(message: str) -> None:
         pass
 
 
+def _joined(argv: Sequence[str]) -> list[str]:
+    """``--fail-over -5%`` as ``--fail-over=-5%``: argparse would take ``-5%`` for an option
+    and answer with usage; this way the value is checked and refused in one line."""
+    out = list(argv)
+    for i, arg in enumerate(out[:-1]):
+        if arg == "--fail-over" and out[i + 1].startswith("-"):
+            out[i : i + 2] = [f"--fail-over={out[i + 1]}"]
+            break
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status (the console script exits with it)."""
     try:
         parser = build_parser()
         try:
-            args = parser.parse_args(argv)
+            args = parser.parse_args(_joined(sys.argv[1:] if argv is None else argv))
         except SystemExit as exc:  # usage errors (2), --help and --version (0)
             sys.stdout.flush()
             return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
         if args.command is None:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
+        status = EXIT_OK
         try:
             text = args.func(args)
+            if isinstance(text, tuple):
+                text, status = text
         except InputError as exc:
             _error(str(exc))
             return EXIT_USAGE
@@ -1057,7 +1066,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_USAGE
         sys.stdout.write(text)
         sys.stdout.flush()
-        return EXIT_OK
+        return status
     except BrokenPipeError:  # `torch-profiled summarize ... | head`
         _silence_stdout()
         return EXIT_FAILURE

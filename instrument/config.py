@@ -525,6 +525,12 @@ def enabled_from_env(environ: Mapping[str, str] | None = None) -> bool:
     return _ENABLED.read(env, STRICT.read(env, strict=False))
 
 
+def peak_tflops_from_env(environ: Mapping[str, str] | None = None) -> float | None:
+    """``PROFILED_PEAK_TFLOPS`` alone (the CLI's reports of saved traces use it for MFU)."""
+    env = os.environ if environ is None else environ
+    return _BY_NAME["peak_tflops"].read(env, STRICT.read(env, strict=False))
+
+
 def __getattr__(name: str) -> str:
     """``config.PROFILED_ENABLED`` and the like still name their variable (each was a constant
     here before the declarations; ``SETTINGS`` is where they are documented now)."""

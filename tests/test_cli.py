@@ -401,7 +401,7 @@ def test_diff_sorts_by_absolute_change_and_marks_missing_names(tmp_path, capsys)
     b = _write(tmp_path / "b.json", _ranges_trace({"r1": 110, "r2": 150, "new": 30}))
     rc, out, _ = _main(capsys, "diff", a, b)
     assert rc == 0
-    section = out.split("range (CPU total)")[1].split("-" * 20)[0]
+    section = out.split("range (CPU per call)")[1].split("-" * 20)[0]
     rows = [ln.split() for ln in section.splitlines()[1:] if ln.strip()]
     assert [r[0] for r in rows] == ["r2", "new", "r1", "gone"]
     assert rows[0][1:5] == ["50.000us", "150.000us", "+100.000us", "3.00x"]
@@ -420,12 +420,13 @@ def test_diff_kernels_and_directories(tmp_path, capsys):
     _write(after_dir / "b.json", _gpu_trace(10.0))
     rc, out, _ = _main(capsys, "diff", before, str(after_dir))
     assert rc == 0
-    assert "(2 traces)" in out
-    kernels = out.split("device kernel (device time)")[1].split("-" * 20)[0]
+    assert "(2 traces, 2 windows)" in out
+    kernels = out.split("device kernel (per launch)")[1].split("-" * 20)[0]
     rows = [ln.split() for ln in kernels.splitlines()[1:] if ln.strip()]
-    assert rows[0][:6] == ["gemm", "40.000us", "20.000us", "-20.000us", "0.50x", "1->2"]
-    assert rows[1][:5] == ["add_kernel", "-", "7.000us", "+7.000us", "-"]
-    assert "Self CUDA time total" in out
+    # per launch, not summed: 40us once before, 10us per launch after (2 traces, 1 each)
+    assert rows[0][:6] == ["gemm", "40.000us", "10.000us", "-30.000us", "0.25x", "1"]
+    assert rows[1][:6] == ["add_kernel", "-", "7.000us", "+7.000us", "-", "0->0.5"]
+    assert "Self CUDA time total per window" in out
 
 
 # ---------------------------------------------------------------- bad input and usage
