@@ -17,10 +17,10 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
   python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
 } 2>&1 | tee "$OUT/machine.txt"
 timeout 300 python3 -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py tests/test_flops.py \
-  2>&1 | grep -v USDT | tail -30 | tee "$OUT/tests.log"
+  2>&1 | grep -v USDT > "$OUT/tests.log"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log"
 timeout 120 python3 -m pytest -q -p no:cacheprovider -rs -m cuda tests/test_gate.py \
   2>&1 | grep -v USDT | tail -15 | tee "$OUT/tests_gate.log"
-timeout 200 python3 bench/e2e_overhead.py --rounds "${ROUNDS:-7}" --only idle,metrics \
+timeout 200 python3 bench/e2e_overhead.py --rounds "${ROUNDS:-7}" --only idle,metrics,sampled \
   --json "$OUT/e2e.json" 2>&1 | grep -v USDT | tee "$OUT/e2e.log"
 timeout 120 python3 bench/flops_gpu.py --json "$OUT/flops.json" 2>&1 | grep -v USDT \
   | tee "$OUT/flops.log"

@@ -10,36 +10,39 @@ analysis itself (in the helper process) knows events, not devices. No torch impo
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from . import peaks
 from .report import FrozenMap, RangeStats, WindowReport
-from .verdict import Verdict, judge
+from .verdict import COMPUTE_HEAVY_FLOP_PER_BYTE, Verdict, judge
 
 __all__ = ["with_peaks"]
 
 
 def with_peaks(report: WindowReport, override_tflops: float | None = None) -> WindowReport:
-    """``report`` with its device's peaks and verdicts judged against its ridge points
-    (unchanged where the device is not known and no override is given)."""
+    """``report`` with its device's peaks (none where the device is not known and no override
+    is given) and the compute-heavy / memory-heavy part of its verdicts judged against the
+    device's ridge points (``COMPUTE_HEAVY_FLOP_PER_BYTE`` where unknown)."""
     peak = peaks.lookup(report.device, override_tflops)
-    if peak is None:
-        return report
-    ranges = {name: _rejudged(r, peak.ridge(r.flops_dtype)) for name, r in report.ranges.items()}
+
+    def ridge(dtype: str) -> float | None:
+        return peak.ridge(dtype) if peak is not None else None
+
+    ranges = {name: _rejudged(r, ridge(r.flops_dtype)) for name, r in report.ranges.items()}
     verdict = report.verdict
-    ridge = peak.ridge(report.flops_dtype)
-    if ridge is not None and report.flops and report.bytes_moved and verdict.detail:
-        verdict = _with_ridge(verdict, report.flops / report.bytes_moved, ridge)
+    if report.flops and report.bytes_moved and verdict.detail:
+        verdict = _with_ridge(verdict, report.flops / report.bytes_moved, ridge(report.flops_dtype))
     return dataclasses.replace(
         report,
         ranges=FrozenMap(ranges),
         verdict=verdict,
-        peak_tflops=FrozenMap(peak.tflops),
-        peak_source=peak.name,
+        peak_tflops=FrozenMap(peak.tflops if peak is not None else {}),
+        peak_source=peak.name if peak is not None else "",
     )
 
 
 def _rejudged(r: RangeStats, ridge: float | None) -> RangeStats:
-    if ridge is None or not (r.flops and r.bytes_moved and r.device_time_us):
+    if not (r.flops and r.bytes_moved and r.device_time_us):
         return r
     verdict = judge(
         device_us=r.device_time_us,
@@ -53,10 +56,16 @@ def _rejudged(r: RangeStats, ridge: float | None) -> RangeStats:
     return dataclasses.replace(r, verdict=verdict)
 
 
-def _with_ridge(verdict: Verdict, intensity: float, ridge: float) -> Verdict:
+_INTENSITY = re.compile(r", \d+ FLOP/byte(?: \(the device's ridge: \d+\))?")
+
+
+def _with_ridge(verdict: Verdict, intensity: float, ridge: float | None) -> Verdict:
     """The window's verdict (whose busy and wall times the report does not keep) with its
-    compute-heavy / memory-heavy part judged against ``ridge``."""
-    detail = "compute-heavy" if intensity >= ridge else "memory-heavy"
+    compute-heavy / memory-heavy part judged against ``ridge`` (None: the default line)."""
+    line = COMPUTE_HEAVY_FLOP_PER_BYTE if ridge is None else ridge
+    detail = "compute-heavy" if intensity >= line else "memory-heavy"
     mark = f", {intensity:.0f} FLOP/byte"
-    reason = verdict.reason.replace(mark, f"{mark} (the device's ridge: {ridge:.0f})", 1)
+    if ridge is not None:
+        mark += f" (the device's ridge: {ridge:.0f})"
+    reason = _INTENSITY.sub(lambda _m: mark, verdict.reason, count=1)
     return dataclasses.replace(verdict, detail=detail, reason=reason)

@@ -179,7 +179,7 @@ def test_compute_or_memory_heavy_is_judged_against_the_devices_ridge_point():
     )  # fmt: skip
     base = WindowReport(0, (1,), False, 0, 1, 0, 1, "h", 1, "x", ("cpu", "cuda"))
     judged = {}
-    for device in ("NVIDIA H200", "NVIDIA L4"):
+    for device in ("NVIDIA L4", "NVIDIA H200"):
         report = with_peaks(
             dataclasses.replace(base, device=device, ranges=FrozenMap({"r": stats}))
         )
@@ -187,6 +187,11 @@ def test_compute_or_memory_heavy_is_judged_against_the_devices_ridge_point():
     assert judged["NVIDIA H200"].detail == "compute-heavy"
     assert judged["NVIDIA L4"].detail == "memory-heavy"
     assert "300 FLOP/byte (the device's ridge: 206)" in judged["NVIDIA H200"].reason
+    # judged again for a device the table does not know: the default line, no ridge named
+    again = with_peaks(dataclasses.replace(report, device="Some Accelerator 9"))
+    assert again.ranges["r"].verdict.detail == "compute-heavy"  # 300 >= 100
+    assert "ridge" not in again.ranges["r"].verdict.reason
+    assert again.peak_tflops == {} and again.peak_source == ""
 
 
 def test_peak_table_matches_model_names_not_substrings():
