@@ -221,7 +221,7 @@
   };
 
   Timeline.prototype.draw = function () {
-    var ctx = this.ctx, scale = this.plotWidth() / (this.v1 - this.v0);
+    var started = performance.now(), ctx = this.ctx, scale = this.plotWidth() / (this.v1 - this.v0);
     ctx.clearRect(0, 0, this.width, this.height);
     this.drawAxis(ctx);
     this.drawLabels(ctx);
@@ -236,6 +236,7 @@
     for (var r = 0; r < this.rows.length; r++) this.drawRow(ctx, this.rows[r], scale);
     ctx.restore();
     this.draws++;
+    this.drawMs = performance.now() - started;
     if (this.spanLabel) {
       this.spanLabel.textContent = timeText(this.v0) + " \u2013 " + timeText(this.v1) +
         " (" + timeText(this.v1 - this.v0) + " in view)";
@@ -347,6 +348,7 @@
     visibleEvents: function (i) { return at(i).visible; },
     drawnRects: function (i) { return at(i).rects; },
     draws: function (i) { return at(i).draws; },
+    drawMs: function (i) { return at(i).drawMs; },
     view: function (i) { var t = at(i); return [t.v0, t.v1]; },
     full: function (i) { var t = at(i); return [t.full[0], t.full[1]]; }
   });

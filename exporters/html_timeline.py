@@ -26,6 +26,8 @@ DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_a
 # the profiler's own span over the whole trace: not a user event
 _SKIPPED_CATEGORIES = frozenset({"Trace"})
 
+# a child may end this much after its parent (rounding of Kineto's fractional microseconds)
+_NEST_SLACK_US = 0.002
 # one event as collected: (start us, duration us, name, category)
 _Event = tuple[float, float, str, str]
 
@@ -107,13 +109,16 @@ def _rows(evs: list[_Event]) -> list[list[_Event]]:
     rows: list[list[_Event]] = []
     ends: list[float] = []  # the end of each open event, outermost first
     for e in evs:
-        while ends and ends[-1] <= e[0]:
+        end = e[0] + e[1]
+        # close what ended before it began, and what it does not fit inside (a partial
+        # overlap is drawn beside, not below: a chain of them must not staircase down)
+        while ends and (ends[-1] <= e[0] or end > ends[-1] + _NEST_SLACK_US):
             ends.pop()
         depth = len(ends)
         if depth == len(rows):
             rows.append([])
         rows[depth].append(e)
-        ends.append(e[0] + e[1])
+        ends.append(end)
     return rows
 
 
