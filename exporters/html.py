@@ -29,7 +29,7 @@ import re
 import stat
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ._base import Exporter, ExporterWarning, ExportResult
 from ._files import write_atomic
@@ -50,6 +50,10 @@ NO_TRACE = (
     "No timeline: it is drawn from the window's trace file, and this window has none. Add "
     "the trace exporter (PROFILED_EXPORTERS=trace,html) to get one."
 )
+
+
+def _write(f: BinaryIO, data: bytes) -> None:
+    f.write(data)
 
 
 def page_path(trace_file: str) -> str:
@@ -119,7 +123,7 @@ class HtmlExporter(Exporter):
             self.last_file = None
             try:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                write_atomic(path, lambda f: f.write(data))
+                write_atomic(path, lambda f: _write(f, data))
             except OSError as exc:
                 self._warn_once(
                     ("write", type(exc), exc.errno, os.path.dirname(path)),

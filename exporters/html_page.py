@@ -103,8 +103,7 @@ def _header(index: int, report: WindowReport) -> str:
     title = (
         f"window {report.window} | rank {report.rank}/{report.world_size} | {report.device} | "
         f"{_steps(report.steps)} | {format_time_us(report.duration_us)} | "
-        f"{report.event_count:,} events"
-        + (" | partial" if report.partial else "")
+        f"{report.event_count:,} events" + (" | partial" if report.partial else "")
     )
     where = f"{report.host} pid {report.pid}" if report.host else f"pid {report.pid}"
     parts = [
@@ -295,7 +294,8 @@ def _diff_rows(items: Iterable[dict[str, Any]], most: float) -> str:
         delta = it["delta_us"]
         side = "slower" if delta > 0 else "faster"
         width = 50.0 * abs(delta) / most if most > 0 else 0.0
-        name = it["name"] if it.get("kind", "kernel") == "kernel" else f"{it['name']} [{it['kind']}]"
+        kind = it.get("kind", "kernel")
+        name = it["name"] if kind == "kernel" else f"{it['name']} [{kind}]"
         ratio = "-" if it["ratio"] is None else f"{it['ratio']:.2f}x"
         out.append(
             f'<tr><td class="name">{_e(name)}</td><td class="num">{_t(it["before_us"])}</td>'
@@ -380,7 +380,7 @@ def build_page(
     if not windows:
         body.append('<p class="empty">No window to show.</p>')
     return (
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         '<link rel="icon" href="data:,">'

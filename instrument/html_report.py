@@ -24,7 +24,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 from exporters._files import write_atomic
 from exporters.html_page import PageWindow, build_page
@@ -35,6 +35,10 @@ from . import cli
 __all__ = ["add_report_parser", "main", "report_html", "run_report"]
 
 EXPECT_OUTPUT = "expected -o to name a file (report.html) in an existing directory"
+
+
+def _write(f: BinaryIO, data: bytes) -> None:
+    f.write(data)
 
 
 def _window(report: Any, max_bytes: int, max_events: int) -> PageWindow:
@@ -96,7 +100,7 @@ def run_report(args: argparse.Namespace) -> str:
     )
     data = page.encode("utf-8")
     try:
-        write_atomic(out, lambda f: f.write(data))
+        write_atomic(out, lambda f: _write(f, data))
     except OSError as exc:
         raise cli.InputError(
             args.output, f"cannot be written ({exc.strerror or exc})", EXPECT_OUTPUT
