@@ -24,6 +24,7 @@ from exporters import ExportResult, known_exporter_names, resolve_exporters
 from exporters._format import format_time_us
 from exporters.html import NO_TRACE, HtmlExporter, page_path
 from exporters.html_page import PageWindow, build_page, range_mfu
+from exporters.html_timeline import timeline_from_trace
 from instrument import cli, html_report
 from instrument.report import FrozenMap, RangeStats, Verdict, WindowReport
 from tests import _proc
@@ -489,3 +490,73 @@ def test_the_page_cannot_be_broken_out_of_by_names():
     page = build_page([PageWindow(rep, dict(tl, events=0, total=0))])
     assert evil not in page and "<b>h</b>" not in page
     assert page.count("</script>") == 2  # the data block's and the script's
+
+
+# ---------------------------------------------------------------- the timeline's data
+
+
+def _decode(row: dict) -> list[tuple[int, int, int]]:
+    out, t = [], 0
+    for s, d, n in zip(row["s"], row["d"], row["n"]):
+        t += s
+        out.append((t, d, n))
+    return out
+
+
+def test_timeline_lanes_per_thread_and_stream_rows_by_depth():
+    def x(name, cat, ts, dur, pid=1, tid=1):
+        return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur}
+
+    trace = {
+        "baseTimeNanoseconds": 5_000,
+        "traceEvents": [
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "loader"}},
+            {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "GPU 0"}},
+            x("step", "user_annotation", 10.0, 10.0),
+            x("aten::mm", "cpu_op", 11.0, 4.5),
+            x("cudaLaunchKernel", "cuda_runtime", 12.0, 1.0),
+            x("aten::add", "cpu_op", 16.0, 2.0),
+            x("mine", "cpu_op", 30.0, 1.0, tid=2),  # a range recorded as an operator
+            x("gemm", "kernel", 13.0, 3.0, pid=0, tid=7),
+            x("copy", "gpu_memcpy", 17.0, 0.5, pid=0, tid=13),
+            x("PyTorch Profiler (0)", "Trace", 0.0, 100.0),  # the profiler's own: left out
+            {"ph": "s", "name": "ac2g", "pid": 1, "tid": 1, "ts": 12.0},
+        ],
+    }
+    tl = timeline_from_trace(trace, range_names={"mine"})
+    assert [lane["label"] for lane in tl["lanes"]] == [
+        "thread 1",
+        "loader",
+        "GPU 0 stream 7",
+        "GPU 0 stream 13",
+    ]
+    assert [lane["device"] for lane in tl["lanes"]] == [False, False, True, True]
+    names = [tuple(p) for p in tl["names"]]
+    main = [_decode(r) for r in tl["lanes"][0]["rows"]]
+    assert [[names[n][0] for _, _, n in row] for row in main] == [
+        ["step"],
+        ["aten::mm", "aten::add"],
+        ["cudaLaunchKernel"],
+    ]
+    assert main[1][0][:2] == (1000, 4500)  # ns from the first event (ts 10 us)
+    assert ("mine", "user_annotation") in names
+    assert tl["t0_ns"] == 5_000 + 10_000 and tl["end_ns"] == 21_000
+    assert tl["events"] == tl["total"] == 7
+    longest = timeline_from_trace(trace, max_events=3)
+    assert (longest["events"], longest["total"]) == (3, 7)
+    kept = {
+        tuple(longest["names"][n])
+        for lane in longest["lanes"]
+        for r in lane["rows"]
+        for n in r["n"]
+    }
+    assert {k[0] for k in kept} == {"step", "aten::mm", "gemm"}
+
+
+def test_a_partial_overlap_is_drawn_beside_not_below():
+    def x(name, ts, dur):
+        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
+
+    chain = [x(f"op{i}", 10.0 * i, 10.5) for i in range(20)]  # each overlaps the next by 0.5
+    tl = timeline_from_trace({"traceEvents": chain})
+    assert len(tl["lanes"][0]["rows"]) == 1  # no staircase
