@@ -160,7 +160,7 @@
       var x = LABEL_W + ((t - this.v0) / span) * w;
       ctx.moveTo(Math.round(x) + 0.5, AXIS_H - 5);
       ctx.lineTo(Math.round(x) + 0.5, this.height);
-      ctx.fillText(timeText(t), x + 3, AXIS_H / 2);
+      ctx.fillText(timeText(t).replace(/\.?0+([a-z]+)$/, "$1"), x + 3, AXIS_H / 2);
     }
     ctx.stroke();
   };
