@@ -7,7 +7,7 @@ trace JSON while exporters run) and never import torch or see a profiler object.
 (``report.occurrences``, when an exporter asks for it with ``occurrence_budget``).
 
 Names resolve through built-ins (``console``, ``trace``, ``memory``, ``json``, ``otel``,
-``prometheus``) and the
+``prometheus``, ``html``) and the
 entry-point group ``torch_profiled.exporters`` (an entry point names a class or a
 zero-argument factory). An unknown name warns and lists the names that are known.
 """
@@ -50,6 +50,13 @@ def _otel(**kwargs: Any) -> Exporter:
     return OTelExporter(**kwargs)
 
 
+def _html(**kwargs: Any) -> Exporter:
+    """``HtmlExporter``: imported only when asked for (it brings the page's builder)."""
+    from .html import HtmlExporter
+
+    return HtmlExporter(**kwargs)
+
+
 def _prometheus(**kwargs: Any) -> Exporter:
     """``PrometheusExporter``: binds its address when made, so only when asked for."""
     from .prometheus import PrometheusExporter
@@ -64,6 +71,7 @@ _BUILTINS: dict[str, Callable[..., Exporter]] = {
     "json": JsonLinesExporter,
     "otel": _otel,
     "prometheus": _prometheus,
+    "html": _html,
 }
 
 

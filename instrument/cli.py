@@ -1,7 +1,8 @@
-"""The ``torch-profiled`` command: ``summarize`` and ``diff`` saved traces.
+"""The ``torch-profiled`` command: ``summarize``, ``diff`` and ``report`` saved traces.
 
     torch-profiled summarize PATH... [--json] [--range NAME]... [--rows N]
-    torch-profiled diff A B [--json] [--rows N]
+    torch-profiled diff A B [--json] [--rows N] [--fail-over P% ...]
+    torch-profiled report PATH... -o report.html   (instrument.html_report)
     python -m instrument ...          (the same command)
 
 A PATH is a Chrome/Kineto trace file (``.json`` or ``.json.gz``) or a directory of them: the
@@ -51,18 +52,38 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import gzip
 import json
 import os
 import sys
-import zlib
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from exporters._format import WIDTH, fit, format_time_us, row
 
+from .traces import (  # noqa: F401 - the readers' names stay importable from here
+    DEFAULT_MAX_MB,
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    MB,
+    METRICS,
+    PROG,
+    RANGES_LISTED,
+    InputError,
+    _collect,
+    _error,
+    _max_mb_option,
+    _positive_int,
+    _reports,
+    _side,
+    _UsageError,
+    find_traces,
+    load_checked,
+    rank_summary,
+    report_from_trace,
+)
+
 if TYPE_CHECKING:
-    from .diff import Side
     from .report import WindowReport
 
 __all__ = [
@@ -77,426 +98,6 @@ __all__ = [
     "report_from_trace",
 ]
 
-PROG = "torch-profiled"
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-
-EXPECT_PATH = "expected a trace file (.json or .json.gz) or a directory of them"
-EXPECT_TRACE = (
-    "expected a Chrome/Kineto trace (torch.profiler's export_chrome_trace or "
-    "tensorboard_trace_handler, or torch-profiled's trace files)"
-)
-PREFERRED_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
-TRACE_SUFFIXES = (".json", ".json.gz")
-DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-STEP_PREFIX = "ProfilerStep#"
-_ALL = sys.maxsize  # analysis "top": every operator and kernel (diff sums before cutting)
-
-MB = 1 << 20
-# Real windows write up to ~100-200 MB of JSON; 1024 MB leaves five times that while keeping a
-# bomb's cost bounded (a trace in memory takes ~5x its text: 1 GB of JSON is ~5 GB of RAM).
-DEFAULT_MAX_MB = 1024
-_CHUNK = 4 * MB  # read/decompress step: the most read past the limit before stopping
-# deflate never grows data by more than 5 bytes per 64 KiB block (plus a header): a .gz larger
-# than this cannot hold a trace within the limit (or is padded with junk)
-_GZIP_SLACK = 64 * 1024
-METRICS = ("cpu", "device", "flops")  # diff --metric (instrument.gate.METRICS)
-RANGES_LISTED = 20  # names a "--range names no range" message lists before "... (N in all)"
-
-
-class InputError(Exception):
-    """Bad input: printed as one line, ``torch-profiled: error: PATH: WHAT; EXPECTED``."""
-
-    def __init__(self, path: str, what: str, expected: str = EXPECT_TRACE) -> None:
-        super().__init__(f"{path}: {what}; {expected}")
-        self.path = path
-        self.what = what
-        self.expected = expected
-
-
-class _UsageError(Exception):
-    """A well-formed command that cannot be answered (``--range`` names no range)."""
-
-
-# ---------------------------------------------------------------- finding and loading traces
-
-
-def _median(values: list[float]) -> float:
-    import statistics  # here, not at import: it pulls decimal and fractions (cheap start-up)
-
-    return statistics.median(values)
-
-
-def find_traces(path: str) -> list[str]:
-    """The trace files ``path`` names: itself, or the traces directly inside a directory."""
-    if os.path.isdir(path):
-        try:
-            entries = [e for e in os.scandir(path) if not e.name.startswith(".")]
-            files = sorted(e.name for e in entries if e.is_file())
-        except OSError as exc:
-            raise InputError(
-                path, f"cannot list the directory ({exc.strerror or exc})", EXPECT_PATH
-            ) from None
-        chosen = [n for n in files if n.endswith(PREFERRED_SUFFIXES)]
-        if not chosen:
-            chosen = [n for n in files if n.endswith(TRACE_SUFFIXES)]
-        if not chosen:
-            raise InputError(
-                path,
-                "directory holds no trace files (*.pt.trace.json[.gz], *.json, *.json.gz)",
-                EXPECT_PATH,
-            )
-        return [os.path.join(path, n) for n in chosen]
-    if os.path.isfile(path):
-        return [path]
-    if not os.path.lexists(path):
-        raise InputError(path, "no such file or directory", EXPECT_PATH)
-    if os.path.islink(path):
-        raise InputError(path, "broken symbolic link", EXPECT_PATH)
-    raise InputError(path, "neither a regular file nor a directory", EXPECT_PATH)
-
-
-def _is_gzip(path: str) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(2) == b"\x1f\x8b"
-    except OSError:
-        return False
-
-
-def _mb(n: int) -> str:
-    return f"{n / MB:,.1f} MB"
-
-
-def _too_large(path: str, what: str, limit_mb: int, suggest: int) -> InputError:
-    """The one line for a trace past ``--max-mb``: which file, the limit, how to raise it."""
-    return InputError(
-        path,
-        what,
-        f"expected at most {limit_mb} MB of JSON text (--max-mb); "
-        f"to read it, raise the limit, e.g. --max-mb {suggest}",
-    )
-
-
-class _Readable(Protocol):
-    def read(self, size: int = -1, /) -> bytes: ...
-
-
-def _read_capped(f: _Readable, limit: int) -> bytearray | None:
-    """All of ``f`` if it holds at most ``limit`` bytes, else None, having read (and, for a
-    gzip stream, decompressed) at most one chunk past the limit: a bomb stops there."""
-    buf = bytearray()
-    while True:
-        chunk = f.read(min(_CHUNK, limit + 1 - len(buf)))
-        if not chunk:
-            return buf
-        buf += chunk
-        if len(buf) > limit:
-            return None
-
-
-def _read_text(path: str, max_bytes: int) -> str:
-    """The JSON text of a ``.json`` or ``.json.gz`` trace, refusing one past ``max_bytes``.
-
-    Holds at most the limit (plus one chunk) of bytes, and those only until they are decoded:
-    the caller parses a ``str`` with nothing else of the file alive."""
-    size = os.stat(path).st_size
-    limit_mb = max_bytes // MB
-    gz = path.endswith(".gz")
-    if gz and size > max_bytes + max_bytes // 1000 + _GZIP_SLACK:
-        raise _too_large(
-            path,
-            f"the compressed file alone is {_mb(size)}: its JSON is past the "
-            f"{limit_mb} MB limit (not read)",
-            limit_mb,
-            2 * limit_mb,
-        )
-    if not gz and size > max_bytes:
-        raise _too_large(
-            path,
-            f"{_mb(size)} of JSON, past the {limit_mb} MB limit (not read)",
-            limit_mb,
-            -(-size // MB),
-        )
-    with gzip.open(path, "rb") if gz else open(path, "rb") as f:
-        buf = _read_capped(f, max_bytes)
-    if buf is None:
-        what = (
-            f"decompresses to more than {limit_mb} MB (the .gz is {_mb(size)}; stopped "
-            "reading at the limit)"
-            if gz
-            else f"more than {limit_mb} MB of JSON (it grew while read; stopped at the limit)"
-        )
-        raise _too_large(path, what, limit_mb, 2 * limit_mb)
-    if not buf:
-        raise InputError(
-            path, "empty file" if size == 0 else "decompresses to nothing", EXPECT_TRACE
-        )
-    if buf.isspace():  # ASCII whitespace; stops at the first other byte
-        raise InputError(path, f"only whitespace ({len(buf):,} bytes), no JSON", EXPECT_TRACE)
-    return buf.decode("utf-8")
-
-
-def load_checked(path: str, max_bytes: int = DEFAULT_MAX_MB * MB) -> dict[str, Any]:
-    """Load a ``.json`` or ``.json.gz`` trace of at most ``max_bytes`` of JSON text (see
-    ``_read_text``) with every failure turned into an ``InputError``."""
-    return _checked_shape(path, _parsed(path, max_bytes))
-
-
-def _parsed(path: str, max_bytes: int) -> Any:
-    """The file's JSON document, every read or parse failure turned into an ``InputError``."""
-    gz = path.endswith(".gz")
-    try:
-        return json.loads(_read_text(path, max_bytes))
-    except gzip.BadGzipFile as exc:
-        if _is_gzip(path):  # a gzip header, then damage (a CRC or length mismatch)
-            raise InputError(
-                path, f"corrupt gzip data ({exc})", "expected a complete .json.gz trace"
-            ) from None
-        raise InputError(
-            path,
-            f"not gzip data ({exc})",
-            "expected a gzip-compressed trace (.json.gz) or plain .json",
-        ) from None
-    except EOFError:
-        raise InputError(
-            path,
-            "truncated gzip file (the compressed data ends early)",
-            "expected a complete .json.gz trace",
-        ) from None
-    except zlib.error as exc:
-        raise InputError(
-            path, f"corrupt gzip data ({exc})", "expected a complete .json.gz trace"
-        ) from None
-    except OSError as exc:
-        raise InputError(path, f"cannot read ({exc.strerror or exc})", EXPECT_PATH) from None
-    except UnicodeDecodeError:
-        if not gz and _is_gzip(path):
-            raise InputError(
-                path,
-                "gzip-compressed data in a file not named .gz",
-                "expected plain JSON here (name a compressed trace .json.gz)",
-            ) from None
-        raise InputError(path, "not JSON (not UTF-8 text)", EXPECT_TRACE) from None
-    except json.JSONDecodeError as exc:
-        what = f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
-        text = exc.doc.strip()
-        opened = text.startswith(("{", "[")) and not text.endswith(("}", "]"))
-        if opened or exc.pos >= len(text) > 0:
-            what = f"truncated JSON (the document stops before its end; {exc.msg})"
-        raise InputError(path, what, EXPECT_TRACE) from None
-    except (ValueError, RecursionError, MemoryError) as exc:
-        raise InputError(
-            path, f"unreadable JSON ({type(exc).__name__}: {exc})", EXPECT_TRACE
-        ) from None
-
-
-def _checked_shape(path: str, trace: Any) -> dict[str, Any]:
-    """A trace object with a list of event objects, or an ``InputError`` saying what it is."""
-    if isinstance(trace, list):  # Chrome's "JSON array format": the events alone
-        trace = {"traceEvents": trace}
-    if not isinstance(trace, dict):
-        raise InputError(
-            path, f'JSON {type(trace).__name__}, not an object with "traceEvents"', EXPECT_TRACE
-        )
-    events = trace.get("traceEvents")
-    if events is None:
-        raise InputError(path, 'JSON without "traceEvents"', EXPECT_TRACE)
-    if not isinstance(events, list):
-        raise InputError(
-            path, f'"traceEvents" is a JSON {type(events).__name__}, not a list', EXPECT_TRACE
-        )
-    for i, ev in enumerate(events):
-        if not isinstance(ev, dict):
-            raise InputError(path, f'"traceEvents"[{i}] is not an object', EXPECT_TRACE)
-    return trace
-
-
-# ---------------------------------------------------------------- a trace -> WindowReport
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
-def _int(value: Any, default: int) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
-
-
-def report_from_trace(
-    path: str,
-    trace: dict[str, Any],
-    *,
-    rows: int = 15,
-    range_names: Iterable[str] = (),
-    window: int = 0,
-    only_named: bool = True,
-) -> WindowReport:
-    """The ``WindowReport`` the console table shows for one loaded trace.
-
-    ``range_names`` are ranges even when recorded as plain operators (``cpu_op``); the report
-    keeps only those ranges unless ``only_named`` is False (all ranges: what a "no such range"
-    message lists)."""
-    from .analysis import analyze_trace
-    from .config import peak_tflops_from_env
-    from .report import FrozenMap, WindowReport
-    from .throughput import with_peaks
-
-    names = frozenset(range_names)
-    try:
-        analysis = analyze_trace(trace, names, top=rows)
-    except Exception as exc:  # noqa: BLE001 - a malformed event: bad input, not a crash
-        raise InputError(
-            path, f"events could not be analyzed ({type(exc).__name__}: {exc})", EXPECT_TRACE
-        ) from None
-    facts = _scan_events(trace["traceEvents"])
-    start_ns, end_ns = _wall_clock_ns(trace, facts.first_us, facts.last_us)
-    rank, world_size = _rank_of(trace)
-    ranges = analysis.ranges
-    if names and only_named:
-        ranges = FrozenMap({n: r for n, r in ranges.items() if n in names})
-    host = trace.get("host_name")
-    report = WindowReport(
-        window=window,
-        steps=tuple(sorted(facts.steps)),
-        partial=False,
-        start_ns=start_ns,
-        end_ns=end_ns,
-        rank=rank,
-        world_size=world_size,
-        host=host if isinstance(host, str) else "",
-        pid=facts.pid,
-        device=_device_name(trace) if facts.device else "cpu",
-        activities=("cpu", "cuda") if facts.device else ("cpu",),
-        trace_file=path,
-        **analysis.report_fields(ranges=ranges),
-    )
-    # the device's peaks (MFU) and ridge points; PROFILED_PEAK_TFLOPS applies here too
-    return with_peaks(report, peak_tflops_from_env())
-
-
-@dataclasses.dataclass
-class _EventFacts:
-    """What a trace's events say about its window beyond the analysis: the first process id,
-    the recorded steps, whether any device work ran, and the span of its complete events."""
-
-    pid: int = 0
-    steps: set[int] = dataclasses.field(default_factory=set)
-    device: bool = False
-    first_us: float | None = None  # earliest start of an "X" event (trace microseconds)
-    last_us: float | None = None  # latest end of one
-
-
-def _scan_events(events: list[dict[str, Any]]) -> _EventFacts:
-    """One pass over the events for ``_EventFacts``; malformed fields are skipped."""
-    facts = _EventFacts()
-    lo = hi = None
-    for ev in events:
-        if not facts.pid:
-            p = ev.get("pid")
-            if isinstance(p, int) and not isinstance(p, bool):
-                facts.pid = p
-        name = ev.get("name")
-        if isinstance(name, str) and name.startswith(STEP_PREFIX):
-            try:
-                facts.steps.add(int(name[len(STEP_PREFIX) :]))
-            except ValueError:
-                pass
-        if ev.get("cat") in DEVICE_CATEGORIES:
-            facts.device = True
-        if ev.get("ph") == "X":
-            ts = _number(ev.get("ts"))
-            if ts is None:
-                continue
-            end = ts + (_number(ev.get("dur")) or 0.0)
-            lo = ts if lo is None or ts < lo else lo
-            hi = end if hi is None or end > hi else hi
-    facts.first_us, facts.last_us = lo, hi
-    return facts
-
-
-def _wall_clock_ns(trace: dict[str, Any], lo: float | None, hi: float | None) -> tuple[int, int]:
-    """The window's start and end in epoch nanoseconds, or ``(0, 0)`` when the trace cannot
-    tell: ``baseTimeNanoseconds + ts * 1000``, or, from older torch, absolute ``ts``."""
-    if lo is None or hi is None:
-        return 0, 0
-    base = trace.get("baseTimeNanoseconds")
-    if isinstance(base, int) and not isinstance(base, bool):
-        return base + round(lo * 1000), base + round(hi * 1000)
-    if lo >= 1e15:  # older torch: absolute epoch microseconds, no baseTimeNanoseconds
-        return round(lo * 1000), round(hi * 1000)
-    return 0, 0
-
-
-def _rank_of(trace: dict[str, Any]) -> tuple[int, int]:
-    """``(rank, world_size)`` from ``distributedInfo``; ``(0, 1)`` without it."""
-    dist = trace.get("distributedInfo")
-    if not isinstance(dist, dict):
-        return 0, 1
-    rank = _int(dist.get("rank"), 0)
-    return rank, _int(dist.get("world_size"), max(1, rank + 1))
-
-
-def _device_name(trace: dict[str, Any]) -> str:
-    """The first device's name from ``deviceProperties``, for a trace with device work only
-    (torch lists the GPUs even in CPU-only traces); ``cpu`` when it names none."""
-    props = trace.get("deviceProperties")
-    if isinstance(props, list) and props and isinstance(props[0], dict) and props[0].get("name"):
-        return str(props[0]["name"])
-    return "cpu"
-
-
-def _collect(paths: Sequence[str]) -> list[str]:
-    """Every trace file the paths name, each once, in the order given."""
-    files: list[str] = []
-    seen: set[str] = set()
-    for path in paths:
-        for f in find_traces(path):
-            key = os.path.realpath(f)
-            if key not in seen:
-                seen.add(key)
-                files.append(f)
-    return files
-
-
-def _reports(
-    paths: Sequence[str],
-    *,
-    rows: int,
-    range_names: Iterable[str] = (),
-    max_bytes: int = DEFAULT_MAX_MB * MB,
-    only_named: bool = True,
-) -> list[WindowReport]:
-    """One report per trace; a directory's traces ordered by rank, then time."""
-    names = tuple(range_names)
-    out: list[WindowReport] = []
-    for path in paths:
-        group = [
-            report_from_trace(
-                f, load_checked(f, max_bytes), rows=rows, range_names=names, only_named=only_named
-            )
-            for f in _collect([path])
-        ]
-        if os.path.isdir(path):
-            group.sort(key=lambda r: (r.rank, r.start_ns, r.trace_file or ""))
-        out.extend(group)
-    # window index: the report's place among this command's reports of the same rank
-    count: dict[int, int] = {}
-    numbered = []
-    for r in out:
-        numbered.append(dataclasses.replace(r, window=count.get(r.rank, 0)))
-        count[r.rank] = count.get(r.rank, 0) + 1
-    return numbered
-
-
-# ---------------------------------------------------------------- formatting helpers
-
 
 def _t(us: float | None) -> str:
     """A time, or ``-`` for a name missing on one side (diff) or on one rank."""
@@ -507,58 +108,7 @@ def _ratio_text(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.2f}x"
 
 
-def _ratio(after: float | None, before: float | None) -> float | None:
-    if after is None or before is None or before <= 0:
-        return None
-    return after / before
-
-
 # ---------------------------------------------------------------- ranks side by side
-
-
-def rank_summary(reports: Sequence[WindowReport]) -> dict[str, Any] | None:
-    """Per range, its CPU time on every rank (summed over a rank's traces), the slowest rank
-    and the spread; None when the reports come from fewer than two ranks."""
-    ranks = sorted({r.rank for r in reports})
-    if len(ranks) < 2:
-        return None
-    per_rank: dict[str, dict[int, float]] = {}
-    totals: dict[int, float] = {}
-    traces: dict[int, int] = {}
-    steps: dict[int, set[int]] = {r: set() for r in ranks}
-    for rep in reports:
-        traces[rep.rank] = traces.get(rep.rank, 0) + 1
-        steps[rep.rank].update(rep.steps)
-        totals[rep.rank] = totals.get(rep.rank, 0.0) + rep.self_cpu_time_total_us
-        for name, stats in rep.ranges.items():
-            by_rank = per_rank.setdefault(name, {})
-            by_rank[rep.rank] = by_rank.get(rep.rank, 0.0) + stats.cpu_time_us
-
-    def spread(by_rank: dict[int, float]) -> dict[str, Any]:
-        values = [by_rank[r] for r in ranks if r in by_rank]
-        lo, hi = min(values), max(values)
-        slowest = max((r for r in ranks if r in by_rank), key=lambda r: (by_rank[r], -r))
-        return {
-            "by_rank_us": {str(r): by_rank[r] for r in ranks if r in by_rank},
-            "min_us": lo,
-            "median_us": _median(values),
-            "max_us": hi,
-            "slowest_rank": slowest,
-            "spread_us": hi - lo,
-            "ratio": _ratio(hi, lo),
-            "missing_ranks": [r for r in ranks if r not in by_rank],
-        }
-
-    order = sorted(per_rank, key=lambda n: (-max(per_rank[n].values()), n))
-    return {
-        "ranks": ranks,
-        "traces_per_rank": {str(r): traces[r] for r in ranks},
-        # sums compare like with like only when every rank recorded the same steps
-        "steps_per_rank": {str(r): sorted(steps[r]) for r in ranks},
-        "same_steps": len({frozenset(v) for v in steps.values()}) == 1,
-        "ranges": {name: spread(per_rank[name]) for name in order},
-        "self_cpu_time_total": spread(totals),
-    }
 
 
 def format_rank_summary(summary: dict[str, Any], rows: int) -> str:
@@ -628,20 +178,6 @@ def _runs(values: Sequence[int]) -> str:
 
 
 # ---------------------------------------------------------------- diff
-
-
-def _side(path: str, max_bytes: int = DEFAULT_MAX_MB * MB, shapes: bool = True) -> Side:
-    """One side of a diff: a window per trace, every operator and kernel kept, with the input
-    shapes of each range's operators when ``shapes`` (the gate compares them)."""
-    from .diff import Side, Window, range_shapes
-
-    files = _collect([path])
-    windows = []
-    for f in files:
-        trace = load_checked(f, max_bytes)
-        rep = report_from_trace(f, trace, rows=_ALL)
-        windows.append(Window(rep, range_shapes(trace, rep.ranges) if shapes else None))
-    return Side(path, tuple(files), tuple(windows))
 
 
 # ---------------------------------------------------------------- commands
@@ -864,29 +400,6 @@ def _write_junit(path: str, data: bytes) -> None:
         ) from None
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
-
-
-def _max_mb_option(parser: argparse.ArgumentParser) -> None:
-    """``--max-mb``: on every command that reads traces (the bound on a gzip bomb's cost)."""
-    parser.add_argument(
-        "--max-mb",
-        type=_positive_int,
-        default=DEFAULT_MAX_MB,
-        metavar="MB",
-        help=f"refuse a trace with more than MB megabytes (2^20 bytes) of JSON, for .json.gz "
-        f"once decompressed, checked while reading (default {DEFAULT_MAX_MB}: real windows "
-        f"write up to ~200 MB, and a trace takes ~5x its size in memory to analyze)",
-    )
-
-
 def _summarize_parser(sub: Any) -> None:
     """The ``summarize`` command's arguments."""
     s = sub.add_parser(
@@ -1003,8 +516,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     _summarize_parser(sub)
-
     _diff_parser(sub)
+    from .html_report import add_report_parser  # (here: importing cli stays cheap)
+
+    add_report_parser(sub)
     return parser
 
 
@@ -1019,14 +534,6 @@ def _silence_stdout() -> None:
         os.dup2(devnull, fd)
         os.close(devnull)
     except OSError:
-        pass
-
-
-def _error(message: str) -> None:
-    try:
-        sys.stderr.write(f"{PROG}: error: {message}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
         pass
 
 

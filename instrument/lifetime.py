@@ -56,6 +56,7 @@ def _builtin_kwargs(config: Config) -> dict[str, dict[str, Any]]:
             "max_mb": config.trace_max_mb,
         },
         "json": {"path": config.json_path},
+        "html": {"dir": config.trace_dir, "keep": config.trace_keep},
         "prometheus": {"addr": config.prometheus_addr},
     }
 

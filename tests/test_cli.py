@@ -539,7 +539,9 @@ def test_console_script_and_cheap_import():
     )
     out = _proc.run("-c", code)
     assert out.returncode == 0, out.stderr
-    assert eval(out.stdout) == ["instrument.cli"]  # nothing else: analysis loads on use
+    # the command and its trace readers (both the standard library only); nothing else: the
+    # analysis, the console table and the HTML report load when a command runs
+    assert eval(out.stdout) == ["instrument.cli", "instrument.traces"]
 
 
 # ---------------------------------------------------------------- input bounds (--max-mb)

@@ -3,7 +3,7 @@
 
 - In a process where ``import torch`` fails, every module of ``exporters`` imports, and a
   hand-built ``WindowReport`` (occurrences included) goes through the console, JSON-lines,
-  trace-file, memory and OTel exporters. ``instrument`` there is what the analysis helper
+  trace-file, memory, OTel and HTML exporters. ``instrument`` there is what the analysis helper
   process has: its modules without its ``__init__`` (which brings ``@profiled``, hence torch).
 - No module of ``exporters`` imports anything of ``instrument`` but ``instrument.report`` and
   ``instrument.spans`` (checked on the source, so a lazy import inside a function counts too).
@@ -60,6 +60,7 @@ from instrument.report import (FrozenMap, KernelCall, Occurrence, OccurrenceBudg
                                Occurrences, RangeCalls, RangeStats, Verdict, WindowReport)
 from exporters import (ConsoleExporter, ExportResult, InMemoryExporter, JsonLinesExporter,
                        TraceFileExporter)
+from exporters.html import HtmlExporter
 from exporters.otel import OTelExporter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -108,8 +109,9 @@ otel = OTelExporter(tracer_provider=tracer_provider,
                     detail="ranges", max_spans=100)
 assert otel.occurrence_budget == budget
 trace = TraceFileExporter(os.path.join(os.getcwd(), "traces"))
+page = HtmlExporter(os.path.join(os.getcwd(), "pages"))
 for exporter in (ConsoleExporter(stream=text), JsonLinesExporter("reports.jsonl"), trace,
-                 memory, otel):
+                 memory, otel, page):
     result = exporter.export(report)
     assert result is ExportResult.SUCCESS, (type(exporter).__name__, result)
     exporter.shutdown()
@@ -117,6 +119,7 @@ for exporter in (ConsoleExporter(stream=text), JsonLinesExporter("reports.jsonl"
 assert "matmul" in text.getvalue()
 assert json.loads(open("reports.jsonl").readline())["ranges"]["matmul"]["calls"] == 1
 assert trace.last_path and os.path.exists(trace.last_path)
+assert page.last_file and "matmul" in open(page.last_file).read()
 assert memory.reports == [report]
 by_name = {s.name: s for s in spans.get_finished_spans()}
 assert sorted(by_name) == ["matmul", "profiled.window", "step"], sorted(by_name)

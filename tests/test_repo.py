@@ -26,13 +26,17 @@ def test_readme_opens_with_demo_and_test_commands_and_ci_runs_the_second():
     ci = open(os.path.join(REPO, ".ci", "run"), encoding="utf-8").read()
     command_lines = [ln for ln in ci.splitlines() if ln and not ln.startswith(("#", "set ", "cd "))]
     # the README's test command last; before it only the services the tests start: Debian's
-    # Prometheus server and Arize Phoenix (the end-to-end OpenTelemetry test)
+    # Prometheus server, Debian's Chromium (the HTML report) and Arize Phoenix (the end-to-end
+    # OpenTelemetry test)
     assert command_lines[-1] == tests
 
     def installs_a_service(line: str) -> bool:
         line = line.strip()
         return (
-            "phoenix" in line.lower() or "prometheus" in line or line in ("apt-get update -q", "fi")
+            "phoenix" in line.lower()
+            or "prometheus" in line
+            or "chromium" in line
+            or line in ("apt-get update -q", "fi")
         )
 
     assert all(installs_a_service(ln) for ln in command_lines[:-1]), command_lines

@@ -1,0 +1,172 @@
+"""``torch-profiled report PATH... -o FILE``: traces -> one self-contained HTML page.
+
+    torch-profiled report profiled_traces/ -o report.html     # every window of a directory
+    torch-profiled report before/ after/ -o diff.html         # two inputs: the diff view too
+    python -m instrument.html_report PATH... -o FILE          # the same, stand-alone
+
+PATHs are what ``summarize`` reads (a trace file, or a directory of them; see
+``instrument.cli``), read the same way (``report_from_trace``, ``--max-mb``). The page
+(``exporters.html_page``) has a section per trace: header and verdict, the ranges with CPU vs
+device bars and verdict badges, a zoomable timeline of the trace's ranges, operators and
+kernels per thread and stream, the top operators and kernels. Traces of several ranks add
+ranks side by side (``traces.rank_summary``); exactly two PATHs add the diff (``traces.diff_sides``,
+as ``torch-profiled diff A B``). The file is written atomically. Bad input: one line on
+standard error and exit status 2, as for every command.
+
+Each trace is read twice (once for its report, once for its timeline): the cost of reusing
+``traces._reports`` as it is; the two inputs of a diff are read a third time by ``traces._side``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, BinaryIO
+
+from exporters._files import write_atomic
+from exporters.html_page import PageWindow, build_page
+from exporters.html_timeline import DEFAULT_MAX_EVENTS, timeline_from_trace
+
+from . import traces
+from .diff import diff_sides
+
+__all__ = ["add_report_parser", "main", "report_html", "run_report"]
+
+EXPECT_OUTPUT = "expected -o to name a file (report.html) in an existing directory"
+
+
+def _write(f: BinaryIO, data: bytes) -> None:
+    f.write(data)
+
+
+def _window(report: Any, max_bytes: int, max_events: int) -> PageWindow:
+    """A report with the timeline of its trace (``report.trace_file``)."""
+    trace = traces.load_checked(report.trace_file, max_bytes)
+    timeline = timeline_from_trace(trace, range_names=report.ranges, max_events=max_events)
+    return PageWindow(report, timeline)
+
+
+def report_html(
+    paths: Sequence[str],
+    *,
+    rows: int = 15,
+    max_bytes: int = traces.DEFAULT_MAX_MB * traces.MB,
+    max_events: int = DEFAULT_MAX_EVENTS,
+    title: str | None = None,
+) -> str:
+    """The page for ``paths`` (see the module docstring); ``traces.InputError`` for bad input."""
+    reports = traces._reports(paths, rows=rows, max_bytes=max_bytes)
+    windows = [_window(r, max_bytes, max_events) for r in reports]
+    diff = None
+    if len(paths) == 2:
+        before, after = (traces._side(p, max_bytes, shapes=False) for p in paths)
+        diff = diff_sides(before, after, rows)
+    made = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    subtitle = (
+        f"{len(reports)} trace{'s' if len(reports) != 1 else ''} from "
+        f"{', '.join(paths)} | made {made} by torch-profiled report"
+    )
+    return build_page(
+        windows,
+        title=title or "torch-profiled report",
+        subtitle=subtitle,
+        ranks=traces.rank_summary(reports),
+        diff=diff,
+    )
+
+
+def _check_output(path: str) -> str:
+    """The output path, absolute; ``traces.InputError`` when no file can be written there."""
+    full = os.path.abspath(path)
+    if os.path.isdir(full):
+        raise traces.InputError(path, "is a directory", EXPECT_OUTPUT)
+    parent = os.path.dirname(full)
+    if not os.path.isdir(parent):
+        raise traces.InputError(path, f"directory {parent!r} does not exist", EXPECT_OUTPUT)
+    return full
+
+
+def run_report(args: argparse.Namespace) -> str:
+    """The ``report`` command (``args.func``): writes the page, returns the line to print."""
+    out = _check_output(args.output)
+    page = report_html(
+        args.paths,
+        rows=args.rows,
+        max_bytes=args.max_mb * traces.MB,
+        max_events=args.max_events,
+        title=args.title,
+    )
+    data = page.encode("utf-8")
+    try:
+        write_atomic(out, lambda f: _write(f, data))
+    except OSError as exc:
+        raise traces.InputError(
+            args.output, f"cannot be written ({exc.strerror or exc})", EXPECT_OUTPUT
+        ) from None
+    return f"wrote {args.output} ({len(data) / traces.MB:.1f} MB)\n"
+
+
+def add_report_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add the ``report`` command to ``sub`` (``build_parser``'s subparsers); its
+    ``func`` is ``run_report``."""
+    r = sub.add_parser(
+        "report",
+        help="write one self-contained HTML page for traces (timeline, bars, ranks, diff)",
+        description="Write one HTML file (no network: its script and style are inline) with, "
+        "per trace, the header and verdict, the ranges with CPU vs device bars and verdicts, "
+        "a zoomable timeline of ranges, operators and kernels per thread and stream, and the "
+        "top operators and kernels. Traces of several ranks add ranks side by side; two "
+        "PATHs add the diff view (as 'torch-profiled diff A B').",
+    )
+    r.add_argument(
+        "paths", nargs="+", metavar="PATH", help="a trace file (.json, .json.gz) or a directory"
+    )
+    r.add_argument("-o", "--output", required=True, metavar="FILE", help="the HTML file to write")
+    r.add_argument(
+        "--rows",
+        type=traces._positive_int,
+        default=15,
+        metavar="N",
+        help="rows of operators, kernels and diff sections (default 15)",
+    )
+    r.add_argument(
+        "--max-events",
+        type=traces._positive_int,
+        default=DEFAULT_MAX_EVENTS,
+        metavar="N",
+        help="events per trace on its timeline; past N the longest N are drawn "
+        f"(default {DEFAULT_MAX_EVENTS:,}, ~15 bytes of page each)",
+    )
+    r.add_argument("--title", metavar="TEXT", help="the page's title")
+    traces._max_mb_option(r)
+    r.set_defaults(func=run_report)
+    return r
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m instrument.html_report PATH... -o FILE``: the ``report`` command alone."""
+    parser = argparse.ArgumentParser(prog=traces.PROG)
+    add_report_parser(parser.add_subparsers(dest="command"))
+    try:
+        args = parser.parse_args(["report", *(sys.argv[1:] if argv is None else argv)])
+    except SystemExit as exc:  # usage errors (2) and --help (0)
+        return exc.code if isinstance(exc.code, int) else 0
+    try:
+        text = run_report(args)
+    except traces.InputError as exc:
+        traces._error(str(exc))
+        return traces.EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - a bug or an input nobody foresaw: one line
+        traces._error(f"unexpected {type(exc).__name__}: {exc} (please report this)")
+        return traces.EXIT_FAILURE
+    sys.stdout.write(text)
+    return traces.EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
