@@ -2,6 +2,8 @@
 
     python bench/report_screenshot.py                  # -> docs/report.png
     python bench/report_screenshot.py --sizes 64 1024  # smaller, quicker
+    python bench/report_screenshot.py --traces DIR --where "NVIDIA H200, bf16"
+                                                       # the seed's traces made elsewhere
 
 Runs the seed (``examples/01_matmul_bias.py``'s ``run``: matmul+bias, one session per size,
 three recorded steps) at each size with the trace exporter, then ``torch-profiled report`` of
@@ -31,25 +33,34 @@ def _seed():
     return module
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[64, 4096])
-    parser.add_argument("--out", default=os.path.join(REPO, "docs", "report.png"))
-    parser.add_argument("--width", type=int, default=1280)
-    args = parser.parse_args()
-    work = tempfile.mkdtemp(prefix="report_screenshot.")
+def _run_seed(work: str, sizes: list[int]) -> tuple[str, str]:
     traces = os.path.join(work, "profiled_traces")
     os.environ.update(PROFILED_EXPORTERS="trace", PROFILED_TRACE_DIR=traces)
     import torch
 
     seed = _seed()
     cuda = torch.cuda.is_available()
-    for size in args.sizes:
+    for size in sizes:
         seed.run(size, "cuda" if cuda else "cpu", torch.bfloat16 if cuda else torch.float32)
+    return traces, "GPU, bf16" if cuda else "CPU, fp32"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[64, 4096])
+    parser.add_argument("--out", default=os.path.join(REPO, "docs", "report.png"))
+    parser.add_argument("--width", type=int, default=1280)
+    parser.add_argument("--traces", help="the seed's trace directory, made elsewhere (a GPU)")
+    parser.add_argument("--where", help="what --traces ran on, for the title")
+    args = parser.parse_args()
+    work = tempfile.mkdtemp(prefix="report_screenshot.")
+    if args.traces:
+        traces, where = args.traces, args.where or "elsewhere"
+    else:
+        traces, where = _run_seed(work, args.sizes)
     from instrument.html_report import main as report
 
     page = os.path.join(work, "report.html")
-    where = "GPU, bf16" if cuda else "CPU, fp32"
     title = f"torch-profiled report: the seed, matmul+bias at {' and '.join(map(str, args.sizes))}"
     if report([traces, "-o", page, "--rows", "5", "--title", f"{title} ({where})"]) != 0:
         raise SystemExit("report failed")
