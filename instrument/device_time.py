@@ -41,16 +41,16 @@ class DeviceTimes:
         self.every = every
         self._add = add
         self._counters: dict[str, itertools.count[int]] = {}
-        self._pending: collections.deque[tuple[str, Any, Any]] = collections.deque()
+        self._pending: collections.deque[tuple[str, Any, Any, int]] = collections.deque()
         self._lock = threading.Lock()
         self.shards: dict[str, list[int]] = {}  # name -> histogram shard (under the lock)
         self.devices: dict[str, str] = {}  # name -> "cuda:N" of its last sample
         self.dropped = 0
 
-    def start(self, name: str) -> tuple[DeviceTimes, str, Any] | None:
-        """Before a call of ``name``: (this sampler, the name, its start event) when this call
-        is sampled, else None; hand it to ``end`` after the call. Never raises: a call that
-        cannot be sampled goes unsampled."""
+    def start(self, name: str) -> tuple[DeviceTimes, str, Any, int] | None:
+        """Before a call of ``name``: (this sampler, the name, its start event, the device's
+        index) when this call is sampled, else None; hand it to ``end`` after the call. Never
+        raises: a call that cannot be sampled goes unsampled."""
         counter = self._counters.get(name)
         if counter is None:
             counter = self._counters.setdefault(name, itertools.count())
@@ -60,17 +60,18 @@ class DeviceTimes:
             if not torch.cuda.is_initialized() or torch.cuda.is_current_stream_capturing():
                 return None
             self.poll()
+            device = torch.cuda.current_device()
             begin = torch.cuda.Event(enable_timing=True)
             begin.record()
         except Exception:  # noqa: BLE001 - no usable device now: this call goes unsampled
             return None
-        return self, name, begin
+        return self, name, begin, device
 
     @staticmethod
-    def end(started: tuple[DeviceTimes, str, Any]) -> None:
+    def end(started: tuple[DeviceTimes, str, Any, int]) -> None:
         """After the sampled call: its end event, on the sampler that started it (metrics may
         have been switched meanwhile); the pair waits to be read. Never raises."""
-        self, name, begin = started
+        self, name, begin, device = started
         try:
             if torch.cuda.is_current_stream_capturing():
                 return
@@ -79,7 +80,7 @@ class DeviceTimes:
         except Exception:  # noqa: BLE001 - telemetry never breaks the call it measured
             return
         with self._lock:
-            self._pending.append((name, begin, finish))
+            self._pending.append((name, begin, finish, device))
             while len(self._pending) > MAX_PENDING:
                 self._pending.popleft()
                 self.dropped += 1
@@ -87,9 +88,9 @@ class DeviceTimes:
     def poll(self) -> None:
         """Read every pair whose end event has completed (``query()``: never waits)."""
         with self._lock:
-            waiting: collections.deque[tuple[str, Any, Any]] = collections.deque()
+            waiting: collections.deque[tuple[str, Any, Any, int]] = collections.deque()
             while self._pending:
-                name, begin, finish = item = self._pending.popleft()
+                name, begin, finish, device = item = self._pending.popleft()
                 try:
                     if not finish.query():
                         waiting.append(item)
@@ -99,7 +100,7 @@ class DeviceTimes:
                     self.dropped += 1
                     continue
                 self._add(self.shards, name, max(0, int(ms * 1e6)))
-                self.devices[name] = f"cuda:{finish.device.index}"
+                self.devices[name] = f"cuda:{device}"
             self._pending = waiting
 
     def settle(self, timeout_s: float) -> None:
