@@ -414,3 +414,28 @@ def test_switching_metrics_on_and_off_under_running_calls_never_breaks_them(tmp_
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "errors []", out.stdout[-3000:]
     assert int(out.stdout.split("toggles ")[1].split()[0]) > 100  # it did run alongside
+
+
+def test_with_metrics_on_a_decorated_call_still_compiles_fullgraph(fresh_metrics):
+    """The metrics-only path checks Dynamo before timing: inside torch.compile(fullgraph=True)
+    the call compiles (no graph break on the clock) and is not counted; eager calls are."""
+    import torch
+
+    import instrument
+    from instrument import Schedule, decorator, profiled, state
+
+    instrument.configure(
+        schedule=Schedule(wait=0, warmup=1, active=1, repeat=1), exporters=[], activities=("cpu",)
+    )
+    inner = profiled("inner")(lambda x: x * 2)
+    for _ in range(4):
+        inner(torch.ones(2))  # the one window's steps: the session is done, calls are quiet
+    state.set_metrics(True)
+    try:
+        assert decorator._COUNT_ONLY is metrics.recorder
+        compiled = torch.compile(lambda x: inner(x) + 1, fullgraph=True, backend="eager")
+        assert compiled(torch.ones(3)).tolist() == [3.0, 3.0, 3.0]
+        inner(torch.ones(2))
+    finally:
+        state.set_metrics(False)
+    assert [(h.name, h.count) for h in metrics.snapshot().ranges] == [("inner", 1)]
