@@ -294,10 +294,7 @@ def _summarize_metrics(args: argparse.Namespace, found: list[tuple[str, list[str
             f"--straggler-margin: {exc}; expected a number >= 0 (0.2: 20% over the ranks' "
             "median step p50)"
         ) from None
-    try:
-        records, notes = metrics_summary.load(found)
-    except metrics_summary.RecordsError as exc:
-        raise InputError(exc.path, exc.what, exc.expected) from None
+    records, notes = metrics_summary.load(found)  # bad records: an InputError
     wanted = list(dict.fromkeys(args.range or ()))
     present = {n for rec in records for n in rec["ranges"]}
     missing = [n for n in wanted if n not in present]

@@ -83,9 +83,8 @@ _now = time.perf_counter_ns
 
 def _mirror(idle: bool, session: Any, hook: Any, recorder: Any = None) -> None:
     global _IDLE, _QUIET, _SESSION, _ON_FIRST_CALL, _METRICS, _COUNT_ONLY
-    count_only = recorder if idle and hook is None and recorder is not None else None
-    if count_only is not None and count_only.samples_device:
-        count_only = None
+    quiet = idle and hook is None
+    count_only = recorder if quiet and recorder is not None and recorder.device is None else None
     _IDLE, _QUIET, _SESSION, _ON_FIRST_CALL, _METRICS, _COUNT_ONLY = (
         idle and recorder is None,
         idle,

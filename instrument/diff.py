@@ -23,7 +23,7 @@ from exporters._format import WIDTH, format_delta_us, format_time_us, row
 if TYPE_CHECKING:
     from .report import WindowReport
 
-__all__ = ["Side", "Window", "diff_sides", "format_diff", "range_shapes"]
+__all__ = ["Side", "Window", "diff_sides", "format_diff", "range_shapes", "side_doc"]
 
 Shapes = dict[str, None]  # an ordered set of "op [dims]" signatures
 _CPU_CATEGORIES = ("cpu_op", "user_annotation")
@@ -223,7 +223,8 @@ def _mean(values: Iterable[float]) -> float:
     return sum(vals) / len(vals) if vals else 0.0
 
 
-def _side_doc(side: Side) -> dict[str, Any]:
+def side_doc(side: Side) -> dict[str, Any]:
+    """A side as the comparison names it: path, traces, windows, devices, world sizes."""
     return {
         "path": side.path,
         "traces": list(side.traces),
@@ -244,8 +245,8 @@ def diff_sides(
     wanted = None if names is None else list(names)
     return {
         "per": "call",
-        "before": _side_doc(before),
-        "after": _side_doc(after),
+        "before": side_doc(before),
+        "after": side_doc(after),
         "ranges": _compare(b["ranges"], a["ranges"], nb, na, rows, wanted),
         "range_device_time": _compare(b["range_device"], a["range_device"], nb, na, rows, wanted),
         "kernels": _compare(b["kernels"], a["kernels"], nb, na, rows),

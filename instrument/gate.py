@@ -33,7 +33,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from exporters._format import WIDTH, fit, format_time_us
 
-from .diff import Side, per_call
+from .diff import Side, per_call, side_doc
 
 __all__ = [
     "METRICS",
@@ -202,21 +202,18 @@ def _check_input(before: Side, after: Side, opts: GateOptions) -> list[str]:
                 "no range is on both sides, nothing to gate",
                 "expected traces of the same program, with record_function or @profiled ranges",
             )
-    if opts.metric == "device":
-        stats = [r for s in (before, after) for w in s.windows for r in w.report.ranges.values()]
-        if not any(r.device_time_us for r in stats):
-            raise GateError(
-                "--metric device: no device time on either side (CPU-only traces)",
-                "expected traces with device activity (CUDA), or --metric cpu",
-            )
-    if opts.metric == "flops":
-        stats = [r for s in (before, after) for w in s.windows for r in w.report.ranges.values()]
-        if not any(r.flops for r in stats):
-            raise GateError(
-                "--metric flops: no FLOPs on either side",
-                "expected traces recorded with record_shapes=True or with_flops=True "
-                "(PROFILED_RECORD_SHAPES=1), or --metric cpu",
-            )
+    stats = [r for s in (before, after) for w in s.windows for r in w.report.ranges.values()]
+    if opts.metric == "device" and not any(r.device_time_us for r in stats):
+        raise GateError(
+            "--metric device: no device time on either side (CPU-only traces)",
+            "expected traces with device activity (CUDA), or --metric cpu",
+        )
+    if opts.metric == "flops" and not any(r.flops for r in stats):
+        raise GateError(
+            "--metric flops: no FLOPs on either side",
+            "expected traces recorded with record_shapes=True or with_flops=True "
+            "(PROFILED_RECORD_SHAPES=1), or --metric cpu",
+        )
     return names
 
 
@@ -336,14 +333,8 @@ def gate(before: Side, after: Side, opts: GateOptions) -> dict[str, Any]:
 
 
 def _side_summary(side: Side) -> dict[str, Any]:
-    return {
-        "path": side.path,
-        "traces": list(side.traces),
-        "windows": len(side.windows),
-        "devices": side.devices,
-        "world_sizes": side.world_sizes,
-        "shapes_recorded": side.shapes_recorded,
-    }
+    """What ``diff`` says of a side, and whether its shapes were recorded."""
+    return {**side_doc(side), "shapes_recorded": side.shapes_recorded}
 
 
 # ---------------------------------------------------------------- text and JUnit

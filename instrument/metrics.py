@@ -67,21 +67,15 @@ def _new_shard() -> list[int]:
 class Recorder(threading.local):
     """Per-range histograms of one process. ``self.d`` is the calling thread's own dict."""
 
-    samples_device = False  # device time by CUDA events: calls go through ``decorator._timed``
-    device: DeviceTimes | None = None  # the sampler, while samples_device
+    # the device-time sampler (CUDA events) while it samples, else None; calls then go through
+    # ``decorator._timed``
+    device: DeviceTimes | None = None
 
     def __init__(self) -> None:
         self.d: dict[str, list[int]] = {}
         registry = _registry
         with registry.lock:
             registry.live.append((threading.current_thread(), self.d))
-
-    def shard(self, name: str) -> list[int]:
-        """The calling thread's shard for ``name`` (made on first use)."""
-        shard = self.d.get(name)
-        if shard is None:
-            shard = self.d[name] = _new_shard()
-        return shard
 
 
 class _Registry:
@@ -99,31 +93,27 @@ recorder = Recorder()
 """The process's recorder; decorated calls use it while metrics are on (``state``)."""
 
 
-def record(recorder: Recorder, name: str, ns: int, is_step: bool = False) -> None:
-    """Add one call of ``ns`` nanoseconds to ``name``'s histogram (the calling thread's), and
-    to the step histogram too for a ``step=True`` call."""
-    shard = recorder.d.get(name)
+def add(shards: dict[str, list[int]], name: str, ns: int) -> None:
+    """The histogram update: one duration of ``ns`` nanoseconds into ``name``'s shard of
+    ``shards`` (made on first use). The one rule: ``record`` and the device times use it,
+    ``decorator``'s metrics-only path inlines it (a test pins the two together)."""
+    shard = shards.get(name)
     if shard is None:
-        shard = recorder.shard(name)
+        shard = shards[name] = _new_shard()
     shard[ns.bit_length()] += 1
     shard[SUM] += ns
     if ns > shard[MAX]:
         shard[MAX] = ns
     if ns < shard[MIN]:
         shard[MIN] = ns
+
+
+def record(recorder: Recorder, name: str, ns: int, is_step: bool = False) -> None:
+    """Add one call of ``ns`` nanoseconds to ``name``'s histogram (the calling thread's), and
+    to the step histogram too for a ``step=True`` call."""
+    add(recorder.d, name, ns)
     if is_step:
-        record(recorder, STEP, ns)
-
-
-def add(shards: dict[str, list[int]], name: str, ns: int) -> None:
-    """``record``'s update into a shard dict that is not a thread's (device times)."""
-    shard = shards.get(name)
-    if shard is None:
-        shard = shards[name] = _new_shard()
-    shard[ns.bit_length()] += 1
-    shard[SUM] += ns
-    shard[MAX] = max(shard[MAX], ns)
-    shard[MIN] = min(shard[MIN], ns)
+        add(recorder.d, STEP, ns)
 
 
 def _merge(into: dict[str, list[int]], shards: dict[str, list[int]]) -> None:
@@ -205,10 +195,8 @@ def snapshot(
 def sample_device(every: int) -> None:
     """Device time by CUDA events for one call in ``every`` of each range (0: none), where
     CUDA is available; the calls then go through ``decorator._timed`` (``state`` mirrors
-    ``samples_device``)."""
-    on = every > 0 and torch.cuda.is_available()
-    recorder.samples_device = on
-    recorder.device = DeviceTimes(every, add) if on else None
+    ``recorder.device``)."""
+    recorder.device = DeviceTimes(every, add) if every > 0 and torch.cuda.is_available() else None
 
 
 def reset() -> None:

@@ -28,6 +28,8 @@ from typing import Any
 from exporters._format import WIDTH, fit, format_time_us
 from exporters.json_lines import METRICS_SCHEMA, SCHEMA
 
+from .traces import InputError
+
 __all__ = [
     "DEFAULT_MARGIN",
     "EXPECT_METRICS",
@@ -49,14 +51,12 @@ _FIRST_LINE_CAP = 1 << 20  # content detection reads at most this much of a firs
 _STAT_KEYS = ("count", "sum_s", "min_s", "p50_s", "p90_s", "p99_s", "max_s")
 
 
-class RecordsError(Exception):
-    """Bad metrics input: ``PATH: WHAT; EXPECTED`` (the CLI prints it as its one error line)."""
+class RecordsError(InputError):
+    """Bad metrics input: the commands' ``InputError`` (``PATH: WHAT; EXPECTED``, printed as
+    one error line), expecting metrics records."""
 
     def __init__(self, path: str, what: str, expected: str = EXPECT_METRICS) -> None:
-        super().__init__(f"{path}: {what}; {expected}")
-        self.path = path
-        self.what = what
-        self.expected = expected
+        super().__init__(path, what, expected)
 
 
 # ---------------------------------------------------------------- finding record files
