@@ -1,15 +1,17 @@
 """Always-on metrics: every decorated call's wall time in a per-range histogram, windows or not.
 
-Recording is the hot path and takes no lock: a ``Recorder`` is a ``threading.local``, so each
-thread adds into its own *shard* (a list per range name); ``snapshot()`` merges the shards under
-the registry's lock into a ``report.MetricsReport``. Memory is bounded whatever the number of
-calls: a shard is 67 integers per range name and thread, and the shards of threads that ended
-are folded into one at the next snapshot.
+Recording is the hot path and takes no lock: a call appends its duration to its range's
+*pending* list (``list.append`` is atomic, with the GIL and without it), and when a range has
+``BATCH`` durations waiting, the call that saw it folds them into the range's histogram under
+the recorder's lock (the per-element work then runs in builtins: ``sum``, ``min``, ``max``,
+``bytes(map(int.bit_length, ...))``). Memory is bounded whatever the number of calls: a range
+holds at most about ``BATCH`` pending durations and one histogram of 67 integers.
+``snapshot()`` folds what is pending and copies the histograms.
 
-Buckets are powers of two of nanoseconds: a duration ``d`` goes to bucket ``d.bit_length()``
-(one integer operation). The report's bounds run from 2**10 ns (1.02 µs) to 2**37 ns (137 s),
-each twice the last: durations under 1 µs share the first bucket, those over 137 s the last.
-Quantiles read from them are interpolated within a bucket and clamped to the exact min and max.
+Buckets are powers of two of nanoseconds: a duration ``d`` goes to bucket ``d.bit_length()``.
+The report's bounds run from 2**10 ns (1.02 µs) to 2**37 ns (137 s), each twice the last:
+durations under 1 µs share the first bucket, those over 137 s the last. Quantiles read from
+them are interpolated within a bucket and clamped to the exact min and max.
 
 A forked child starts with empty histograms (``reset`` at fork): it never exports what its
 parent counted.
@@ -31,6 +33,7 @@ from .device_time import DeviceTimes
 from .report import MetricsReport, RangeHistogram
 
 __all__ = [
+    "BATCH",
     "BOUNDS_NS",
     "STEP",
     "Collector",
@@ -50,7 +53,9 @@ BOUNDS_NS: tuple[int, ...] = tuple(1 << b for b in range(LOW_BIT, HIGH_BIT + 1))
 """The buckets' bounds (OpenTelemetry's explicit bucket boundaries): bucket ``i`` holds
 ``BOUNDS_NS[i-1] <= d < BOUNDS_NS[i]``; one more bucket holds what is past the last bound."""
 
-SUM, MIN, MAX = 64, 65, 66  # a shard: 64 bucket counts (by bit length), then these
+SUM, MIN, MAX = 64, 65, 66  # a histogram: 64 bucket counts (by bit length), then these
+BATCH = 1024
+"""A range's pending durations are folded into its histogram once this many wait."""
 SETTLE_S = 0.5
 """At exit, how long the last sampled calls' device events may take to complete."""
 STEP = "\x00step"
@@ -64,39 +69,79 @@ def _new_shard() -> list[int]:
     return shard
 
 
-class Recorder(threading.local):
-    """Per-range histograms of one process. ``self.d`` is the calling thread's own dict."""
+class Recorder:
+    """Per-range histograms of one process. There is one, for the life of the process
+    (``reset`` empties it): decorated functions keep their range's pending list."""
 
     # the device-time sampler (CUDA events) while it samples, else None; calls then go through
     # ``decorator._timed``
     device: DeviceTimes | None = None
 
     def __init__(self) -> None:
-        self.d: dict[str, list[int]] = {}
-        registry = _registry
-        with registry.lock:
-            registry.live.append((threading.current_thread(), self.d))
-
-
-class _Registry:
-    """Every thread's shard dict, and what threads that ended left behind."""
-
-    def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.live: list[tuple[threading.Thread, dict[str, list[int]]]] = []
-        self.retired: dict[str, list[int]] = {}
+        self.pending: dict[str, list[int]] = {}  # name -> durations not yet folded
+        self.folded: dict[str, list[int]] = {}  # name -> histogram (under the lock)
         self.since_ns = time.time_ns()
 
+    def pending_list(self, name: str) -> list[int]:
+        """``name``'s pending durations: append one, and ``fold(name)`` once ``BATCH`` wait."""
+        pending = self.pending.get(name)
+        if pending is None:
+            pending = self.pending.setdefault(name, [])  # (atomic: one list per name)
+        return pending
 
-_registry = _Registry()
+    def fold(self, name: str) -> None:
+        """Move ``name``'s pending durations into its histogram."""
+        with self.lock:
+            _fold(self.folded, name, self.pending[name])
+
+    def histograms(self) -> dict[str, list[int]]:
+        """Every range's histogram, with what was pending folded in (copies)."""
+        with self.lock:
+            for name, pending in list(self.pending.items()):
+                _fold(self.folded, name, pending)
+            return {name: shard[:] for name, shard in self.folded.items()}
+
+    def clear(self) -> None:
+        """Forget every count (the pending lists stay, emptied: decorated functions hold them);
+        a new lock (a forked child's copy may have been held by a thread it does not have)."""
+        self.lock = threading.Lock()
+        for pending in list(self.pending.values()):
+            pending.clear()
+        self.folded = {}
+        self.since_ns = time.time_ns()
+        self.device = None
+
+
+def _fold(folded: dict[str, list[int]], name: str, pending: list[int]) -> None:
+    """``pending``'s durations into ``folded[name]`` (caller holds the lock). Appends that land
+    meanwhile stay: only the copied ones are deleted, from the front. The per-duration work
+    runs in builtins (``bytes.count`` at memory speed per bucket the batch spans)."""
+    items = pending[:]
+    if not items:
+        return
+    del pending[: len(items)]
+    shard = folded.get(name)
+    if shard is None:
+        shard = folded[name] = _new_shard()
+    low, high = min(items), max(items)
+    bits = bytes(map(int.bit_length, items))
+    for b in range(low.bit_length(), high.bit_length() + 1):
+        shard[b] += bits.count(b)
+    shard[SUM] += sum(items)
+    if high > shard[MAX]:
+        shard[MAX] = high
+    if low < shard[MIN]:
+        shard[MIN] = low
+
+
 recorder = Recorder()
 """The process's recorder; decorated calls use it while metrics are on (``state``)."""
 
 
 def add(shards: dict[str, list[int]], name: str, ns: int) -> None:
-    """The histogram update: one duration of ``ns`` nanoseconds into ``name``'s shard of
-    ``shards`` (made on first use). The one rule: ``record`` and the device times use it,
-    ``decorator``'s metrics-only path inlines it (a test pins the two together)."""
+    """One duration of ``ns`` nanoseconds into ``name``'s histogram in ``shards`` (made on
+    first use): the device times' update, under their own lock."""
     shard = shards.get(name)
     if shard is None:
         shard = shards[name] = _new_shard()
@@ -109,43 +154,14 @@ def add(shards: dict[str, list[int]], name: str, ns: int) -> None:
 
 
 def record(recorder: Recorder, name: str, ns: int, is_step: bool = False) -> None:
-    """Add one call of ``ns`` nanoseconds to ``name``'s histogram (the calling thread's), and
-    to the step histogram too for a ``step=True`` call."""
-    add(recorder.d, name, ns)
+    """Add one call of ``ns`` nanoseconds to ``name``'s histogram, and to the step histogram
+    too for a ``step=True`` call (the decorated functions' metrics-only path inlines this)."""
+    pending = recorder.pending_list(name)
+    pending.append(ns)
+    if len(pending) >= BATCH:
+        recorder.fold(name)
     if is_step:
-        add(recorder.d, STEP, ns)
-
-
-def _merge(into: dict[str, list[int]], shards: dict[str, list[int]]) -> None:
-    for name, shard in list(shards.items()):
-        shard = shard[:]  # one copy (atomic under the GIL) while its thread adds to it
-        have = into.get(name)
-        if have is None:
-            into[name] = shard
-            continue
-        for i in range(SUM + 1):
-            have[i] += shard[i]
-        have[MIN] = min(have[MIN], shard[MIN])
-        have[MAX] = max(have[MAX], shard[MAX])
-
-
-def merged() -> dict[str, list[int]]:
-    """Every thread's shards added up; threads that ended are folded into ``retired`` (and
-    their dicts let go)."""
-    registry = _registry
-    with registry.lock:
-        alive = []
-        for thread, shards in registry.live:
-            if thread.is_alive():
-                alive.append((thread, shards))
-            else:
-                _merge(registry.retired, shards)
-        registry.live[:] = alive
-        total: dict[str, list[int]] = {}
-        _merge(total, registry.retired)
-        for _thread, shards in alive:
-            _merge(total, shards)
-    return total
+        record(recorder, STEP, ns)
 
 
 def _histogram(name: str, shard: list[int], device: str | None = None) -> RangeHistogram:
@@ -170,13 +186,13 @@ def snapshot(
 ) -> MetricsReport:
     """Everything counted since metrics started in this process (cumulative); device times
     from ``sampler`` (default: the recorder's, while it samples)."""
-    total = merged()
+    total = recorder.histograms()
     step = total.pop(STEP, None)
     sampler = sampler or recorder.device
     device = sampler.histograms() if sampler is not None else {}
     return MetricsReport(
         time_ns=time.time_ns(),
-        since_ns=_registry.since_ns,
+        since_ns=recorder.since_ns,
         pid=os.getpid(),
         host=socket.gethostname(),
         rank=rank,
@@ -200,13 +216,9 @@ def sample_device(every: int) -> None:
 
 
 def reset() -> None:
-    """Forget every count: a new registry and a new recorder (the old one's thread dicts
-    belong to the old registry). ``state`` hands the new recorder to decorated calls; a
-    forked child gets here through ``state``'s fork hook, so it never exports what its parent
-    counted."""
-    global _registry, recorder
-    _registry = _Registry()
-    recorder = Recorder()
+    """Forget every count (``Recorder.clear``); a forked child gets here through ``state``'s
+    fork hook, so it never exports what its parent counted."""
+    recorder.clear()
 
 
 class Collector:

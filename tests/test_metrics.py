@@ -70,7 +70,8 @@ def test_the_sync_wrappers_inline_update_is_metrics_record(fresh_metrics, monkey
     for _ in range(4):
         warm()
     assert decorator._IDLE
-    durations = [1500, 500, 3000, 1500, 10**9, 700]  # the first call makes the shard
+    # more than a batch: the wrapper folds once itself, the snapshot folds the rest
+    durations = [1500, 500, 3000, 1500, 10**9, 700] * (metrics.BATCH // 6 + 2)
     ticks = iter([t for d in durations for t in (1_000, 1_000 + d)])
     monkeypatch.setattr(decorator, "_now", lambda: next(ticks))
     inline = profiled("inline")(lambda: None)
@@ -89,22 +90,37 @@ def test_the_sync_wrappers_inline_update_is_metrics_record(fresh_metrics, monkey
     assert dataclasses.replace(a, name="record") == b
 
 
-def test_threads_count_exactly_and_ended_threads_are_folded_in(fresh_metrics):
+def test_threads_count_exactly_while_snapshots_fold_and_memory_stays_bounded(fresh_metrics):
+    """8 threads x 2000 calls into one range while another thread takes snapshots (each folds
+    what is pending, racing the appends): nothing is lost or counted twice, and no range ever
+    holds more than a batch of pending durations."""
+    stop = threading.Event()
+    longest = []
+
     def work():
         rec = metrics.recorder
         for i in range(2000):
             metrics.record(rec, "t", 1000 + i)
 
+    def snapshots():
+        while not stop.is_set():
+            metrics.snapshot()
+            longest.append(max(map(len, metrics.recorder.pending.values())))
+
+    watcher = threading.Thread(target=snapshots)
+    watcher.start()
     threads = [threading.Thread(target=work) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    first = metrics.snapshot()
-    assert [(h.name, h.count) for h in first.ranges] == [("t", 16000)]
-    assert metrics._registry.live == [] or all(t.is_alive() for t, _ in metrics._registry.live)
-    again = metrics.snapshot()  # the ended threads' counts were folded in, not lost
-    assert again.ranges[0].count == 16000
+    stop.set()
+    watcher.join()
+    (h,) = metrics.snapshot().ranges
+    assert (h.name, h.count) == ("t", 16000)
+    assert h.sum_ns == 8 * sum(range(1000, 3000))
+    assert (h.min_ns, h.max_ns) == (1000, 2999)
+    assert longest and max(longest) <= metrics.BATCH
 
 
 # ---------------------------------------------------------------- real programs
