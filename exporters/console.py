@@ -84,11 +84,12 @@ def format_report(report: WindowReport, rows: int = 15) -> str:
 
 
 def _title(report: WindowReport) -> str:
-    """One line saying which window this is: its steps, device, rank and wall time."""
+    """One line saying which window this is: its steps, device, rank and how long the profiler
+    recorded (host clock; the verdict line's wall time runs to the last kernel's end)."""
     title = (
         f"torch-profiled | window {report.window} | {_steps(report.steps)}"
         f"{' (partial)' if report.partial else ''} | {report.device} | "
-        f"rank {report.rank}/{report.world_size} | {format_time_us(report.duration_us)} wall"
+        f"rank {report.rank}/{report.world_size} | recorded {format_time_us(report.duration_us)}"
     )
     return fit(title, WIDTH)
 

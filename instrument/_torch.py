@@ -705,7 +705,14 @@ def kineto_events(results: Any, with_flops: bool = True) -> list[Any]:
     One loop over every event of a window (~140k in a big one): the classes stay integer
     literals and the per-event work inline; only a new (name, category) pair calls out.
     """
-    from .events import DEVICE_CATEGORIES, UNFINISHED, USER_ANNOTATION, Event, kineto_flops
+    from .events import (
+        DEVICE_CATEGORIES,
+        UNFINISHED,
+        USER_ANNOTATION,
+        Event,
+        kineto_flops,
+        range_annotation,
+    )
 
     raw = _kineto_raw_events(results)
     op_thread: dict[int, Any] = {}
@@ -734,7 +741,7 @@ def kineto_events(results: Any, with_flops: bool = True) -> list[Any]:
             flops = nbytes = flags = 0
             if with_flops:
                 flops, nbytes, flags = kineto_flops(name, e.flops(), e.shapes, e.dtypes)
-            if cat == "user_annotation":
+            if cat == "user_annotation" and range_annotation(name):
                 flags |= USER_ANNOTATION
             if e.end_thread_id() == 0:  # cut short by the stop (torch's ids start at 1)
                 flags |= UNFINISHED

@@ -26,6 +26,7 @@ __all__ = [
     "RUNTIME_CATEGORIES",
     "UNFINISHED",
     "USER_ANNOTATION",
+    "range_annotation",
     "events_from_trace",
     "gc_paused",
     "input_bytes",
@@ -61,8 +62,9 @@ class Event(NamedTuple):
 
 _tuple_new = tuple.__new__
 
-# ``annotation``'s bits: a user_annotation (a range whatever its name), and an event the profiler
-# stopped before it ended (torch's ``"finished": false``: a range still open at the stop)
+# ``annotation``'s bits: a user_annotation (a range whatever its name, ``range_annotation``), and
+# an event the profiler stopped before it ended (torch's ``"finished": false``: a range still
+# open at the stop)
 USER_ANNOTATION = 1
 UNFINISHED = 2
 # bits 2-4: the dtype of an operator's FLOPs (``flops_dtype``), an index into DTYPE_NAMES
@@ -109,6 +111,15 @@ BOOKKEEPING_PREFIXES = ("ProfilerStep#", "PyTorch Profiler", "profiled::")
 # bookkeeping that is the profiler's own work (not user code between operators, which is what
 # the self time of ``ProfilerStep#N`` is): excluded from ranges' CPU and wall time too
 PROFILER_WORK_NAMES = frozenset({"Activity Buffer Request", "Iteration Start: PyTorch Profiler"})
+
+
+def range_annotation(name: str) -> bool:
+    """A ``user_annotation`` that is a range: any but torch's own markers, named ``## ... ##``
+    (Inductor's ``## Call CompiledFxGraph <key> ##`` around each compiled graph's call), which
+    report as operators."""
+    return not (name.startswith("## ") and name.endswith(" ##"))
+
+
 _DTYPE_BYTES = {
     "float": 4,
     "double": 8,
@@ -275,7 +286,7 @@ def _events_from_trace(trace: Mapping[str, Any]) -> list[Event]:
                     nbytes = input_bytes(dims, types)
                     flags = flops_dtype_bits(types)
             ext = int(args.get("External id", 0) or 0)
-            if cat == "user_annotation":
+            if cat == "user_annotation" and range_annotation(name):
                 flags |= USER_ANNOTATION
             if args.get("finished") is False:
                 flags |= UNFINISHED

@@ -88,6 +88,11 @@ def test_03_mlp_eager_against_compiled_and_the_diff(tmp_path):
     if "backend='inductor'" in out.stdout:
         # the GELU and the multiply are fused into the compiled graph's kernel
         assert "aten::gelu" not in compiled and "aten::mul" not in compiled
+        # Inductor's "## Call CompiledFxGraph <key> ##" marker is an operator, not a range
+        rows = [line for r in table_rows(out.stderr, "@profiled range") for line in r.values()]
+        assert not any(line.lstrip().startswith("##") for line in rows), rows
+        assert any(line.startswith("## Call CompiledFxGraph") for line in compiled.values())
+        assert not any(name.startswith("##") for r in table_rows(diff, "range (") for name in r)
         assert re.search(r"^aten::gelu +[\d.]+[mu]?s +- ", diff, flags=re.M)
     else:
         assert "no C++ compiler on the PATH" in out.stdout

@@ -210,6 +210,10 @@ def _rows_between(lines: list[str], start: int) -> list[str]:
 def test_console_table(window):
     lines, where = _sections(window.text)
     assert lines[0].startswith("torch-profiled | window 0 | steps 1-2 | cpu | rank 0/1 | ")
+    # the header's time is how long the profiler recorded, not a second "wall" beside the
+    # verdict line's (which runs to the last kernel's end)
+    assert lines[0].endswith(f" | recorded {format_time_us(window.report.duration_us)}")
+    assert sum(" wall" in line for line in lines[:4]) <= 1
     # ranges first, then top operators, the total, the trace path
     assert (
         where["@profiled range"]
