@@ -96,7 +96,7 @@ def _steps(steps: Sequence[int]) -> str:
 def _header(index: int, report: WindowReport) -> str:
     title = (
         f"window {report.window} | rank {report.rank}/{report.world_size} | {report.device} | "
-        f"{_steps(report.steps)} | {format_time_us(report.duration_us)} | "
+        f"{_steps(report.steps)} | recorded {format_time_us(report.duration_us)} | "
         f"{report.event_count:,} events" + (" | partial" if report.partial else "")
     )
     where = f"{report.host} pid {report.pid}" if report.host else f"pid {report.pid}"
