@@ -110,6 +110,7 @@ class Analysis:
             "self_device_time_total_us": self.self_device_time_total_us,
             "profiler_overhead_us": self.profiler_overhead_us,
             "device_busy_us": self.device_busy_us,
+            "wall_time_us": self.wall_time_us,
             "flops": self.flops,
             "bytes_moved": self.bytes_moved,
             "flops_dtype": self.flops_dtype,

@@ -315,6 +315,9 @@ class WindowReport:
     # from ("NVIDIA H200", "PROFILED_PEAK_TFLOPS=500"; "" unknown)
     peak_tflops: FrozenMap[float] = field(default_factory=FrozenMap)
     peak_source: str = ""
+    # the verdict's wall time: first recorded event to the later of the last one's end and the
+    # last kernel's end, the profiler's own work taken out (``duration_us`` is the recording's)
+    wall_time_us: float = 0.0
 
     @property
     def duration_us(self) -> float:

@@ -10,11 +10,10 @@ analysis itself (in the helper process) knows events, not devices. No torch impo
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from . import peaks
 from .report import FrozenMap, RangeStats, WindowReport
-from .verdict import COMPUTE_HEAVY_FLOP_PER_BYTE, Verdict, judge
+from .verdict import judge
 
 __all__ = ["with_peaks"]
 
@@ -30,8 +29,16 @@ def with_peaks(report: WindowReport, override_tflops: float | None = None) -> Wi
 
     ranges = {name: _rejudged(r, ridge(r.flops_dtype)) for name, r in report.ranges.items()}
     verdict = report.verdict
-    if report.flops and report.bytes_moved and verdict.detail:
-        verdict = _with_ridge(verdict, report.flops / report.bytes_moved, ridge(report.flops_dtype))
+    if report.flops and report.bytes_moved and report.self_device_time_total_us:
+        verdict = judge(
+            device_us=report.self_device_time_total_us,
+            busy_us=report.device_busy_us,
+            wall_us=report.wall_time_us,
+            cpu_us=report.self_cpu_time_total_us,
+            flops=report.flops,
+            input_bytes=report.bytes_moved,
+            ridge=ridge(report.flops_dtype),
+        )
     return dataclasses.replace(
         report,
         ranges=FrozenMap(ranges),
@@ -54,18 +61,3 @@ def _rejudged(r: RangeStats, ridge: float | None) -> RangeStats:
         ridge=ridge,
     )
     return dataclasses.replace(r, verdict=verdict)
-
-
-_INTENSITY = re.compile(r", \d+ FLOP/byte(?: \(the device's ridge: \d+\))?")
-
-
-def _with_ridge(verdict: Verdict, intensity: float, ridge: float | None) -> Verdict:
-    """The window's verdict (whose busy and wall times the report does not keep) with its
-    compute-heavy / memory-heavy part judged against ``ridge`` (None: the default line)."""
-    line = COMPUTE_HEAVY_FLOP_PER_BYTE if ridge is None else ridge
-    detail = "compute-heavy" if intensity >= line else "memory-heavy"
-    mark = f", {intensity:.0f} FLOP/byte"
-    if ridge is not None:
-        mark += f" (the device's ridge: {ridge:.0f})"
-    reason = _INTENSITY.sub(lambda _m: mark, verdict.reason, count=1)
-    return dataclasses.replace(verdict, detail=detail, reason=reason)
