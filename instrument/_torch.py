@@ -28,6 +28,15 @@ from typing import Any
 import torch
 import torch.profiler
 
+from .events import (
+    DEVICE_CATEGORIES,
+    UNFINISHED,
+    USER_ANNOTATION,
+    Event,
+    kineto_flops,
+    range_annotation,
+)
+
 __all__ = [
     "FastRange",
     "PROFILER_FLAG",
@@ -705,15 +714,6 @@ def kineto_events(results: Any, with_flops: bool = True) -> list[Any]:
     One loop over every event of a window (~140k in a big one): the classes stay integer
     literals and the per-event work inline; only a new (name, category) pair calls out.
     """
-    from .events import (
-        DEVICE_CATEGORIES,
-        UNFINISHED,
-        USER_ANNOTATION,
-        Event,
-        kineto_flops,
-        range_annotation,
-    )
-
     raw = _kineto_raw_events(results)
     op_thread: dict[int, Any] = {}
     out: list[Event] = []
