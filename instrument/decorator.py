@@ -235,8 +235,14 @@ def _call(
 def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[..., Any]:
     # the range's pending durations (one list per range name for the life of the process):
     # the metrics-only path appends to it, which takes no lock (``metrics.record`` inlined)
-    pending = _metrics.recorder.pending_list(name)
-    append = pending.append
+    recorder = _metrics.recorder  # (one for the life of the process)
+    pending = recorder.pending_list(name)
+    append, fold = pending.append, recorder.fold
+    if is_step:  # a step=True function's calls are steps too
+
+        def append(ns: int, _append: Callable[[int], None] = pending.append) -> None:
+            _append(ns)
+            _record(recorder, STEP, ns)
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -245,20 +251,20 @@ def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...,
                 return f(*args, **kwargs)
             # someone else's profiler records and no session counts steps: only the range
             return _ranged(f, name, args, kwargs)
-        m = _COUNT_ONLY
-        if m is not None and not _FLAG._is_profiler_enabled and not _is_dynamo_compiling():
+        if (
+            _COUNT_ONLY is not None
+            and not _FLAG._is_profiler_enabled
+            and not _is_dynamo_compiling()
+        ):
             t0 = _now()  # metrics only (nothing else needs the call): timed inline
             try:
                 return f(*args, **kwargs)
             finally:
                 # metrics.record inlined (tests/test_metrics.py checks both give the same
                 # histograms)
-                ns = _now() - t0
-                append(ns)
+                append(_now() - t0)
                 if len(pending) >= _BATCH:
-                    m.fold(name)
-                if is_step:
-                    _record(m, STEP, ns)
+                    fold(name)
         if _is_compiling():
             if is_step:  # in compiled code the step still ends, right after the graph runs
                 result = f(*args, **kwargs)

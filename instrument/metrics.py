@@ -116,7 +116,8 @@ class Recorder:
 def _fold(folded: dict[str, list[int]], name: str, pending: list[int]) -> None:
     """``pending``'s durations into ``folded[name]`` (caller holds the lock). Appends that land
     meanwhile stay: only the copied ones are deleted, from the front. The per-duration work
-    runs in builtins (``bytes.count`` at memory speed per bucket the batch spans)."""
+    runs in builtins: bit lengths into ``bytes``, counted per bucket at memory speed; ``sum``;
+    ``max`` (``min``) only where the batch reaches the bucket of the maximum (minimum) so far."""
     items = pending[:]
     if not items:
         return
@@ -124,15 +125,37 @@ def _fold(folded: dict[str, list[int]], name: str, pending: list[int]) -> None:
     shard = folded.get(name)
     if shard is None:
         shard = folded[name] = _new_shard()
-    low, high = min(items), max(items)
-    bits = bytes(map(int.bit_length, items))
-    for b in range(low.bit_length(), high.bit_length() + 1):
-        shard[b] += bits.count(b)
+    low, high = _count_buckets(shard, bytes(map(int.bit_length, items)))
     shard[SUM] += sum(items)
-    if high > shard[MAX]:
-        shard[MAX] = high
-    if low < shard[MIN]:
-        shard[MIN] = low
+    if high >= shard[MAX].bit_length():
+        shard[MAX] = max(shard[MAX], max(items))
+    if low <= shard[MIN].bit_length():
+        shard[MIN] = min(shard[MIN], min(items))
+
+
+def _count_buckets(shard: list[int], bits: bytes) -> tuple[int, int]:
+    """Add each bucket's count in ``bits`` (the durations' bit lengths) to ``shard``, counting
+    outwards from the first duration's bucket until all are placed; the lowest and highest
+    bucket holding any."""
+    lowest = highest = low = high = bits[0]
+    placed = bits.count(low)
+    shard[low] += placed
+    while placed < len(bits):
+        if high < SUM - 1:
+            high += 1
+            n = bits.count(high)
+            if n:
+                shard[high] += n
+                placed += n
+                highest = high
+        if low > 0:
+            low -= 1
+            n = bits.count(low)
+            if n:
+                shard[low] += n
+                placed += n
+                lowest = low
+    return lowest, highest
 
 
 recorder = Recorder()

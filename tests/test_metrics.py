@@ -90,6 +90,62 @@ def test_the_sync_wrappers_inline_update_is_metrics_record(fresh_metrics, monkey
     assert dataclasses.replace(a, name="record") == b
 
 
+def test_a_step_functions_calls_on_the_metrics_only_path_are_steps_too(fresh_metrics, monkeypatch):
+    """A ``step=True`` function on the metrics-only path adds each call to its range and to
+    the step histogram, exactly (scripted clock, more than a batch of calls)."""
+    import instrument
+    from instrument import Schedule, decorator, profiled, state
+
+    instrument.configure(
+        schedule=Schedule(wait=0, warmup=1, active=1, repeat=1), exporters=[], activities=("cpu",)
+    )
+    warm = profiled("warm")(lambda: None)
+    for _ in range(4):
+        warm()
+    durations = [2500, 40_000, 900, 7_000_000] * (metrics.BATCH // 4 + 3)
+    ticks = iter([t for d in durations for t in (5_000, 5_000 + d)])
+    monkeypatch.setattr(decorator, "_now", lambda: next(ticks))
+    step = profiled("train_step", step=True)(lambda: None)
+    state.set_metrics(True)
+    try:
+        assert decorator._COUNT_ONLY is metrics.recorder
+        for _ in durations:
+            step()
+    finally:
+        state.set_metrics(False)
+    snap = metrics.snapshot()
+    (h,) = [r for r in snap.ranges if r.name == "train_step"]
+    assert (h.count, h.sum_ns, h.min_ns, h.max_ns) == (
+        len(durations),
+        sum(durations),
+        900,
+        7_000_000,
+    )
+    assert snap.steps is not None
+    assert dataclasses.replace(snap.steps, name="train_step") == h
+
+
+def test_folding_in_batches_equals_adding_one_at_a_time(fresh_metrics):
+    """The batch fold skips the ``max``/``min`` scans where a batch cannot reach the extremes
+    so far: whatever the order of outliers and batches, it gives exactly what adding each
+    duration alone gives."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(300):
+        folded: dict = {}
+        one_by_one: dict = {}
+        for _batch in range(rng.randint(1, 6)):
+            items = [
+                rng.choice([0, 1, 255, 256, rng.randint(1, 2 ** rng.randint(1, 40))])
+                for _ in range(rng.randint(1, 40))
+            ]
+            metrics._fold(folded, "x", items[:])
+            for ns in items:
+                metrics.add(one_by_one, "x", ns)
+        assert folded == one_by_one
+
+
 def test_threads_count_exactly_while_snapshots_fold_and_memory_stays_bounded(fresh_metrics):
     """8 threads x 2000 calls into one range while another thread takes snapshots (each folds
     what is pending, racing the appends): nothing is lost or counted twice, and no range ever
