@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 
 from . import peaks
-from .report import FrozenMap, RangeStats, WindowReport
-from .verdict import judge
+from .report import FrozenMap, WindowReport
+from .verdict import Verdict, judge
 
 __all__ = ["with_peaks"]
 
@@ -27,18 +27,32 @@ def with_peaks(report: WindowReport, override_tflops: float | None = None) -> Wi
     def ridge(dtype: str) -> float | None:
         return peak.ridge(dtype) if peak is not None else None
 
-    ranges = {name: _rejudged(r, ridge(r.flops_dtype)) for name, r in report.ranges.items()}
-    verdict = report.verdict
-    if report.flops and report.bytes_moved and report.self_device_time_total_us:
-        verdict = judge(
-            device_us=report.self_device_time_total_us,
-            busy_us=report.device_busy_us,
-            wall_us=report.wall_time_us,
-            cpu_us=report.self_cpu_time_total_us,
-            flops=report.flops,
-            input_bytes=report.bytes_moved,
-            ridge=ridge(report.flops_dtype),
+    ranges = {
+        name: dataclasses.replace(
+            r,
+            verdict=_judged(
+                r.verdict,
+                ridge(r.flops_dtype),
+                device_us=r.device_time_us,
+                busy_us=r.device_busy_us,
+                wall_us=r.wall_time_us,
+                cpu_us=r.cpu_time_us,
+                flops=r.flops,
+                input_bytes=r.bytes_moved,
+            ),
         )
+        for name, r in report.ranges.items()
+    }
+    verdict = _judged(
+        report.verdict,
+        ridge(report.flops_dtype),
+        device_us=report.self_device_time_total_us,
+        busy_us=report.device_busy_us,
+        wall_us=report.wall_time_us,
+        cpu_us=report.self_cpu_time_total_us,
+        flops=report.flops,
+        input_bytes=report.bytes_moved,
+    )
     return dataclasses.replace(
         report,
         ranges=FrozenMap(ranges),
@@ -48,16 +62,28 @@ def with_peaks(report: WindowReport, override_tflops: float | None = None) -> Wi
     )
 
 
-def _rejudged(r: RangeStats, ridge: float | None) -> RangeStats:
-    if not (r.flops and r.bytes_moved and r.device_time_us):
-        return r
-    verdict = judge(
-        device_us=r.device_time_us,
-        busy_us=r.device_busy_us,
-        wall_us=r.wall_time_us,
-        cpu_us=r.cpu_time_us,
-        flops=r.flops,
-        input_bytes=r.bytes_moved,
+def _judged(
+    verdict: Verdict,
+    ridge: float | None,
+    *,
+    device_us: float,
+    busy_us: float,
+    wall_us: float,
+    cpu_us: float,
+    flops: int,
+    input_bytes: int,
+) -> Verdict:
+    """A range's or the window's ``verdict`` judged again with the device's ``ridge``, where
+    its FLOPs, their input bytes and device work are known (the analysis judged it without
+    the device); else ``verdict`` as it was."""
+    if not (flops and input_bytes and device_us):
+        return verdict
+    return judge(
+        device_us=device_us,
+        busy_us=busy_us,
+        wall_us=wall_us,
+        cpu_us=cpu_us,
+        flops=flops,
+        input_bytes=input_bytes,
         ridge=ridge,
     )
-    return dataclasses.replace(r, verdict=verdict)
