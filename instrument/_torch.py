@@ -47,6 +47,7 @@ __all__ = [
     "distributed_info",
     "is_compiling",
     "is_dynamo_compiling",
+    "on_switch",
     "OURS",
     "profiler_on",
     "run_after_graph",
@@ -210,7 +211,33 @@ def _foreign_change() -> None:
         _foreign_total += 1
 
 
+SWITCHES_SEEN = False
+"""Every start and stop of a torch profiler (the program's and ours) is seen here and told to
+``on_switch`` listeners: the flag changes only in ``_run_on_profiler_start/_stop`` (wrapped)
+and in this module (``_flag_off``)."""
+_switch_listeners: list[Any] = []
+
+
+def on_switch(listener: Any) -> None:
+    """Call ``listener()`` after every start and stop of any torch profiler (it must not
+    raise: it runs inside the program's profiler start)."""
+    _switch_listeners.append(listener)
+
+
+def _switched() -> None:
+    for listener in _switch_listeners:
+        listener()
+
+
+def _flag_off() -> None:
+    """Clear the flag by hand (a start or stop of ours cut short), and say so."""
+    if not isinstance(PROFILER_FLAG, _AlwaysCheck):
+        PROFILER_FLAG._is_profiler_enabled = False
+    _switched()
+
+
 def _watch_program_profilers() -> None:
+    global SWITCHES_SEEN
     try:
         import torch.autograd.profiler as autograd_profiler
 
@@ -222,13 +249,16 @@ def _watch_program_profilers() -> None:
     def on_start() -> None:
         start()
         _foreign_change()
+        _switched()
 
     def on_stop() -> None:
         stop()
         _foreign_change()
+        _switched()
 
     autograd_profiler._run_on_profiler_start = on_start
     autograd_profiler._run_on_profiler_stop = on_stop
+    SWITCHES_SEEN = not isinstance(PROFILER_FLAG, _AlwaysCheck)
 
 
 _watch_program_profilers()
@@ -485,7 +515,7 @@ class ProfilerWindow:
                 and not isinstance(PROFILER_FLAG, _AlwaysCheck)
                 and (PROFILER_FLAG._is_profiler_enabled is OURS)
             ):
-                PROFILER_FLAG._is_profiler_enabled = False
+                _flag_off()
             if not _LIVE and not profiler_on():
                 _changing_thread = threading.get_ident()
                 try:
@@ -496,8 +526,7 @@ class ProfilerWindow:
                     pass
                 finally:
                     _changing_thread = None
-                    if not isinstance(PROFILER_FLAG, _AlwaysCheck):
-                        PROFILER_FLAG._is_profiler_enabled = False
+                    _flag_off()
             _free_orphans()
 
     def overtaken(self) -> bool:
@@ -672,8 +701,7 @@ def _force_off() -> None:
             _disable_profiler()  # prints a C++ warning (not raised) when none is running
         except Exception:  # noqa: BLE001 - none was running
             pass
-        if not isinstance(PROFILER_FLAG, _AlwaysCheck):
-            PROFILER_FLAG._is_profiler_enabled = False
+        _flag_off()
         _free_orphans()
 
 
@@ -688,7 +716,7 @@ def after_fork_in_child() -> None:
     _LIVE.clear()
     _changing_thread = None
     if not isinstance(PROFILER_FLAG, _AlwaysCheck) and PROFILER_FLAG._is_profiler_enabled is OURS:
-        PROFILER_FLAG._is_profiler_enabled = False
+        _flag_off()
 
 
 _inherited_orphans: list[Any] = []

@@ -1,9 +1,11 @@
 """``profiled``: decorator and (async) context manager that records a named range.
 
-The hot path is the wrapper's first line: with no session counting steps and no profiler
-recording, a call costs one global and one attribute check (``_IDLE`` and torch's Python
-profiler flag) on top of a plain closure, with no allocation, lock or import. Everything else
-(depth tracking for root calls, the range itself, step accounting) is in ``_call``.
+The hot path is the wrapper's first lines: with metrics on and nothing else to do, one global
+(``_COUNT_ONLY``), the Dynamo check, two clock reads and an append to the range's pending
+list (``metrics``); with no session counting steps and no profiler recording, two globals and
+one attribute check (``_COUNT_ONLY``, ``_IDLE`` and torch's Python profiler flag) on top of a
+plain closure, with no allocation, lock or import. Everything else (depth tracking for root
+calls, the range itself, step accounting) is in ``_call``.
 
 Plain functions get a plain closure rather than a ``wrapt.FunctionWrapper``: a pass-through
 ``wrapt`` wrapper measured ~450 ns per call on the CI box, a closure ~100 ns. Descriptors
@@ -22,6 +24,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
@@ -70,38 +73,52 @@ RANGE_NAMES = state.RANGE_NAMES  # every range name a decoration created (``stat
 # OpenTelemetry span of the request being profiled). None almost always.
 # _QUIET: no session needs to see calls (what _IDLE says when metrics are off). _METRICS: the
 # recorder calls time themselves into while metrics are on, else None; then _IDLE is False.
-# _COUNT_ONLY: the recorder when metrics are on and nothing else needs the call (no session, no
-# first-call hook, no device-time sampling), else None: one check for the sync wrapper's
-# metrics-only path.
+# _COUNT_ONLY: the recorder when metrics are on, nothing else needs the call (no session, no
+# first-call hook, no device-time sampling) and no torch profiler records, else None: the one
+# check of the sync wrapper's metrics-only path, the first it makes. _QUIET_RECORDER is what
+# it is while no profiler records; ``_profiler_switched`` applies it at every start and stop.
 _SESSION: Any = None
 _ON_FIRST_CALL: Any = None
 _QUIET = False
 _METRICS: Any = None
 _COUNT_ONLY: Any = None
-_now = time.perf_counter_ns
+_QUIET_RECORDER: Any = None
+_mirror_lock = threading.Lock()  # (a leaf: nothing else is taken while it is held)
+_now = time.perf_counter  # metrics' clock, seconds: a float difference allocates nothing
 
 
 def _mirror(idle: bool, session: Any, hook: Any, recorder: Any = None) -> None:
-    global _IDLE, _QUIET, _SESSION, _ON_FIRST_CALL, _METRICS, _COUNT_ONLY
+    global _IDLE, _QUIET, _SESSION, _ON_FIRST_CALL, _METRICS, _QUIET_RECORDER, _COUNT_ONLY
     quiet = idle and hook is None
-    count_only = recorder if quiet and recorder is not None and recorder.device is None else None
-    _IDLE, _QUIET, _SESSION, _ON_FIRST_CALL, _METRICS, _COUNT_ONLY = (
-        idle and recorder is None,
-        idle,
-        session,
-        hook,
-        recorder,
-        count_only,
-    )
+    alone = quiet and recorder is not None and recorder.device is None
+    with _mirror_lock:
+        _IDLE, _QUIET, _SESSION, _ON_FIRST_CALL, _METRICS = (
+            idle and recorder is None,
+            idle,
+            session,
+            hook,
+            recorder,
+        )
+        _QUIET_RECORDER = recorder if alone and _torch.SWITCHES_SEEN else None
+        _COUNT_ONLY = None if _torch.profiler_on() else _QUIET_RECORDER
+
+
+def _profiler_switched() -> None:
+    """After every start and stop of a torch profiler (``_torch.on_switch``): a call takes the
+    metrics-only path only while none records (else it must be a range there)."""
+    global _COUNT_ONLY
+    with _mirror_lock:
+        _COUNT_ONLY = None if _torch.profiler_on() else _QUIET_RECORDER
 
 
 state.bind(mirror=_mirror)
+_torch.on_switch(_profiler_switched)
 
 
 # ---------------------------------------------------------------- range enter/exit
 
 
-def _enter(name: str, timed: bool = True) -> tuple[Any, Any, int, Any, str, int, Any]:
+def _enter(name: str, timed: bool = True) -> tuple[Any, Any, int, Any, str, float, Any]:
     """Start a range: (fast range or None, depth token, depth before, session or None, name,
     start time for the metrics or 0, device-time sample or None). ``timed``: counted in the
     metrics while they are on."""
@@ -128,7 +145,7 @@ def _exit(state: tuple[Any, ...], is_step: bool, root_ends_step: bool = True) ->
         _range_exit(rf)
     m = _METRICS  # (read once: another thread may switch metrics off meanwhile)
     if t0 and m is not None:
-        _record(m, name, _now() - t0, is_step)
+        _record(m, name, (_now() - t0) * 1e9, is_step)
     if sampled is not None:
         sampled[0].end(sampled)
     if sess is not None:
@@ -184,7 +201,7 @@ def _timed(
             return _ranged_call(f, name, args, kwargs)
         return f(*args, **kwargs)
     finally:
-        _record(recorder, name, _now() - t0, is_step)
+        _record(recorder, name, (_now() - t0) * 1e9, is_step)
         if sampled is not None:
             sampled[0].end(sampled)
 
@@ -240,31 +257,27 @@ def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...,
     append, fold = pending.append, recorder.fold
     if is_step:  # a step=True function's calls are steps too
 
-        def append(ns: int, _append: Callable[[int], None] = pending.append) -> None:
+        def append(ns: float, _append: Callable[[float], None] = pending.append) -> None:
             _append(ns)
             _record(recorder, STEP, ns)
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if _IDLE:
-            if not _FLAG._is_profiler_enabled or _is_compiling():
-                return f(*args, **kwargs)
-            # someone else's profiler records and no session counts steps: only the range
-            return _ranged(f, name, args, kwargs)
-        if (
-            _COUNT_ONLY is not None
-            and not _FLAG._is_profiler_enabled
-            and not _is_dynamo_compiling()
-        ):
+        if _COUNT_ONLY is not None and not _is_dynamo_compiling():
             t0 = _now()  # metrics only (nothing else needs the call): timed inline
             try:
                 return f(*args, **kwargs)
             finally:
                 # metrics.record inlined (tests/test_metrics.py checks both give the same
                 # histograms)
-                append(_now() - t0)
+                append((_now() - t0) * 1e9)
                 if len(pending) >= _BATCH:
                     fold(name)
+        if _IDLE:
+            if not _FLAG._is_profiler_enabled or _is_compiling():
+                return f(*args, **kwargs)
+            # someone else's profiler records and no session counts steps: only the range
+            return _ranged(f, name, args, kwargs)
         if _is_compiling():
             if is_step:  # in compiled code the step still ends, right after the graph runs
                 result = f(*args, **kwargs)

@@ -43,7 +43,7 @@ class DeviceTimes:
         self._counters: dict[str, itertools.count[int]] = {}
         self._pending: collections.deque[tuple[str, Any, Any, int]] = collections.deque()
         self._lock = threading.Lock()
-        self.shards: dict[str, list[int]] = {}  # name -> histogram shard (under the lock)
+        self.shards: dict[str, list[Any]] = {}  # name -> histogram shard (under the lock)
         self.devices: dict[str, str] = {}  # name -> "cuda:N" of its last sample
         self.dropped = 0
 
@@ -99,7 +99,7 @@ class DeviceTimes:
                 except Exception:  # noqa: BLE001 - unreadable now and later: dropped
                     self.dropped += 1
                     continue
-                self._add(self.shards, name, max(0, int(ms * 1e6)))
+                self._add(self.shards, name, max(0.0, ms * 1e6))
                 self.devices[name] = f"cuda:{device}"
             self._pending = waiting
 
@@ -113,7 +113,7 @@ class DeviceTimes:
                 return
             time.sleep(0.005)
 
-    def histograms(self) -> dict[str, list[int]]:
+    def histograms(self) -> dict[str, list[Any]]:
         """A copy of the shards, after a poll."""
         self.poll()
         with self._lock:

@@ -1,17 +1,23 @@
 """Always-on metrics: every decorated call's wall time in a per-range histogram, windows or not.
 
-Recording is the hot path and takes no lock: a call appends its duration to its range's
-*pending* list (``list.append`` is atomic, with the GIL and without it), and when a range has
-``BATCH`` durations waiting, the call that saw it folds them into the range's histogram under
-the recorder's lock (the per-element work then runs in builtins: ``sum``, ``min``, ``max``,
-``bytes(map(int.bit_length, ...))``). Memory is bounded whatever the number of calls: a range
-holds at most about ``BATCH`` pending durations and one histogram of 67 integers.
-``snapshot()`` folds what is pending and copies the histograms.
+Recording is the hot path and takes no lock: a call appends its duration (nanoseconds as a
+float, from ``time.perf_counter()``: float arithmetic allocates nothing, an int of nanoseconds
+from ``perf_counter_ns()`` does) to its range's *pending* list (``list.append`` is atomic, with
+the GIL and without it), and when a range has ``BATCH`` durations waiting, the call that saw
+it folds them into the range's histogram under the recorder's lock, with the per-duration
+work in C: each duration's bucket is the exponent of its float32 form, read for the whole
+batch at once (``struct.pack``, then shifts and masks on one big integer), counted per bucket
+with ``bytes.count``; ``sum``; ``max`` (``min``) only where the batch reaches the bucket of
+the maximum (minimum) so far. Memory is bounded whatever the number of calls: a range holds
+at most about ``BATCH`` pending durations and one histogram of 67 numbers. ``snapshot()``
+folds what is pending and copies the histograms.
 
-Buckets are powers of two of nanoseconds: a duration ``d`` goes to bucket ``d.bit_length()``.
-The report's bounds run from 2**10 ns (1.02 µs) to 2**37 ns (137 s), each twice the last:
-durations under 1 µs share the first bucket, those over 137 s the last. Quantiles read from
-them are interpolated within a bucket and clamped to the exact min and max.
+Buckets are powers of two of nanoseconds: a duration of ``d`` ns goes to bucket
+``int(d).bit_length()`` (a duration within 6e-8 of its bucket's upper bound, relatively, may
+count in the next: float32 keeps 24 bits). The report's bounds run from 2**10 ns (1.02 µs)
+to 2**37 ns (137 s), each twice the last: durations under 1 µs share the first bucket, those
+over 137 s the last. Quantiles read from them are interpolated within a bucket and clamped to
+the exact min and max.
 
 A forked child starts with empty histograms (``reset`` at fork): it never exports what its
 parent counted.
@@ -19,8 +25,10 @@ parent counted.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -53,7 +61,9 @@ BOUNDS_NS: tuple[int, ...] = tuple(1 << b for b in range(LOW_BIT, HIGH_BIT + 1))
 """The buckets' bounds (OpenTelemetry's explicit bucket boundaries): bucket ``i`` holds
 ``BOUNDS_NS[i-1] <= d < BOUNDS_NS[i]``; one more bucket holds what is past the last bound."""
 
-SUM, MIN, MAX = 64, 65, 66  # a histogram: 64 bucket counts (by bit length), then these
+SUM, MIN, MAX = 64, 65, 66  # a histogram: 64 bucket counts, then these (ns, floats)
+_ONE_NS = 127  # the float32 exponent field of 1.0: a duration's bucket is its field - 126
+_LONGEST = 2.0**64  # ns (585 years): a batch summing to more is cleaned before it is folded
 BATCH = 1024
 """A range's pending durations are folded into its histogram once this many wait."""
 SETTLE_S = 0.5
@@ -63,9 +73,9 @@ STEP = "\x00step"
 function."""
 
 
-def _new_shard() -> list[int]:
-    shard = [0] * 67
-    shard[MIN] = 1 << 63
+def _new_shard() -> list[Any]:
+    shard: list[Any] = [0] * 67
+    shard[SUM], shard[MIN], shard[MAX] = 0.0, float("inf"), 0.0
     return shard
 
 
@@ -79,11 +89,11 @@ class Recorder:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.pending: dict[str, list[int]] = {}  # name -> durations not yet folded
-        self.folded: dict[str, list[int]] = {}  # name -> histogram (under the lock)
+        self.pending: dict[str, list[float]] = {}  # name -> durations not yet folded
+        self.folded: dict[str, list[Any]] = {}  # name -> histogram (under the lock)
         self.since_ns = time.time_ns()
 
-    def pending_list(self, name: str) -> list[int]:
+    def pending_list(self, name: str) -> list[float]:
         """``name``'s pending durations: append one, and ``fold(name)`` once ``BATCH`` wait."""
         pending = self.pending.get(name)
         if pending is None:
@@ -95,7 +105,7 @@ class Recorder:
         with self.lock:
             _fold(self.folded, name, self.pending[name])
 
-    def histograms(self) -> dict[str, list[int]]:
+    def histograms(self) -> dict[str, list[Any]]:
         """Every range's histogram, with what was pending folded in (copies)."""
         with self.lock:
             for name, pending in list(self.pending.items()):
@@ -113,11 +123,9 @@ class Recorder:
         self.device = None
 
 
-def _fold(folded: dict[str, list[int]], name: str, pending: list[int]) -> None:
+def _fold(folded: dict[str, list[Any]], name: str, pending: list[float]) -> None:
     """``pending``'s durations into ``folded[name]`` (caller holds the lock). Appends that land
-    meanwhile stay: only the copied ones are deleted, from the front. The per-duration work
-    runs in builtins: bit lengths into ``bytes``, counted per bucket at memory speed; ``sum``;
-    ``max`` (``min``) only where the batch reaches the bucket of the maximum (minimum) so far."""
+    meanwhile stay: only the copied ones are deleted, from the front."""
     items = pending[:]
     if not items:
         return
@@ -125,58 +133,79 @@ def _fold(folded: dict[str, list[int]], name: str, pending: list[int]) -> None:
     shard = folded.get(name)
     if shard is None:
         shard = folded[name] = _new_shard()
-    low, high = _count_buckets(shard, bytes(map(int.bit_length, items)))
-    shard[SUM] += sum(items)
-    if high >= shard[MAX].bit_length():
+    total = sum(items)
+    if not total < _LONGEST:  # a NaN, an infinity or centuries: no clock gives them, and the
+        # fold runs inside a user's call, so it counts them (as 0 and the longest) and goes on
+        items = [min(d, _LONGEST) if d == d else 0.0 for d in items]
+        total = sum(items)
+    low, high = _count_buckets(shard, _exponent_fields(items))
+    shard[SUM] += total
+    if high >= _exponent_field(shard[MAX]):
         shard[MAX] = max(shard[MAX], max(items))
-    if low <= shard[MIN].bit_length():
+    if low <= _exponent_field(shard[MIN]):
         shard[MIN] = min(shard[MIN], min(items))
 
 
-def _count_buckets(shard: list[int], bits: bytes) -> tuple[int, int]:
-    """Add each bucket's count in ``bits`` (the durations' bit lengths) to ``shard``, counting
-    outwards from the first duration's bucket until all are placed; the lowest and highest
-    bucket holding any."""
-    lowest = highest = low = high = bits[0]
-    placed = bits.count(low)
-    shard[low] += placed
-    while placed < len(bits):
-        if high < SUM - 1:
+_MASK = int.from_bytes(b"\xff\0\0\0" * BATCH, "little")
+
+
+def _exponent_fields(items: list[float]) -> bytes:
+    """Each duration's float32 exponent field (bits 23-30), one byte each, in order: 0 for 0
+    and durations under 2**-126 ns, else ``126 + int(d).bit_length()`` from 1 ns up."""
+    n = len(items)
+    packed = int.from_bytes(struct.pack(f"<{n}f", *items), "little")
+    mask = _MASK if n == BATCH else int.from_bytes(b"\xff\0\0\0" * n, "little")
+    return ((packed >> 23) & mask).to_bytes(4 * n, "little")[::4]
+
+
+def _exponent_field(d: float) -> int:
+    """One duration's float32 exponent field (255 for infinity: a minimum not yet set)."""
+    return 255 if math.isinf(d) else _exponent_fields([d])[0]
+
+
+def _count_buckets(shard: list[Any], fields: bytes) -> tuple[int, int]:
+    """Add each bucket's count in ``fields`` (the durations' exponent fields) to ``shard``,
+    looking outwards from the first duration's field until all are placed (``in``, a memchr,
+    before each ``count``: most fields nearby hold none); the lowest and highest field
+    holding any."""
+    lowest = highest = low = high = fields[0]
+    placed = fields.count(low)
+    shard[_bucket(low)] += placed
+    total = len(fields)
+    while placed < total:
+        if high < 255:
             high += 1
-            n = bits.count(high)
-            if n:
-                shard[high] += n
+            if high in fields:
+                n = fields.count(high)
+                shard[_bucket(high)] += n
                 placed += n
                 highest = high
         if low > 0:
             low -= 1
-            n = bits.count(low)
-            if n:
-                shard[low] += n
+            if low in fields:
+                n = fields.count(low)
+                shard[_bucket(low)] += n
                 placed += n
                 lowest = low
     return lowest, highest
+
+
+def _bucket(field: int) -> int:
+    """The bucket of a float32 exponent field: the bit length of the duration's whole ns."""
+    return min(max(field - _ONE_NS + 1, 0), SUM - 1)
 
 
 recorder = Recorder()
 """The process's recorder; decorated calls use it while metrics are on (``state``)."""
 
 
-def add(shards: dict[str, list[int]], name: str, ns: int) -> None:
+def add(shards: dict[str, list[Any]], name: str, ns: float) -> None:
     """One duration of ``ns`` nanoseconds into ``name``'s histogram in ``shards`` (made on
     first use): the device times' update, under their own lock."""
-    shard = shards.get(name)
-    if shard is None:
-        shard = shards[name] = _new_shard()
-    shard[ns.bit_length()] += 1
-    shard[SUM] += ns
-    if ns > shard[MAX]:
-        shard[MAX] = ns
-    if ns < shard[MIN]:
-        shard[MIN] = ns
+    _fold(shards, name, [ns])
 
 
-def record(recorder: Recorder, name: str, ns: int, is_step: bool = False) -> None:
+def record(recorder: Recorder, name: str, ns: float, is_step: bool = False) -> None:
     """Add one call of ``ns`` nanoseconds to ``name``'s histogram, and to the step histogram
     too for a ``step=True`` call (the decorated functions' metrics-only path inlines this)."""
     pending = recorder.pending_list(name)
@@ -187,7 +216,7 @@ def record(recorder: Recorder, name: str, ns: int, is_step: bool = False) -> Non
         record(recorder, STEP, ns)
 
 
-def _histogram(name: str, shard: list[int], device: str | None = None) -> RangeHistogram:
+def _histogram(name: str, shard: list[Any], device: str | None = None) -> RangeHistogram:
     counts = [sum(shard[: LOW_BIT + 1])]
     counts.extend(shard[LOW_BIT + 1 : HIGH_BIT + 1])
     counts.append(sum(shard[HIGH_BIT + 1 : SUM]))
@@ -195,9 +224,9 @@ def _histogram(name: str, shard: list[int], device: str | None = None) -> RangeH
     return RangeHistogram(
         name=name,
         count=count,
-        sum_ns=shard[SUM],
-        min_ns=shard[MIN] if count else 0,
-        max_ns=shard[MAX],
+        sum_ns=round(shard[SUM]),
+        min_ns=round(shard[MIN]) if count else 0,
+        max_ns=round(shard[MAX]),
         bucket_counts=tuple(counts),
         bounds_ns=BOUNDS_NS,
         device=device,

@@ -72,7 +72,7 @@ def test_the_sync_wrappers_inline_update_is_metrics_record(fresh_metrics, monkey
     assert decorator._IDLE
     # more than a batch: the wrapper folds once itself, the snapshot folds the rest
     durations = [1500, 500, 3000, 1500, 10**9, 700] * (metrics.BATCH // 6 + 2)
-    ticks = iter([t for d in durations for t in (1_000, 1_000 + d)])
+    ticks = iter([t for d in durations for t in (1000.0, 1000.0 + d / 1e9)])
     monkeypatch.setattr(decorator, "_now", lambda: next(ticks))
     inline = profiled("inline")(lambda: None)
     state.set_metrics(True)
@@ -83,10 +83,10 @@ def test_the_sync_wrappers_inline_update_is_metrics_record(fresh_metrics, monkey
     finally:
         state.set_metrics(False)
     for ns in durations:
-        metrics.record(metrics.recorder, "record", ns)
+        metrics.record(metrics.recorder, "record", ((1000.0 + ns / 1e9) - 1000.0) * 1e9)
     a, b = metrics.snapshot().ranges
     assert (a.name, b.name) == ("inline", "record")
-    assert a.count == len(durations)
+    assert (a.count, a.sum_ns, a.min_ns, a.max_ns) == (len(durations), sum(durations), 500, 10**9)
     assert dataclasses.replace(a, name="record") == b
 
 
@@ -103,7 +103,7 @@ def test_a_step_functions_calls_on_the_metrics_only_path_are_steps_too(fresh_met
     for _ in range(4):
         warm()
     durations = [2500, 40_000, 900, 7_000_000] * (metrics.BATCH // 4 + 3)
-    ticks = iter([t for d in durations for t in (5_000, 5_000 + d)])
+    ticks = iter([t for d in durations for t in (5.0, 5.0 + d / 1e9)])
     monkeypatch.setattr(decorator, "_now", lambda: next(ticks))
     step = profiled("train_step", step=True)(lambda: None)
     state.set_metrics(True)
@@ -125,25 +125,109 @@ def test_a_step_functions_calls_on_the_metrics_only_path_are_steps_too(fresh_met
     assert dataclasses.replace(snap.steps, name="train_step") == h
 
 
-def test_folding_in_batches_equals_adding_one_at_a_time(fresh_metrics):
-    """The batch fold skips the ``max``/``min`` scans where a batch cannot reach the extremes
-    so far: whatever the order of outliers and batches, it gives exactly what adding each
-    duration alone gives."""
+def test_a_profiler_the_program_starts_takes_calls_off_the_metrics_only_path(fresh_metrics):
+    """The metrics-only path checks no profiler flag: any torch profiler's start clears
+    ``_COUNT_ONLY``. Calls made while the program's own profiler records are ranges there and
+    still counted; after its stop they take the path again."""
+    import torch
+
+    import instrument
+    from instrument import Schedule, decorator, profiled, state
+
+    instrument.configure(
+        schedule=Schedule(wait=0, warmup=1, active=1, repeat=1), exporters=[], activities=("cpu",)
+    )
+    warm = profiled("warm")(lambda: None)
+    for _ in range(4):
+        warm()
+    inside = profiled("inside")(lambda x: x + 1)
+    profilers = [
+        lambda: torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]),
+        lambda: torch.autograd.profiler.profile(),
+    ]
+    state.set_metrics(True)
+    try:
+        for make in profilers:
+            assert decorator._COUNT_ONLY is metrics.recorder
+            with make() as prof:
+                assert decorator._COUNT_ONLY is None
+                for _ in range(3):
+                    inside(1)
+            assert decorator._COUNT_ONLY is metrics.recorder
+            events = prof.events() if hasattr(prof, "events") else prof.function_events
+            assert [e.name for e in events].count("inside") == 3
+        inside(1)
+    finally:
+        state.set_metrics(False)
+    (h,) = [r for r in metrics.snapshot().ranges if r.name == "inside"]
+    assert h.count == 7
+
+
+def test_batches_fold_into_what_the_buckets_are_defined_to_hold(fresh_metrics):
+    """Whatever the batches (sizes, order, outliers, 0, a bucket's edges, past the last
+    bucket), the histogram holds per bucket ``b`` the durations whose whole nanoseconds have
+    bit length ``b`` once rounded to float32 (the last bucket: all longer), their sum and
+    the exact min and max, as documented in ``instrument.metrics``."""
+    import math
     import random
+    import struct
+    from collections import Counter
+
+    def as_float32(d: float) -> float:
+        return struct.unpack("<f", struct.pack("<f", d))[0]
 
     rng = random.Random(7)
+    last = metrics.SUM - 1
+    edges = [0, 0.4, 1, 255, 255.9, 256, 2**30 - 1, 2**30, 2**62, 2**63]
     for _ in range(300):
         folded: dict = {}
-        one_by_one: dict = {}
+        durations: list[float] = []
         for _batch in range(rng.randint(1, 6)):
-            items = [
-                rng.choice([0, 1, 255, 256, rng.randint(1, 2 ** rng.randint(1, 40))])
+            batch = [
+                float(rng.choice(edges + [rng.randint(1, 2 ** rng.randint(1, 50))] * 4))
                 for _ in range(rng.randint(1, 40))
             ]
-            metrics._fold(folded, "x", items[:])
-            for ns in items:
-                metrics.add(one_by_one, "x", ns)
-        assert folded == one_by_one
+            metrics._fold(folded, "x", batch[:])
+            durations += batch
+        shard = folded["x"]
+        expected = Counter(min(int(as_float32(d)).bit_length(), last) for d in durations)
+        assert {b: c for b, c in enumerate(shard[: metrics.SUM]) if c} == dict(expected)
+        assert math.isclose(shard[metrics.SUM], sum(durations), rel_tol=1e-12)
+        assert (shard[metrics.MIN], shard[metrics.MAX]) == (min(durations), max(durations))
+    assert int(as_float32(2**30 - 1)).bit_length() == 31  # the rounding the rule allows
+    for first, second in [(300.0, 400.0), (400.0, 300.0), (300.0, 300.5)]:  # one bucket
+        folded = {}
+        metrics._fold(folded, "x", [first])
+        metrics._fold(folded, "x", [second, 5000.0])  # max of the batch: another bucket
+        metrics._fold(folded, "x", [second, 3.0])  # min of the batch: another bucket
+        metrics._fold(folded, "x", [second])
+        assert folded["x"][metrics.MIN] == 3.0 and folded["x"][metrics.MAX] == 5000.0
+        folded = {}
+        metrics._fold(folded, "x", [first])
+        metrics._fold(folded, "x", [second])  # the extremes' bucket: both scanned
+        assert (folded["x"][metrics.MIN], folded["x"][metrics.MAX]) == (
+            min(first, second),
+            max(first, second),
+        )
+
+
+def test_the_device_times_update_is_the_fold_of_one_duration(fresh_metrics):
+    one: dict = {}
+    metrics.add(one, "y", 3000.0)
+    assert one["y"][(3000).bit_length()] == 1 and sum(one["y"][: metrics.SUM]) == 1
+    assert one["y"][metrics.SUM] == one["y"][metrics.MIN] == one["y"][metrics.MAX] == 3000.0
+
+
+def test_a_duration_past_float32_or_not_a_number_is_counted_not_raised(fresh_metrics):
+    """No clock gives them; if one came, the fold (inside a user's call) must not raise."""
+    folded: dict = {}
+    metrics._fold(folded, "z", [1e39, float("nan"), float("inf"), 2.0**70, 5.0])
+    metrics._fold(folded, "z", [float("nan")])
+    shard = folded["z"]
+    assert sum(shard[: metrics.SUM]) == 6 and shard[metrics.SUM - 1] == 3  # past 2**62 ns
+    assert shard[0] == 2 and shard[(5).bit_length()] == 1  # a NaN counts as 0
+    assert shard[metrics.MAX] == 2.0**64 and shard[metrics.MIN] == 0.0
+    assert shard[metrics.SUM] == 3 * 2.0**64 + 5.0  # a number still
 
 
 def test_threads_count_exactly_while_snapshots_fold_and_memory_stays_bounded(fresh_metrics):

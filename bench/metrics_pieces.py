@@ -1,0 +1,208 @@
+#!/usr/bin/env python
+"""Where the metrics-only call's time goes, piece by piece, on this interpreter and CPU.
+
+    python bench/metrics_pieces.py            # about 10 s
+    python bench/metrics_pieces.py --quick    # a few seconds, noisy
+
+``bench/overhead.py`` compares the metrics-on ``@profiled`` call with a flag-checking closure
+(issue 17's target: at most 3x). This bench explains that ratio on a given machine: it builds
+copies of the decorator's metrics-only path from one template, each with one piece taken out,
+and times them side by side with ``bench/overhead.py``'s timer (rotated order, median of the
+repeats). A piece's cost is the full copy's time minus the copy without it. The real
+decorated call is timed in the same rounds, so the copy can be checked against it.
+
+Pieces: ``flag`` (the metrics-only check), ``dynamo`` (the Dynamo check), ``clock`` (the two
+clock reads and the difference), ``try`` (the ``try/finally`` around the call), ``append``
+(the second clock read, the append and the batch-length check, and so the fold), ``fold``
+(the fold every ``metrics.BATCH`` calls, amortized). Two other shapes are timed beside them:
+durations as ints of ``time.perf_counter_ns()`` (an earlier version), and the profiler flag
+checked on the path (an earlier version; now a profiler start clears ``_COUNT_ONLY``).
+
+The exit code is 0 whatever the figures: this is a benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for path in (REPO, os.path.join(REPO, "bench")):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+from overhead import _calibrate, _set_up_idle, _time, plain_closure, trivial  # noqa: E402
+
+# The decorator's metrics-only path (instrument/decorator.py, ``_wrap_sync``).
+TEMPLATE = """
+def make(f, pending, fold, name):
+    append = pending.append
+    def wrapper(*args, **kwargs):
+        if _COUNT_ONLY is not None and not _is_dynamo_compiling():
+            t0 = _now()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                append((_now() - t0) * 1e9)
+                if len(pending) >= _BATCH:
+                    fold(name)
+        if _IDLE:
+            return f(*args, **kwargs)
+        return f(*args, **kwargs)
+    return wrapper
+"""
+
+_TIMED = """            try:
+                return f(*args, **kwargs)
+            finally:
+                append((_now() - t0) * 1e9)
+                if len(pending) >= _BATCH:
+                    fold(name)
+"""
+
+# piece -> the edits of TEMPLATE that take it out
+WITHOUT: dict[str, list[tuple[str, str]]] = {
+    "flag": [("_COUNT_ONLY is not None and not ", "not ")],
+    "dynamo": [(" and not _is_dynamo_compiling()", "")],
+    "clock": [("            t0 = _now()\n", ""), ("(_now() - t0) * 1e9", "0.0")],
+    "try": [
+        (
+            _TIMED,
+            _TIMED.replace("            try:\n", "")
+            .replace("                return f(", "            result = f(")
+            .replace("            finally:\n", "")
+            .replace("\n                ", "\n            ")
+            .replace("                append", "            append")
+            + "            return result\n",
+        )
+    ],
+    "append": [
+        (
+            "                append((_now() - t0) * 1e9)\n"
+            "                if len(pending) >= _BATCH:\n                    fold(name)\n",
+            "                pass\n",
+        )
+    ],
+    "fold": [("fold(name)\n", "del pending[:]\n")],
+}
+PIECES = tuple(WITHOUT)
+# other shapes of the same path, timed beside it: what an earlier version did
+OTHERS: dict[str, list[tuple[str, str]]] = {
+    "int ns clock": [("(_now() - t0) * 1e9", "_now_ns() - t0"), ("t0 = _now()", "t0 = _now_ns()")],
+    "+ profiler flag": [
+        (
+            "_COUNT_ONLY is not None and not",
+            "_COUNT_ONLY is not None and not _FLAG._is_profiler_enabled and not",
+        )
+    ],
+}
+
+
+def _source(without: str | None) -> str:
+    src = TEMPLATE
+    for old, new in {**WITHOUT, **OTHERS}.get(without or "", []):
+        assert old in src, f"the template changed: {old!r} is not in it"
+        src = src.replace(old, new)
+    return src
+
+
+def _variant(without: str | None, names: dict[str, Any], range_name: str) -> Callable[..., Any]:
+    from instrument import metrics
+
+    recorder = metrics.recorder
+    ns = dict(names)
+    exec(compile(_source(without), f"<copy without {without}>", "exec"), ns)  # noqa: S102
+    pending = recorder.pending_list(range_name)
+    return ns["make"](trivial, pending, recorder.fold, range_name)
+
+
+def _names() -> dict[str, Any]:
+    from instrument import _torch, decorator
+
+    return {
+        "_IDLE": False,
+        "_COUNT_ONLY": object(),
+        "_FLAG": _torch.PROFILER_FLAG,
+        "_is_dynamo_compiling": _torch.is_dynamo_compiling,
+        "_now": decorator._now,
+        "_now_ns": time.perf_counter_ns,
+        "_BATCH": decorator._BATCH,
+    }
+
+
+def run(quick: bool) -> dict[str, Any]:
+    for key in [k for k in os.environ if k.startswith("PROFILED_")]:
+        del os.environ[key]
+    import torch  # noqa: F401 - import cost outside the measurements
+
+    import instrument
+    from instrument import _torch, decorator, profiled
+    from instrument import state as sdk_state
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the setup window's messages are not the subject
+        _set_up_idle(instrument, decorator, profiled("bench.pieces.setup")(trivial))
+
+    names = _names()
+    variants: dict[str, Callable[..., Any]] = {
+        "closure": plain_closure(trivial),
+        "decorated": profiled("bench.pieces.decorated")(trivial),
+        "copy": _variant(None, names, "bench.pieces.copy"),
+    }
+    for piece in PIECES:
+        variants[f"without {piece}"] = _variant(piece, names, f"bench.pieces.{piece}")
+    for label in OTHERS:
+        variants[label] = _variant(label, names, f"bench.pieces.{label}")
+    for f in variants.values():
+        f(1)  # each compiles and runs
+    repeats, target_s = (3, 0.003) if quick else (11, 0.02)
+    samples: dict[str, list[float]] = {key: [] for key in variants}
+    sdk_state.set_metrics(True)
+    try:
+        assert decorator._COUNT_ONLY is not None, "the metrics-only path is not the one on"
+        loops = {key: _calibrate(f, target_s) for key, f in variants.items()}
+        keys = list(variants)
+        for r in range(repeats):
+            k = r % len(keys)
+            for key in keys[k:] + keys[:k]:
+                samples[key].append(_time(variants[key], loops[key]))
+    finally:
+        sdk_state.set_metrics(False)
+    median = {key: statistics.median(values) for key, values in samples.items()}
+    check = _torch.is_dynamo_compiling
+    return {
+        "python": platform.python_version(),
+        "torch": _torch.TORCH_VERSION,
+        "dynamo_check": f"{check.__module__}.{check.__qualname__}",
+        "median_ns": median,
+        "pieces_ns": {p: median["copy"] - median[f"without {p}"] for p in PIECES},
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="a few seconds, noisy")
+    result = run(parser.parse_args().quick)
+    median = result["median_ns"]
+    closure = median["closure"]
+    print(
+        f"python {result['python']}, torch {result['torch']}, Dynamo check {result['dynamo_check']}"
+    )
+    print(f"{'variant':<18} {'ns/call':>8} {'x closure':>10}")
+    for key, ns in median.items():
+        print(f"{key:<18} {ns:8.1f} {ns / closure:10.2f}")
+    print("pieces (the copy minus the copy without it), ns/call:")
+    for piece, ns in result["pieces_ns"].items():
+        print(f"  {piece:<8} {ns:+7.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
