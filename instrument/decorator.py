@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
@@ -83,7 +82,6 @@ _QUIET = False
 _METRICS: Any = None
 _COUNT_ONLY: Any = None
 _QUIET_RECORDER: Any = None
-_mirror_lock = threading.Lock()  # (a leaf: nothing else is taken while it is held)
 _now = time.perf_counter  # metrics' clock, seconds: a float difference allocates nothing
 
 
@@ -91,7 +89,7 @@ def _mirror(idle: bool, session: Any, hook: Any, recorder: Any = None) -> None:
     global _IDLE, _QUIET, _SESSION, _ON_FIRST_CALL, _METRICS, _QUIET_RECORDER, _COUNT_ONLY
     quiet = idle and hook is None
     alone = quiet and recorder is not None and recorder.device is None
-    with _mirror_lock:
+    with state.mirror_lock:
         _IDLE, _QUIET, _SESSION, _ON_FIRST_CALL, _METRICS = (
             idle and recorder is None,
             idle,
@@ -107,7 +105,7 @@ def _profiler_switched() -> None:
     """After every start and stop of a torch profiler (``_torch.on_switch``): a call takes the
     metrics-only path only while none records (else it must be a range there)."""
     global _COUNT_ONLY
-    with _mirror_lock:
+    with state.mirror_lock:
         _COUNT_ONLY = None if _torch.profiler_on() else _QUIET_RECORDER
 
 

@@ -40,6 +40,10 @@ Hook = Callable[[], None]
 __all__ = ["RANGE_NAMES", "cpu_ops", "refresh_idle", "reset"]
 
 lock = threading.RLock()
+mirror_lock = threading.Lock()
+"""Held while the decorator's hot-path flags are written (its ``_mirror`` and the listener of
+profiler starts and stops): a leaf, nothing else is taken under it; a forked child gets a new
+one before anything writes them."""
 ambient: Session | None = None
 explicit: Session | None = None
 current: Session | None = None  # explicit or ambient: what decorated calls report to
@@ -285,8 +289,9 @@ def _after_fork_in_child() -> None:
     """A forked child (a DataLoader worker) never exports the parent's windows, never stops the
     parent's profiler (its state is a copy) and starts none of its own: it forgets every
     session without touching torch, and its decorated calls run idle."""
-    global ambient, explicit, current, shut_down, lock, metrics_on
+    global ambient, explicit, current, shut_down, lock, mirror_lock, metrics_on
     lock = threading.RLock()  # the parent may have held it while forking
+    mirror_lock = threading.Lock()  # (likewise; _torch's hook below writes the flags)
     ambient = explicit = current = None
     shut_down = True
     PENDING.clear()  # the parent's windows: never stopped from here

@@ -366,6 +366,56 @@ print("done")
     assert records[-1]["ranges"]["work"]["count"] == 300 + 8 * 2000
 
 
+def test_a_child_forked_while_the_flags_were_being_written_does_not_hang(tmp_path):
+    """A thread of the parent holds the lock the decorator's flags are written under when
+    another forks (a DataLoader starting its workers while a profiler starts): the child gets
+    a new lock, and its profiler starts, metrics switches and decorated calls go on."""
+    from tests import _proc
+
+    code = r"""
+import os, threading, time, torch
+from instrument import profiled, state
+
+f = profiled("f")(lambda x: x + 1)
+held, release = threading.Event(), threading.Event()
+
+def hold():
+    with state.mirror_lock:
+        held.set()
+        release.wait()
+
+t = threading.Thread(target=hold)
+t.start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    state.set_metrics(True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        f(1)
+    state.set_metrics(False)
+    f(1)
+    os.write(1, b"child done\n")
+    os._exit(0)
+release.set()
+t.join()
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print("child exit", os.waitstatus_to_exitcode(status))
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, 9)
+    print("child hung")
+"""
+    script = tmp_path / "fork.py"
+    script.write_text(code)
+    out = _proc.run(str(script), cwd=tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "child done" in out.stdout and "child exit 0" in out.stdout, out.stdout
+
+
 def test_module_ranges_only_when_asked(tmp_path):
     code = r"""
 import torch
