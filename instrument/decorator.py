@@ -98,15 +98,20 @@ def _mirror(idle: bool, session: Any, hook: Any, recorder: Any = None) -> None:
             recorder,
         )
         _QUIET_RECORDER = recorder if alone and _torch.SWITCHES_SEEN else None
-        _COUNT_ONLY = None if _torch.profiler_on() else _QUIET_RECORDER
+        _apply_count_only()
 
 
 def _profiler_switched() -> None:
-    """After every start and stop of a torch profiler (``_torch.on_switch``): a call takes the
-    metrics-only path only while none records (else it must be a range there)."""
-    global _COUNT_ONLY
+    """After every start and stop of a torch profiler (``_torch.on_switch``)."""
     with state.mirror_lock:
-        _COUNT_ONLY = None if _torch.profiler_on() else _QUIET_RECORDER
+        _apply_count_only()
+
+
+def _apply_count_only() -> None:
+    """A call takes the metrics-only path only while no profiler records (else it must be a
+    range there). Under ``state.mirror_lock``."""
+    global _COUNT_ONLY
+    _COUNT_ONLY = None if _torch.profiler_on() else _QUIET_RECORDER
 
 
 state.bind(mirror=_mirror)
