@@ -18,6 +18,11 @@ clock reads and the difference), ``try`` (the ``try/finally`` around the call), 
 durations as ints of ``time.perf_counter_ns()`` (an earlier version), and the profiler flag
 checked on the path (an earlier version; now a profiler start clears ``_COUNT_ONLY``).
 
+It also prints what one clock read costs on this host (``time.perf_counter()`` beside a
+builtin call that reads no clock, ``id(None)``) and the kernel's clock source: where that is
+not ``tsc`` (some virtual machines), a clock read leaves the vDSO for the hypervisor or the
+kernel, and the two reads of every timed call cost several times what they cost elsewhere.
+
 The exit code is 0 whatever the figures: this is a benchmark, not a test.
 """
 
@@ -29,6 +34,7 @@ import platform
 import statistics
 import sys
 import time
+import timeit
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -137,6 +143,26 @@ def _names() -> dict[str, Any]:
     }
 
 
+def _clock_source() -> str:
+    path = "/sys/devices/system/clocksource/clocksource0/current_clocksource"
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
+
+
+def _clock_read_ns(repeats: int) -> dict[str, float]:
+    """One ``time.perf_counter()`` call and one ``id(None)`` call, ns (best of ``repeats``)."""
+    number = 200_000
+    timings = {"perf_counter()": "now()", "id(None)": "ident(None)"}
+    names = {"now": time.perf_counter, "ident": id}
+    return {
+        label: min(timeit.repeat(stmt, globals=names, number=number, repeat=repeats)) / number * 1e9
+        for label, stmt in timings.items()
+    }
+
+
 def run(quick: bool) -> dict[str, Any]:
     for key in [k for k in os.environ if k.startswith("PROFILED_")]:
         del os.environ[key]
@@ -183,6 +209,8 @@ def run(quick: bool) -> dict[str, Any]:
         "dynamo_check": f"{check.__module__}.{check.__qualname__}",
         "median_ns": median,
         "pieces_ns": {p: median["copy"] - median[f"without {p}"] for p in PIECES},
+        "clock_source": _clock_source(),
+        "call_ns": _clock_read_ns(3 if quick else 7),
     }
 
 
@@ -201,6 +229,13 @@ def main() -> int:
     print("pieces (the copy minus the copy without it), ns/call:")
     for piece, ns in result["pieces_ns"].items():
         print(f"  {piece:<8} {ns:+7.1f}")
+    calls = result["call_ns"]
+    clock = calls["perf_counter()"] - calls["id(None)"]
+    print(
+        f"one clock read: perf_counter() {calls['perf_counter()']:.1f} ns, id(None) "
+        f"{calls['id(None)']:.1f} ns: the clock itself {clock:+.1f} ns "
+        f"(clock source {result['clock_source']})"
+    )
     return 0
 
 
