@@ -18,10 +18,12 @@ clock reads and the difference), ``try`` (the ``try/finally`` around the call), 
 durations as ints of ``time.perf_counter_ns()`` (an earlier version), and the profiler flag
 checked on the path (an earlier version; now a profiler start clears ``_COUNT_ONLY``).
 
-It also prints what one clock read costs on this host (``time.perf_counter()`` beside a
-builtin call that reads no clock, ``id(None)``) and the kernel's clock source: where that is
-not ``tsc`` (some virtual machines), a clock read leaves the vDSO for the hypervisor or the
-kernel, and the two reads of every timed call cost several times what they cost elsewhere.
+It also prints the fold alone, ns per duration, on batches of three shapes (one bucket; two
+buckets; a log-normal spread over many), what one clock read costs on this host
+(``time.perf_counter()`` beside a builtin call that reads no clock, ``id(None)``) and the
+kernel's clock source: where that is not ``tsc`` (some virtual machines), a clock read leaves
+the vDSO for the hypervisor or the kernel, and the two reads of every timed call cost several
+times what they cost elsewhere.
 
 The exit code is 0 whatever the figures: this is a benchmark, not a test.
 """
@@ -163,6 +165,34 @@ def _clock_read_ns(repeats: int) -> dict[str, float]:
     }
 
 
+def _fold_ns(repeats: int) -> dict[str, float]:
+    """``metrics._fold`` alone, ns per duration, on 50 batches of ``BATCH`` of each shape."""
+    import random
+
+    from instrument import metrics
+
+    rng = random.Random(1)
+    n = metrics.BATCH * 50
+    shapes = {
+        "one bucket": [rng.uniform(150, 250) for _ in range(n)],
+        "two buckets": [rng.uniform(150, 400) for _ in range(n)],
+        "log-normal": [rng.lognormvariate(8, 1.5) for _ in range(n)],
+    }
+
+    def fold_all(durations: list[float]) -> None:
+        folded: dict[str, list[Any]] = {}
+        for i in range(0, n, metrics.BATCH):
+            metrics._fold(folded, "x", durations[i : i + metrics.BATCH])
+
+    return {
+        label: min(timeit.repeat(lambda d=durations: fold_all(d), number=3, repeat=repeats))
+        / 3
+        / n
+        * 1e9
+        for label, durations in shapes.items()
+    }
+
+
 def run(quick: bool) -> dict[str, Any]:
     for key in [k for k in os.environ if k.startswith("PROFILED_")]:
         del os.environ[key]
@@ -211,6 +241,7 @@ def run(quick: bool) -> dict[str, Any]:
         "pieces_ns": {p: median["copy"] - median[f"without {p}"] for p in PIECES},
         "clock_source": _clock_source(),
         "call_ns": _clock_read_ns(3 if quick else 7),
+        "fold_ns": _fold_ns(3 if quick else 7),
     }
 
 
@@ -229,6 +260,8 @@ def main() -> int:
     print("pieces (the copy minus the copy without it), ns/call:")
     for piece, ns in result["pieces_ns"].items():
         print(f"  {piece:<8} {ns:+7.1f}")
+    folds = ", ".join(f"{label} {ns:.1f}" for label, ns in result["fold_ns"].items())
+    print(f"the fold alone, ns per duration: {folds}")
     calls = result["call_ns"]
     clock = calls["perf_counter()"] - calls["id(None)"]
     print(

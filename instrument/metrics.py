@@ -7,9 +7,10 @@ the GIL and without it), and when a range has ``BATCH`` durations waiting, the c
 it folds them into the range's histogram under the recorder's lock, with the per-duration
 work in C: each duration's bucket is the exponent of its float32 form, read for the whole
 batch at once (``struct.pack``, then shifts and masks on one big integer), counted per bucket
-with ``bytes.count``; ``sum``; ``max`` (``min``) only where the batch reaches the bucket of
-the maximum (minimum) so far. Memory is bounded whatever the number of calls: a range holds
-at most about ``BATCH`` pending durations and one histogram of 67 numbers. ``snapshot()``
+with ``bytes.count``; ``sum``; ``max`` (``min``) only where a duration's float32 reaches
+the maximum's (minimum's), tested on the same big integer for the whole batch. Memory is
+bounded whatever the number of calls: a range holds at most about ``BATCH`` pending durations
+and one histogram of 67 numbers. ``snapshot()``
 folds what is pending and copies the histograms.
 
 Buckets are powers of two of nanoseconds: a duration of ``d`` ns goes to bucket
@@ -25,7 +26,6 @@ parent counted.
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import struct
@@ -138,29 +138,56 @@ def _fold(folded: dict[str, list[Any]], name: str, pending: list[float]) -> None
         # fold runs inside a user's call, so it counts them (as 0 and the longest) and goes on
         items = [min(d, _LONGEST) if d == d else 0.0 for d in items]
         total = sum(items)
-    low, high = _count_buckets(shard, _exponent_fields(items))
-    shard[SUM] += total
-    if high >= _exponent_field(shard[MAX]):
-        shard[MAX] = max(shard[MAX], max(items))
-    if low <= _exponent_field(shard[MIN]):
-        shard[MIN] = min(shard[MIN], min(items))
-
-
-_MASK = int.from_bytes(b"\xff\0\0\0" * BATCH, "little")
-
-
-def _exponent_fields(items: list[float]) -> bytes:
-    """Each duration's float32 exponent field (bits 23-30), one byte each, in order: 0 for 0
-    and durations under 2**-126 ns, else ``126 + int(d).bit_length()`` from 1 ns up."""
     n = len(items)
     packed = int.from_bytes(struct.pack(f"<{n}f", *items), "little")
-    mask = _MASK if n == BATCH else int.from_bytes(b"\xff\0\0\0" * n, "little")
+    low, high = _count_buckets(shard, _exponent_fields(packed, n))
+    shard[SUM] += total
+    signs, ones = (_SIGNS, _ONES) if n == BATCH else (_lanes(b"\0\0\0\x80", n), _lanes(b"\1", n))
+    if packed & signs:  # a negative duration (no clock gives one): both scans
+        shard[MAX], shard[MIN] = max(shard[MAX], max(items)), min(shard[MIN], min(items))
+        return
+    # Each extreme is scanned for only where the batch may pass it: a float32 rounds
+    # monotonically, so when no duration's float32 bit pattern reaches the extreme's, no
+    # duration passes it. The test runs on every 32-bit lane at once: with each lane's top
+    # (sign) bit set, subtracting the extreme's pattern from every lane borrows no further
+    # than that bit, which stays set exactly where the lane is at least the extreme.
+    top = shard[MAX]
+    if high >= _exponent_field(top) and ((packed | signs) - _float32_bits(top) * ones) & signs:
+        shard[MAX] = max(top, max(items))
+    bottom = shard[MIN]
+    if (
+        low <= _exponent_field(bottom)
+        and (((_float32_bits(bottom) * ones) | signs) - packed) & signs
+    ):
+        shard[MIN] = min(bottom, min(items))
+
+
+def _lanes(lane: bytes, n: int) -> int:
+    """``n`` copies of a 32-bit little-endian ``lane`` (padded with zeros) in one integer."""
+    return int.from_bytes(lane.ljust(4, b"\0") * n, "little")
+
+
+_MASK = _lanes(b"\xff", BATCH)
+_SIGNS = _lanes(b"\0\0\0\x80", BATCH)
+_ONES = _lanes(b"\1", BATCH)
+
+
+def _exponent_fields(packed: int, n: int) -> bytes:
+    """Each duration's float32 exponent field (bits 23-30), one byte each, in order, from
+    ``n`` float32 bit patterns in one integer (``struct.pack`` little-endian): 0 for 0 and
+    durations under 2**-126 ns, else ``126 + int(d).bit_length()`` from 1 ns up."""
+    mask = _MASK if n == BATCH else _lanes(b"\xff", n)
     return ((packed >> 23) & mask).to_bytes(4 * n, "little")[::4]
+
+
+def _float32_bits(d: float) -> int:
+    """``d``'s float32 bit pattern (an infinity for a minimum not yet set)."""
+    return int.from_bytes(struct.pack("<f", d), "little")
 
 
 def _exponent_field(d: float) -> int:
     """One duration's float32 exponent field (255 for infinity: a minimum not yet set)."""
-    return 255 if math.isinf(d) else _exponent_fields([d])[0]
+    return (_float32_bits(d) >> 23) & 0xFF
 
 
 def _count_buckets(shard: list[Any], fields: bytes) -> tuple[int, int]:

@@ -195,7 +195,9 @@ def test_batches_fold_into_what_the_buckets_are_defined_to_hold(fresh_metrics):
         assert math.isclose(shard[metrics.SUM], sum(durations), rel_tol=1e-12)
         assert (shard[metrics.MIN], shard[metrics.MAX]) == (min(durations), max(durations))
     assert int(as_float32(2**30 - 1)).bit_length() == 31  # the rounding the rule allows
-    for first, second in [(300.0, 400.0), (400.0, 300.0), (300.0, 300.5)]:  # one bucket
+    up = math.nextafter(300.0, math.inf)  # one float32 with 300.0: only the exact scan tells
+    pairs = [(300.0, 400.0), (400.0, 300.0), (300.0, 300.5), (300.0, up), (up, 300.0)]
+    for first, second in pairs:  # one bucket
         folded = {}
         metrics._fold(folded, "x", [first])
         metrics._fold(folded, "x", [second, 5000.0])  # max of the batch: another bucket
@@ -228,6 +230,8 @@ def test_a_duration_past_float32_or_not_a_number_is_counted_not_raised(fresh_met
     assert shard[0] == 2 and shard[(5).bit_length()] == 1  # a NaN counts as 0
     assert shard[metrics.MAX] == 2.0**64 and shard[metrics.MIN] == 0.0
     assert shard[metrics.SUM] == 3 * 2.0**64 + 5.0  # a number still
+    metrics._fold(folded, "z", [-7.0, 6.0])  # negative: counted by its size, the exact extremes
+    assert shard[metrics.MIN] == -7.0 and sum(shard[: metrics.SUM]) == 8
 
 
 def test_threads_count_exactly_while_snapshots_fold_and_memory_stays_bounded(fresh_metrics):
