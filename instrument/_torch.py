@@ -338,9 +338,14 @@ def _torch_activities(names: tuple[str, ...]) -> list[Any]:
 
 
 def device_name(activities: tuple[str, ...]) -> str:
-    """A human name of the device a window profiles: the GPU's name, else ``cpu``."""
+    """A human name of the device a window profiles: the GPU's name, else ``cpu``. Where this
+    process has not initialized CUDA, no torch work ran on a GPU: ``cpu``, never asking the GPU's
+    name (that would initialize CUDA in a program that does not use it: a context's device
+    memory, and a forked child that uses CUDA then fails)."""
     for name in activities:
         if name == "cuda" and torch.cuda.is_available():
+            if not torch.cuda.is_initialized():
+                return "cpu"
             try:
                 return torch.cuda.get_device_name()
             except Exception:  # noqa: BLE001
@@ -552,6 +557,7 @@ class ProfilerWindow:
             and "cuda" in self.activities
             and (self.all_threads or threading.current_thread() is self.owner)
             and hasattr(getattr(self._prof, "profiler", None), "use_device")
+            and torch.cuda.is_initialized()  # else no kernel of torch's ran: nothing to wait for
         ):
             return None
         try:
@@ -572,13 +578,13 @@ class ProfilerWindow:
             _changing_thread = threading.get_ident()
             try:
                 if self.recording:
-                    if not sync:
+                    inner = self._prof.profiler
+                    if inner is not None and (not sync or not _cuda_in_use(inner.use_device)):
                         # torch.autograd.profiler.profile.__exit__ synchronises its device
-                        # when use_device is set; the caller made sure the window's kernels
-                        # have run
-                        inner = self._prof.profiler
-                        if inner is not None:
-                            inner.use_device = None
+                        # when use_device is set: without ``sync`` the caller made sure the
+                        # window's kernels have run; where this process never initialized
+                        # CUDA none ran, and torch's synchronize would initialize it
+                        inner.use_device = None
                     self._prof.stop_trace()
             except BaseException:
                 _force_off()
@@ -615,6 +621,14 @@ class ProfilerWindow:
 
     def export_chrome_trace(self, path: str) -> None:
         self._prof.export_chrome_trace(path)
+
+
+def _cuda_in_use(use_device: Any) -> bool:
+    """Whether a profiler's ``use_device`` has device work to wait for at its stop: anything
+    but CUDA is left to torch; CUDA only where this process initialized it (asking for a
+    synchronize would initialize CUDA in a program that never used it: a context's device
+    memory, and a forked child that uses CUDA would fail)."""
+    return use_device != "cuda" or torch.cuda.is_initialized()
 
 
 class _ThreadLife:

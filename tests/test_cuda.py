@@ -291,3 +291,58 @@ def test_device_time_of_sampled_calls_without_a_sync(tmp_path):
     # the device time of a call is within its wall time's range (the GPU can't run it faster
     # than it ran; a call's wall time here is its launch only, so no upper bound holds)
     assert device["mm"]["max_s"] > 0
+
+
+CPU_ONLY_PROGRAM = r"""
+import json, os, sys, torch
+from instrument import profiled
+
+@profiled("work", step=True)
+def work(x):
+    return (x @ x).sum()
+
+x = torch.ones(16, 16)
+for _ in range(40):
+    work(x)
+import instrument
+instrument.flush()
+print(json.dumps({"initialized": torch.cuda.is_initialized()}), flush=True)
+pid = os.fork()
+if pid == 0:  # a child that uses CUDA works only where the parent never initialized it
+    try:
+        y = torch.ones(4, device="cuda") * 2
+        torch.cuda.synchronize()
+        os.write(1, b"child used cuda %d\n" % int(y.sum().item()))
+    finally:
+        os._exit(0)
+os.waitpid(pid, 0)
+print("done")
+"""
+
+
+def test_a_cpu_only_program_on_a_gpu_machine_leaves_cuda_alone(tmp_path):
+    """Windows (CUDA activity on, as by default on a GPU machine), metrics with device
+    sampling: none of it initializes CUDA in a program that never used it (a context's
+    memory, and a forked child could not use CUDA); the windows' device is the CPU."""
+    from tests._records import metrics_records
+
+    script = tmp_path / "prog.py"
+    script.write_text(CPU_ONLY_PROGRAM)
+    path = tmp_path / "r.jsonl"
+    env = {
+        "PROFILED_EXPORTERS": "json",
+        "PROFILED_JSON_PATH": str(path),
+        "PROFILED_EVERY": "10",
+        "PROFILED_METRICS_DEVICE_EVERY": "1",
+    }
+    proc = _proc.run(str(script), env=_proc.sdk_env(env), cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert json.loads(lines[0]) == {"initialized": False}
+    assert "child used cuda 8" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    windows = [r for r in records if r["schema"] == "torch-profiled/window-report/1"]
+    assert len(windows) >= 2 and {w["device"] for w in windows} == {"cpu"}
+    assert "cuda" in windows[0]["activities"]
+    last = metrics_records(path.read_text())[-1]
+    assert last["ranges"]["work"]["count"] == 40 and last["device_ranges"] == {}

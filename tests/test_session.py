@@ -208,7 +208,10 @@ def test_report_identity_fields():
     assert (r.rank, r.world_size) == (0, 1)
     assert r.host == socket.gethostname()
     assert r.pid == os.getpid()
-    assert r.device == ("cpu" if not torch.cuda.is_available() else torch.cuda.get_device_name())
+    # the GPU's name only where this process used CUDA (work() runs on the CPU; asking the
+    # name would initialize CUDA)
+    gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
+    assert r.device == (torch.cuda.get_device_name() if gpu else "cpu")
     assert r.activities[0] == "cpu"
     assert r.raw_trace_path is not None and not os.path.exists(r.raw_trace_path)
 
