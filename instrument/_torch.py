@@ -42,6 +42,7 @@ __all__ = [
     "PROFILER_FLAG",
     "ProfilerWindow",
     "TORCH_VERSION",
+    "cuda_present",
     "default_activities",
     "device_name",
     "distributed_info",
@@ -308,7 +309,22 @@ _ACTIVITY = {
 }
 
 
+def cuda_present() -> bool:
+    """Whether this torch has CUDA and the machine a GPU, asked so that a child this process
+    forks later can still use CUDA: ``torch.cuda.is_available()`` would forbid that (torch
+    marks every later fork unusable for CUDA once it has asked the driver), where
+    ``device_count()`` asks NVML. Never initializes CUDA."""
+    if not torch.backends.cuda.is_built():
+        return False
+    try:
+        return torch.cuda.is_initialized() or torch.cuda.device_count() > 0
+    except Exception:  # noqa: BLE001 - a broken driver must not break profiling
+        return False
+
+
 def _accelerator() -> str | None:
+    if torch.backends.cuda.is_built():  # never torch.accelerator's check: see cuda_present
+        return "cuda" if cuda_present() else None
     acc = getattr(torch, "accelerator", None)
     if acc is not None and hasattr(acc, "current_accelerator"):
         try:
@@ -316,7 +332,7 @@ def _accelerator() -> str | None:
         except Exception:  # noqa: BLE001 - a broken driver must not break profiling
             dev = None
         return None if dev is None else dev.type
-    return "cuda" if torch.cuda.is_available() else None
+    return None
 
 
 def default_activities() -> tuple[str, ...]:
@@ -343,7 +359,7 @@ def device_name(activities: tuple[str, ...]) -> str:
     name (that would initialize CUDA in a program that does not use it: a context's device
     memory, and a forked child that uses CUDA then fails)."""
     for name in activities:
-        if name == "cuda" and torch.cuda.is_available():
+        if name == "cuda":
             if not torch.cuda.is_initialized():
                 return "cpu"
             try:

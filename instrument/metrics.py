@@ -34,8 +34,6 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import torch
-
 from . import _torch
 from .device_time import DeviceTimes
 from .report import MetricsReport, RangeHistogram
@@ -291,7 +289,7 @@ def sample_device(every: int) -> None:
     """Device time by CUDA events for one call in ``every`` of each range (0: none), where
     CUDA is available; the calls then go through ``decorator._timed`` (``state`` mirrors
     ``recorder.device``)."""
-    recorder.device = DeviceTimes(every, add) if every > 0 and torch.cuda.is_available() else None
+    recorder.device = DeviceTimes(every, add) if every > 0 and _torch.cuda_present() else None
 
 
 def reset() -> None:

@@ -293,8 +293,9 @@ def test_device_time_of_sampled_calls_without_a_sync(tmp_path):
     assert device["mm"]["max_s"] > 0
 
 
-CPU_ONLY_PROGRAM = r"""
+CPU_FIRST_PROGRAM = r"""
 import json, os, sys, torch
+import instrument
 from instrument import profiled
 
 @profiled("work", step=True)
@@ -304,45 +305,63 @@ def work(x):
 x = torch.ones(16, 16)
 for _ in range(40):
     work(x)
-import instrument
 instrument.flush()
 print(json.dumps({"initialized": torch.cuda.is_initialized()}), flush=True)
-pid = os.fork()
-if pid == 0:  # a child that uses CUDA works only where the parent never initialized it
-    try:
-        y = torch.ones(4, device="cuda") * 2
-        torch.cuda.synchronize()
-        os.write(1, b"child used cuda %d\n" % int(y.sum().item()))
-    finally:
-        os._exit(0)
-os.waitpid(pid, 0)
+if sys.argv[1] == "fork":  # a child may use CUDA only where the parent never asked the driver
+    pid = os.fork()
+    if pid == 0:
+        try:
+            y = torch.ones(4, device="cuda") * 2
+            torch.cuda.synchronize()
+            os.write(1, b"child used cuda %d\n" % int(y.sum().item()))
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+else:  # the program moves to the GPU: the next windows record it
+    x = x.cuda()
+    for _ in range(40):
+        work(x)
 print("done")
 """
 
 
-def test_a_cpu_only_program_on_a_gpu_machine_leaves_cuda_alone(tmp_path):
-    """Windows (CUDA activity on, as by default on a GPU machine), metrics with device
-    sampling: none of it initializes CUDA in a program that never used it (a context's
-    memory, and a forked child could not use CUDA); the windows' device is the CPU."""
+def _cpu_first(tmp_path, mode: str, env: dict[str, str]):
     from tests._records import metrics_records
 
     script = tmp_path / "prog.py"
-    script.write_text(CPU_ONLY_PROGRAM)
+    script.write_text(CPU_FIRST_PROGRAM)
     path = tmp_path / "r.jsonl"
-    env = {
-        "PROFILED_EXPORTERS": "json",
-        "PROFILED_JSON_PATH": str(path),
-        "PROFILED_EVERY": "10",
-        "PROFILED_METRICS_DEVICE_EVERY": "1",
-    }
-    proc = _proc.run(str(script), env=_proc.sdk_env(env), cwd=tmp_path, timeout=300)
+    env = {"PROFILED_EXPORTERS": "json", "PROFILED_JSON_PATH": str(path), **env}
+    proc = _proc.run(str(script), mode, env=_proc.sdk_env(env), cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.splitlines()
-    assert json.loads(lines[0]) == {"initialized": False}
-    assert "child used cuda 8" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[0]) == {"initialized": False}
     records = [json.loads(line) for line in path.read_text().splitlines()]
     windows = [r for r in records if r["schema"] == "torch-profiled/window-report/1"]
-    assert len(windows) >= 2 and {w["device"] for w in windows} == {"cpu"}
-    assert "cuda" in windows[0]["activities"]
-    last = metrics_records(path.read_text())[-1]
-    assert last["ranges"]["work"]["count"] == 40 and last["device_ranges"] == {}
+    return proc.stdout, windows, metrics_records(path.read_text())
+
+
+def test_metrics_in_a_cpu_only_program_leave_cuda_to_a_forked_child(tmp_path):
+    """Between windows (none here) the SDK asks the GPU nothing that would initialize CUDA
+    or keep a forked child from using it: metrics with device sampling on every call, a
+    child that uses CUDA after the parent's 40 timed calls."""
+    env = {"PROFILED_SCHEDULE": "skip_first=1000000", "PROFILED_METRICS_DEVICE_EVERY": "1"}
+    out, windows, metrics = _cpu_first(tmp_path, "fork", env)
+    assert "child used cuda 8" in out, out
+    assert windows == []
+    assert metrics[-1]["ranges"]["work"]["count"] == 40 and metrics[-1]["device_ranges"] == {}
+
+
+def test_windows_of_a_cpu_only_program_leave_cuda_uninitialized(tmp_path):
+    """Windows with the CUDA activity on (the default on a GPU machine) do not initialize
+    CUDA in a program that has not (a context's device memory): its windows' device is the
+    CPU; once the program moves to the GPU, the next windows record it there."""
+    env = {"PROFILED_EVERY": "10", "PROFILED_METRICS_DEVICE_EVERY": "1"}
+    out, windows, metrics = _cpu_first(tmp_path, "gpu", env)
+    assert out.splitlines()[-1] == "done"
+    assert all("cuda" in w["activities"] for w in windows)
+    first, later = windows[:4], windows[4:]
+    assert len(first) == 4 and {w["device"] for w in first} == {"cpu"}, windows
+    assert later and {w["device"] for w in later} == {torch.cuda.get_device_name()}, windows
+    assert min(w["self_device_time_total_us"] for w in later) > 0
+    assert metrics[-1]["ranges"]["work"]["count"] == 80
+    assert metrics[-1]["device_ranges"]["work"]["count"] > 0

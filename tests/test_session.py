@@ -270,7 +270,11 @@ def test_session_rejects_bad_fields_at_once():
 
 def test_explicit_session_takes_over_from_ambient_and_ambient_resumes():
     amb = InMemoryExporter()
-    configure(exporters=[amb], schedule=Schedule(wait=0, warmup=1, active=2, repeat=0))
+    # CPU activity: the profiler starts at the first recorded step (with CUDA it starts at
+    # the warm-up step, and a short window's stop waits for the device; tests/test_cuda.py)
+    configure(
+        exporters=[amb], schedule=Schedule(wait=0, warmup=1, active=2, repeat=0), activities=["cpu"]
+    )
     work()  # ambient: step 0 (warm-up) ends; the window starts at step 1's first call
     assert not torch.autograd.profiler._is_profiler_enabled
     work()  # step 1 recorded; step 2 is the window's last
@@ -473,7 +477,11 @@ print("ok")
 def test_idle_flag_tracks_schedule_end():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        configure(exporters=[InMemoryExporter()], schedule=Schedule(wait=0, warmup=1, active=1))
+        configure(  # CPU: a CUDA window's stop may wait for the device past its last step
+            exporters=[InMemoryExporter()],
+            schedule=Schedule(wait=0, warmup=1, active=1),
+            activities=["cpu"],
+        )
     assert instrument.decorator._IDLE is False
     work()
     assert instrument.decorator._IDLE is False
