@@ -13,8 +13,8 @@ ranks side by side (``traces.rank_summary``); exactly two PATHs add the diff (``
 as ``torch-profiled diff A B``). The file is written atomically. Bad input: one line on
 standard error and exit status 2, as for every command.
 
-Each trace is read twice (once for its report, once for its timeline): the cost of reusing
-``traces._reports`` as it is; the two inputs of a diff are read a third time by ``traces._side``.
+Each trace is read once for its report and its timeline (``traces._reports_with``), and let
+go before the next is read; the two inputs of a diff are read again by ``traces._side``.
 """
 
 from __future__ import annotations
@@ -42,13 +42,6 @@ def _write(f: BinaryIO, data: bytes) -> None:
     f.write(data)
 
 
-def _window(report: Any, max_bytes: int, max_events: int) -> PageWindow:
-    """A report with the timeline of its trace (``report.trace_file``)."""
-    trace = traces.load_checked(report.trace_file, max_bytes)
-    timeline = timeline_from_trace(trace, range_names=report.ranges, max_events=max_events)
-    return PageWindow(report, timeline)
-
-
 def report_html(
     paths: Sequence[str],
     *,
@@ -58,8 +51,16 @@ def report_html(
     title: str | None = None,
 ) -> str:
     """The page for ``paths`` (see the module docstring); ``traces.InputError`` for bad input."""
-    reports = traces._reports(paths, rows=rows, max_bytes=max_bytes)
-    windows = [_window(r, max_bytes, max_events) for r in reports]
+    pairs = traces._reports_with(  # each trace read once: its report and its timeline
+        paths,
+        lambda report, trace: timeline_from_trace(
+            trace, range_names=report.ranges, max_events=max_events
+        ),
+        rows=rows,
+        max_bytes=max_bytes,
+    )
+    windows = [PageWindow(report, timeline) for report, timeline in pairs]
+    reports = [report for report, _ in pairs]
     diff = None
     if len(paths) == 2:
         before, after = (traces._side(p, max_bytes, shapes=False) for p in paths)

@@ -18,8 +18,8 @@ import json
 import os
 import sys
 import zlib
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from .diff import Side
@@ -36,6 +36,8 @@ EXPECT_TRACE = (
     "tensorboard_trace_handler, or torch-profiled's trace files)"
 )
 PREFERRED_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+T = TypeVar("T")
+
 TRACE_SUFFIXES = (".json", ".json.gz")
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 STEP_PREFIX = "ProfilerStep#"
@@ -422,23 +424,45 @@ def _reports(
     only_named: bool = True,
 ) -> list[WindowReport]:
     """One report per trace; a directory's traces ordered by rank, then time."""
+    pairs = _reports_with(
+        paths,
+        lambda report, trace: None,
+        rows=rows,
+        range_names=range_names,
+        max_bytes=max_bytes,
+        only_named=only_named,
+    )
+    return [report for report, _ in pairs]
+
+
+def _reports_with(
+    paths: Sequence[str],
+    also: Callable[[WindowReport, dict[str, Any]], T],
+    *,
+    rows: int,
+    range_names: Iterable[str] = (),
+    max_bytes: int = DEFAULT_MAX_MB * MB,
+    only_named: bool = True,
+) -> list[tuple[WindowReport, T]]:
+    """``_reports``, each with what ``also(report, trace)`` made of its trace while it was
+    loaded (each trace is read once, and let go before the next)."""
     names = tuple(range_names)
-    out: list[WindowReport] = []
+    out: list[tuple[WindowReport, T]] = []
     for path in paths:
-        group = [
-            report_from_trace(
-                f, load_checked(f, max_bytes), rows=rows, range_names=names, only_named=only_named
-            )
-            for f in _collect([path])
-        ]
+        group = []
+        for f in _collect([path]):
+            trace = load_checked(f, max_bytes)
+            rep = report_from_trace(f, trace, rows=rows, range_names=names, only_named=only_named)
+            group.append((rep, also(rep, trace)))
+            del trace
         if os.path.isdir(path):
-            group.sort(key=lambda r: (r.rank, r.start_ns, r.trace_file or ""))
+            group.sort(key=lambda pair: (pair[0].rank, pair[0].start_ns, pair[0].trace_file or ""))
         out.extend(group)
     # window index: the report's place among this command's reports of the same rank
     count: dict[int, int] = {}
     numbered = []
-    for r in out:
-        numbered.append(dataclasses.replace(r, window=count.get(r.rank, 0)))
+    for r, extra in out:
+        numbered.append((dataclasses.replace(r, window=count.get(r.rank, 0)), extra))
         count[r.rank] = count.get(r.rank, 0) + 1
     return numbered
 

@@ -244,6 +244,36 @@ def _rank_dir(tmp_path, trace_path: str, factors) -> str:
     return str(d)
 
 
+def test_each_trace_is_read_once_and_the_windows_keep_their_rank_order(seed, tmp_path, monkeypatch):
+    """The page of a directory of three ranks' traces parses each trace once (its report and
+    its timeline from the same parse), and its windows come in rank order with their own
+    timelines whatever order the files were read in."""
+    d = _rank_dir(tmp_path, seed["traces"][0], [3.0, 1.0, 2.0])
+    reads: list[str] = []
+    real = traces.load_checked
+
+    def counting(path, *args, **kwargs):
+        reads.append(os.path.basename(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(traces, "load_checked", counting)
+    built = []
+    real_build = html_report.build_page
+    monkeypatch.setattr(
+        html_report,
+        "build_page",
+        lambda windows, **kw: built.extend(windows) or real_build(windows, **kw),
+    )
+    out = str(tmp_path / "ranks.html")
+    assert html_report.main([d, "-o", out]) == 0
+    assert sorted(reads) == sorted(os.listdir(d)) and len(reads) == 3
+    assert [w.report.rank for w in built] == [0, 1, 2]
+    # each window's timeline is its own trace's: rank r's events last factors[r] times as long
+    ends = [w.timeline["end_ns"] for w in built]
+    assert ends[0] == pytest.approx(3 * ends[1], rel=0.01)
+    assert ends[2] == pytest.approx(2 * ends[1], rel=0.01)
+
+
 @needs_chromium
 def test_ranks_side_by_side_for_a_multi_rank_directory(seed, opened, tmp_path):
     d = _rank_dir(tmp_path, seed["traces"][0], [1.0, 2.0])
