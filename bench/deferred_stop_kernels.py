@@ -18,8 +18,9 @@ recorded step, its device, its device time, its event count, and the deferred st
 
 - *default*: the deferred stop as shipped;
 - *sync stop*: ``instrument.stops.MAX_DRAIN_STEPS = 0`` (torch's stop: synchronise first);
-- *event sync*: the deferred stop, but the window's end event is waited on
-  (``cudaEventSynchronize``) before every stop, also when it has completed;
+- *event sync*: the deferred stop, but each time it asks whether the window's end event has
+  completed it first waits on it (``cudaEventSynchronize``), so the stop runs at the first
+  step boundary, as in *default*, once a synchronising call has been made;
 - *stream sync*: the same with the current stream synchronised instead;
 - *cpu first*: the default, in a program that runs its first 40 steps on the CPU.
 
@@ -63,10 +64,12 @@ print(json.dumps({"drain_log": list(sess._stops.drain_log)}), flush=True)
 WAIT_ALWAYS = """
 import instrument.stops as _stops, torch as _t
 _defer = _stops.Stops.defer
-class _Ev:  # never "complete" when asked: the stop waits on the event (MODE) every time
+class _Ev:  # waits (the variant's wait) each time the stop asks whether the window's end has run
     def __init__(self, event): self.event = event
-    def query(self): return False
-    def synchronize(self): MODE
+    def query(self):
+        MODE
+        return self.event.query()
+    def synchronize(self): self.event.synchronize()
 _stops.Stops.defer = lambda self, window, event, recorded: _defer(
     self, window, _Ev(event), recorded)
 """

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import warnings
 import weakref
 from typing import Any
 
@@ -310,21 +311,27 @@ _ACTIVITY = {
 
 
 def cuda_present() -> bool:
-    """Whether this torch has CUDA and the machine a GPU, asked so that a child this process
-    forks later can still use CUDA: ``torch.cuda.is_available()`` would forbid that (torch
-    marks every later fork unusable for CUDA once it has asked the driver), where
-    ``device_count()`` asks NVML. Never initializes CUDA."""
-    if not torch.backends.cuda.is_built():
-        return False
+    """Whether torch sees a GPU (CUDA or ROCm), asked so that a child this process forks later
+    can still use it: ``torch.cuda.is_available()`` would forbid that (torch marks every later
+    fork unusable for CUDA once it has asked the driver), where ``device_count()`` asks NVML
+    (amdsmi on ROCm) and the driver only where NVML cannot answer (no NVML library, MIG
+    devices named in ``CUDA_VISIBLE_DEVICES``). Never initializes CUDA; NVML's own warning
+    when it cannot start is not shown (the driver's answer is what counts)."""
     try:
-        return torch.cuda.is_initialized() or torch.cuda.device_count() > 0
+        if torch.cuda.is_initialized():
+            return True
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.cuda.device_count() > 0
     except Exception:  # noqa: BLE001 - a broken driver must not break profiling
         return False
 
 
 def _accelerator() -> str | None:
-    if torch.backends.cuda.is_built():  # never torch.accelerator's check: see cuda_present
-        return "cuda" if cuda_present() else None
+    if cuda_present():
+        return "cuda"
+    if torch.version.cuda is not None or getattr(torch.version, "hip", None) is not None:
+        return None  # a CUDA or ROCm build without a GPU: no other accelerator to ask for
     acc = getattr(torch, "accelerator", None)
     if acc is not None and hasattr(acc, "current_accelerator"):
         try:

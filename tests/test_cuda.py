@@ -384,15 +384,12 @@ for _ in range(40):
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="windows of tiny steps ended by the deferred stop record no kernels and no CUDA "
-    "runtime events but the last (README, known limits; bench/deferred_stop_kernels.py)",
-)
 def test_windows_of_tiny_steps_ended_without_a_sync_keep_their_kernels(tmp_path):
     """PROFILED_EVERY=10 over 40 steps of a few microseconds of device work: four windows,
     the first three ended by the deferred stop while the program runs on, the last at its
-    exit; each recorded three steps of two kernels launched by two CUDA runtime calls."""
+    exit; each recorded three steps of two kernels launched by two CUDA runtime calls.
+    Where windows come back without them (an open defect, seen on torch 2.11), the test says
+    so as an expected failure; anything else wrong fails it."""
     script = tmp_path / "prog.py"
     script.write_text(SHORT_STEPS_PROGRAM)
     path = tmp_path / "r.jsonl"
@@ -403,5 +400,12 @@ def test_windows_of_tiny_steps_ended_without_a_sync_keep_their_kernels(tmp_path)
     windows = [r for r in records if r["schema"] == "torch-profiled/window-report/1"]
     assert [w["steps"] for w in windows] == [[1, 2, 3], [11, 12, 13], [21, 22, 23], [31, 32, 33]]
     device_us = [w["self_device_time_total_us"] for w in windows]
-    assert all(us > 0 for us in device_us), device_us
-    assert len({w["event_count"] for w in windows}) == 1, [w["event_count"] for w in windows]
+    events = [w["event_count"] for w in windows]
+    assert device_us[-1] > 0, device_us  # the last window, stopped at the exit, has them
+    if min(device_us) == 0:
+        pytest.xfail(
+            f"torch {torch.__version__}: windows of tiny steps ended by the deferred stop lost "
+            f"their kernels (device us {device_us}, events {events}; README, known limits; "
+            "bench/deferred_stop_kernels.py)"
+        )
+    assert len(set(events)) == 1, events
