@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from .diff import Side
     from .report import WindowReport
 
+T = TypeVar("T")  # what _reports_with makes of each trace beside its report
+
 PROG = "torch-profiled"
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -36,8 +38,6 @@ EXPECT_TRACE = (
     "tensorboard_trace_handler, or torch-profiled's trace files)"
 )
 PREFERRED_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
-T = TypeVar("T")
-
 TRACE_SUFFIXES = (".json", ".json.gz")
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 STEP_PREFIX = "ProfilerStep#"

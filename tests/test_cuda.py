@@ -338,9 +338,10 @@ def _cpu_first(tmp_path, mode: str, env: dict[str, str]):
     proc = _proc.run(str(script), mode, env=_proc.sdk_env(env), cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.splitlines()[0]) == {"initialized": False}
-    records = [json.loads(line) for line in path.read_text().splitlines()]
+    text = path.read_text()
+    records = [json.loads(line) for line in text.splitlines()]
     windows = [r for r in records if r["schema"] == "torch-profiled/window-report/1"]
-    return proc.stdout, windows, metrics_records(path.read_text())
+    return proc.stdout, windows, metrics_records(text)
 
 
 def test_metrics_in_a_cpu_only_program_leave_cuda_to_a_forked_child(tmp_path):
