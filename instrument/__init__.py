@@ -53,8 +53,7 @@ def _trigger_idle_reason(name: str) -> str | None:
         )
     if state.shut_down:
         return (
-            "profiling has ended in this process (after shutdown(), at exit, or in a forked "
-            "child)"
+            "profiling has ended in this process (after shutdown(), at exit, or in a forked child)"
         )
     cur = state.current
     if cur is not None and cur._started:
