@@ -8,8 +8,10 @@ arrived before the first decorated call (a job still loading a checkpoint), with
 off, or after ``shutdown()``. One handler per signal, kept for the process's life:
 
 - a session arms the trigger by giving the handler its callback (no handler of its own), and
-  disarms it by taking the callback back (from any thread);
-- with no callback the handler is idle: before the session arms it, a request is remembered
+  disarms it by taking the callback back (from any thread); while an explicit session and
+  the ambient one both have theirs, both are called (the ambient one opens its window when
+  it resumes);
+- with no callback the handler is idle: before a session arms it, a request is remembered
   and the session opens its window at its first step; where no window can come of it
   (profiling off, ended, or the session watches something else) it says so once and the
   signal is ignored;
@@ -114,22 +116,24 @@ _said: set[str] = set()  # the idle handler's messages already given (once each)
 class _Slot:
     """Our handler on one signal, for the process's life once installed."""
 
-    __slots__ = ("callback", "handler", "name", "pending", "signum")
+    __slots__ = ("callbacks", "handler", "name", "pending", "signum")
 
     def __init__(self, signum: signal.Signals) -> None:
         self.signum = signum
         self.name = signum.name
         self.handler: Callable[[int, Any], None] | None = None  # ours, as last installed
-        self.callback: Callable[[], None] | None = None  # the armed session's
+        self.callbacks: tuple[Callable[[], None], ...] = ()  # the armed sessions' (replaced
+        # whole, never changed in place: the handler may run between any two bytecodes)
         self.pending = False  # a request that came before any session armed the trigger
 
     def deliver(self) -> None:
-        """The signal came: the armed session's callback, else the idle behaviour. Never
+        """The signal came: the armed sessions' callbacks, else the idle behaviour. Never
         raises (it runs between any two bytecodes of the program's main thread)."""
         try:
-            callback = self.callback
-            if callback is not None:
-                callback()
+            callbacks = self.callbacks
+            if callbacks:
+                for callback in callbacks:
+                    callback()
                 return
             why = _why_idle(self.name)
             if why is None:
@@ -147,6 +151,7 @@ class _Slot:
 
 
 _slots: dict[int, _Slot] = {}
+_arming = threading.Lock()  # sessions arm and disarm from any thread (never the handler)
 
 
 def _handler_for(slot: _Slot, previous: Any) -> Callable[[int, Any], None]:
@@ -201,15 +206,17 @@ class _SignalTrigger(Trigger):
         self.description = slot.name
         self._slot = slot
         self._callback = callback
-        slot.callback = callback
+        with _arming:
+            slot.callbacks = (*slot.callbacks, callback)
         if slot.pending:  # it came before any session armed the trigger: this one takes it
             slot.pending = False
             callback()
 
     def disarm(self) -> None:
         """From any thread: the handler stays, idle (a later signal never ends the process)."""
-        if self._slot.callback is self._callback:
-            self._slot.callback = None
+        slot = self._slot
+        with _arming:
+            slot.callbacks = tuple(c for c in slot.callbacks if c is not self._callback)
 
 
 def _say_once(message: str) -> None:
@@ -230,8 +237,10 @@ def _refuse(name: str, address: int) -> None:
 
 def _after_fork_in_child() -> None:
     """A forked child's copy of the parent's session is not its own: idle, nothing pending."""
+    global _arming
+    _arming = threading.Lock()  # another thread may have held it as the parent forked
     for slot in _slots.values():
-        slot.callback = None
+        slot.callbacks = ()
         slot.pending = False
 
 

@@ -217,6 +217,66 @@ def test_a_session_started_in_another_thread_takes_the_handler_installed_at_impo
     assert "outside the main thread" not in result.stderr
 
 
+def test_after_an_explicit_session_the_ambient_one_still_takes_the_signal(run_python):
+    """Both sessions arm the same handler; the explicit one's end takes only its callback."""
+    result = run_python(
+        "import os, signal, time, torch, instrument\n"
+        "from instrument import Schedule, profiled, session\n"
+        "from exporters import InMemoryExporter\n"
+        "ambient, explicit = InMemoryExporter(), InMemoryExporter()\n"
+        "instrument.configure(exporters=[ambient])\n"
+        "@profiled('step', step=True)\n"
+        "def step():\n"
+        "    return torch.ones(2) + 1\n"
+        "step()\n"
+        "with session(exporters=[explicit], sample_rate=0.0, trigger='SIGUSR2',\n"
+        "             schedule=Schedule(warmup=0, active=1)) as s:\n"
+        "    os.kill(os.getpid(), signal.SIGUSR2)\n"
+        "    for _ in range(3):\n"
+        "        s.step()\n"
+        "for _ in range(3):\n"
+        "    step()\n"
+        "instrument.flush()\n"
+        "before = len(ambient.reports)\n"
+        "os.kill(os.getpid(), signal.SIGUSR2)\n"
+        "for _ in range(3):\n"
+        "    step()\n"
+        "instrument.shutdown()\n"
+        "print(len(explicit.reports), len(ambient.reports) - before, flush=True)\n",
+        env={
+            "PROFILED_TRIGGER": "SIGUSR2",
+            "PROFILED_SAMPLE_RATE": "0",
+            "PROFILED_SCHEDULE": "warmup=0,active=1",
+        },
+    )
+    assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
+    assert result.stdout == "1 1\n"
+
+
+def test_imported_outside_the_main_thread_it_says_so_and_the_session_installs_it(run_python):
+    """Python installs handlers only from the main thread: an import elsewhere says until when
+    the signal keeps its default action; the session's start on the main thread installs it."""
+    result = run_python(
+        "import os, signal, threading\n"
+        "t = threading.Thread(target=lambda: __import__('instrument'))\n"
+        "t.start(); t.join()\n"
+        "import instrument\n"
+        "from instrument import profiled\n"
+        "@profiled('step', step=True)\n"
+        "def step():\n"
+        "    return 1\n"
+        "step()\n"
+        "instrument.shutdown()\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "print('alive', flush=True)\n",
+        env={"PROFILED_TRIGGER": "usr1", "PROFILED_EXPORTERS": "memory"},
+    )
+    assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
+    assert result.stdout == "alive\n"
+    (line,) = _said(result.stderr, "first imported outside the main thread")
+    assert "PROFILED_TRIGGER=SIGUSR1" in line and "keeps the action it had" in line
+
+
 # ---------------------------------------------------------------- a handler installed by C code
 
 # faulthandler.register() puts a C handler on the signal, which signal.getsignal() cannot see
