@@ -110,7 +110,7 @@ _why_idle: Callable[[str], str | None] = _never_idle
 """Why a signal that arrives while no session has armed the trigger opens no window (None:
 it is remembered for the next session that arms it); given by ``install_from_env``."""
 
-_said: set[str] = set()  # the idle handler's messages already given (once each)
+_said: set[str] = set()  # the messages about trigger signals already given (once each)
 
 
 class _Slot:
@@ -139,13 +139,10 @@ class _Slot:
             if why is None:
                 self.pending = True  # the session opens its window at its first step
                 return
-            message = (
+            _say_once(
                 f"the trigger signal {self.name} arrived while {why}: it opens no window "
                 "and is ignored; the program goes on"
             )
-            if message not in _said:
-                _said.add(message)
-                warn(message, UserWarning)
         except Exception:  # noqa: BLE001 - a signal handler must not raise into the program
             pass
 
