@@ -73,16 +73,17 @@ def _label(value: Any) -> str:
     return f'"{_label_text(value)}"'
 
 
-def _unique(name: str, taken: set[str]) -> str:
-    """``name`` as a label value not in ``taken`` (then added): ``#2``, ``#3`` after a name
-    that became the same text as another one's (Prometheus drops a series seen twice)."""
+def _unique(name: str, taken: set[tuple[str, Any]], device: Any = None) -> str:
+    """``name`` as a label value not in ``taken`` for ``device`` (then added): ``#2``, ``#3``
+    after a name that became the same text as another one's (Prometheus drops a series seen
+    twice)."""
     label = _label_text(name)
     n = 1
     candidate = label
-    while candidate in taken:
+    while (candidate, device) in taken:
         n += 1
         candidate = f"{label}#{n}"
-    taken.add(candidate)
+    taken.add((candidate, device))
     return f'"{candidate}"'
 
 
@@ -105,7 +106,7 @@ def exposition(report: MetricsReport) -> str:
         "# HELP profiled_range_duration_seconds Wall time of every call of a @profiled range.",
         "# TYPE profiled_range_duration_seconds histogram",
     ]
-    taken: set[str] = set()
+    taken: set[tuple[str, Any]] = set()
     for h in report.ranges:
         labels = f"range={_unique(h.name, taken)},{who}"
         lines += _histogram("profiled_range_duration_seconds", h, labels, report.bounds_ns)
@@ -117,7 +118,7 @@ def exposition(report: MetricsReport) -> str:
         ]
     taken = set()
     for h in report.device_ranges:
-        labels = f"range={_unique(h.name, taken)},device={_label(h.device)},{who}"
+        labels = f"range={_unique(h.name, taken, h.device)},device={_label(h.device)},{who}"
         lines += _histogram("profiled_range_device_duration_seconds", h, labels, report.bounds_ns)
     lines += [
         "# HELP profiled_step_duration_seconds Wall time of every step=True call.",
