@@ -25,7 +25,7 @@ Any range name makes a valid page (one lone surrogate from ``os.fsdecode`` used 
 page's encoding every interval, so it kept its old content): label values are escaped as the
 text format says (backslash, double quote, newline), a lone surrogate is written out as its
 escape text (``valid_text``) and another control character as ``\\xNN`` (a carriage return
-ends a line for many readers); two names that end up the same text get ``#2``, ``#3``.
+or U+2028 ends a line for many readers); two names that end up the same text get ``#2``, ``#3``.
 
 The endpoint lives inside the program it observes, so whatever connects to it must never cost
 the program its threads or file descriptors (see ``_Endpoint``).
@@ -64,8 +64,13 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029]")
 
 
+def _escape_text(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 def _label_text(value: Any) -> str:
-    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", valid_text(str(value)))
+    text = _CONTROL.sub(_escape_text, valid_text(str(value)))
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
