@@ -163,7 +163,9 @@ def _response(request: bytes, page: bytes) -> bytes:
         return _reply("400 Bad Request", b"expected: GET /metrics HTTP/1.1\n")
     method, target = parts[0], parts[1]
     if method not in (b"GET", b"HEAD"):
-        return _reply("405 Method Not Allowed", b"only GET /metrics\n", extra="Allow: GET, HEAD\r\n")
+        return _reply(
+            "405 Method Not Allowed", b"only GET /metrics\n", extra="Allow: GET, HEAD\r\n"
+        )
     if target.split(b"?", 1)[0] != b"/metrics":
         return _reply("404 Not Found", b"only /metrics is served here\n", method == b"HEAD")
     return _reply("200 OK", page, method == b"HEAD")
