@@ -141,6 +141,7 @@ BACKLOG = 128  # connections the kernel queues (no descriptor of the program's) 
 READ_TIMEOUT_S = 5.0  # from accepting a connection to its whole request
 WRITE_TIMEOUT_S = 10.0  # for the answer to be taken (Prometheus's default scrape timeout)
 MAX_REQUEST_BYTES = 16 * 1024  # request line and headers; a scrape sends well under 1 KiB
+LINGER_S = 2.0  # after the answer, for the peer to close its side (see _drain)
 _POLL_S = 0.5  # the serving thread looks at least this often whether it should stop
 _RETRY_ACCEPT_S = 0.5  # after the process ran out of descriptors (EMFILE): no busy loop
 
@@ -172,13 +173,14 @@ def _response(request: bytes, page: bytes) -> bytes:
 
 
 class _Connection:
-    __slots__ = ("answer", "deadline", "request", "sock")
+    __slots__ = ("answer", "deadline", "done", "request", "sock")
 
     def __init__(self, sock: socket.socket, deadline: float) -> None:
         self.sock = sock
         self.deadline = deadline
         self.request = b""
         self.answer: memoryview | None = None  # None: still reading the request
+        self.done = False  # the answer is sent: waiting for the peer to close (see _drain)
 
 
 _LIVE: weakref.WeakSet[_Endpoint] = weakref.WeakSet()  # closed in a forked child
@@ -194,7 +196,8 @@ class _Endpoint:
     half-sent ones; when all are busy answering, new ones wait in the kernel's backlog. A
     request must arrive whole within ``READ_TIMEOUT_S`` of its accept (however slowly it
     trickles in) and be at most ``MAX_REQUEST_BYTES``; its answer must be taken within
-    ``WRITE_TIMEOUT_S``; then the connection is closed (one request each).
+    ``WRITE_TIMEOUT_S``; then the connection is closed (one request each), once the peer
+    has closed its side too (at most ``LINGER_S`` later).
 
     The listening socket is ``SO_REUSEADDR`` (a restarted program binds at once, whatever
     connections of the last one linger), close-on-exec (Python's default) and closed in a
@@ -272,24 +275,14 @@ class _Endpoint:
         self._accept_again_at = time.monotonic() + for_s
 
     def _has_room(self) -> bool:
-        """Under the bound, or one connection is still sending its request (see ``_room``)."""
+        """Under the bound, or one connection is still sending its request: the oldest such
+        is pushed out for a new one (so a scrape gets in past idle connections)."""
         return len(self._open) < MAX_CONNECTIONS or any(
             c.answer is None for c in self._open.values()
         )
 
-    def _room(self) -> bool:
-        """A connection may be accepted now: under the bound, or after pushing out the oldest
-        that is still sending its request."""
-        if len(self._open) < MAX_CONNECTIONS:
-            return True
-        for conn in self._open.values():
-            if conn.answer is None:
-                self._close(conn)
-                return True
-        return False
-
     def _accept(self) -> None:
-        while self._room():
+        while self._has_room():
             try:
                 sock, _ = self.sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -301,6 +294,8 @@ class _Endpoint:
                 if exc.errno == errno.ECONNABORTED:
                     continue
                 raise
+            if len(self._open) >= MAX_CONNECTIONS:
+                self._close(next(c for c in self._open.values() if c.answer is None))
             sock.setblocking(False)
             conn = _Connection(sock, time.monotonic() + READ_TIMEOUT_S)
             self._open[sock] = conn
@@ -311,6 +306,8 @@ class _Endpoint:
         try:
             if conn.answer is None:
                 self._read(conn)
+            elif conn.done:
+                self._drain(conn)
             else:
                 self._write(conn)
         except OSError:  # reset by the peer, or the like: that connection only
@@ -343,7 +340,16 @@ class _Endpoint:
         except (BlockingIOError, InterruptedError):
             return
         conn.answer = conn.answer[sent:]
-        if not conn.answer:
+        if not conn.answer:  # sent: half-close, and read what the peer still sends
+            conn.done = True
+            conn.deadline = time.monotonic() + LINGER_S
+            conn.sock.shutdown(socket.SHUT_WR)
+            self._selector.modify(conn.sock, selectors.EVENT_READ, conn)
+
+    def _drain(self, conn: _Connection) -> None:
+        """Closing a socket with unread data in it resets the connection, and the peer may
+        lose the answer with it (an endless request answered 431): wait for its end first."""
+        if not conn.sock.recv(65536):
             self._close(conn)
 
     def _expire(self) -> None:
