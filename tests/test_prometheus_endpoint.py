@@ -174,7 +174,11 @@ print("done", flush=True)
 def served(tmp_path_factory):
     """One program for the tests below (each starts its own connections)."""
     port = _free_port()
-    proc = _start(tmp_path_factory.mktemp("served"), SERVE_PROGRAM, PROFILED_PROMETHEUS_ADDR=f"127.0.0.1:{port}")
+    proc = _start(
+        tmp_path_factory.mktemp("served"),
+        SERVE_PROGRAM,
+        PROFILED_PROMETHEUS_ADDR=f"127.0.0.1:{port}",
+    )
     assert proc.stdout.readline() == "ready\n", proc.stderr.read()
     yield port, proc
     out, err = proc.communicate("", timeout=120)
