@@ -8,7 +8,10 @@ So every SDK warning goes through ``warn``:
 - it is issued with ``warnings`` (filters, ``-W ignore::...``, ``logging.captureWarnings``
   and ``pytest.warns`` all see it), attributed to the first frame outside torch-profiled's
   packages (the line of the program that led there), or, on the SDK's own threads where no
-  such frame exists, to ``torch-profiled`` itself;
+  such frame exists (an export lane), to the SDK's line that warned, with its module's name
+  (``exporters.json_lines``: a filter's ``module`` can name it). It once said
+  ``torch-profiled:0:``, a file that does not exist; the message itself names what to change
+  (the variable, the path and why);
 - where the filters turn it into an exception (or a custom ``showwarning`` raises), it is
   written to standard error as one ``torch-profiled:`` line instead, once per message.
 
@@ -56,10 +59,17 @@ def warn(message: str, category: type[Warning]) -> None:
             level += 1
         if frame is not None:
             warnings.warn(message, category, stacklevel=level)
-        else:  # an SDK thread: nothing of the program's on the stack
-            registry = sys.modules[__name__].__dict__.setdefault("__warningregistry__", {})
+        else:  # an SDK thread: nothing of the program's on the stack; the SDK's line that warned
+            caller = sys._getframe(1)
+            where = caller.f_globals
             warnings.warn_explicit(
-                message, category, "torch-profiled", 0, module="torch_profiled", registry=registry
+                message,
+                category,
+                caller.f_code.co_filename,
+                caller.f_lineno,
+                module=where.get("__name__", "torch_profiled"),
+                registry=where.setdefault("__warningregistry__", {}),
+                module_globals=where,
             )
     except Exception:  # noqa: BLE001 - warnings as errors, or a showwarning that raises
         _plain(message, category)

@@ -12,10 +12,15 @@ planter's choosing. Only a regular file is appended to: a named pipe, a device, 
 directory at the path is refused (opened with ``O_NONBLOCK`` and checked with ``fstat``, so a
 FIFO nobody reads cannot hang the export). Either costs one warning naming the path and what
 was found there; those reports are not written. Directories above the file are followed.
+
+Every line is valid UTF-8 JSON whatever the range names: a lone surrogate (a file name's
+undecodable byte through ``os.fsdecode``) is written out as its escape text (``valid_text``),
+not as a ``\\udcff`` JSON escape that strict readers refuse and that no UTF-8 text can hold.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -29,10 +34,55 @@ from ._warn import warn
 if TYPE_CHECKING:
     from instrument.report import MetricsReport, WindowReport
 
-__all__ = ["METRICS_SCHEMA", "SCHEMA", "JsonLinesExporter", "metrics_record", "report_record"]
+__all__ = [
+    "METRICS_SCHEMA",
+    "SCHEMA",
+    "JsonLinesExporter",
+    "metrics_record",
+    "report_record",
+    "valid_text",
+]
 
 SCHEMA = "torch-profiled/window-report/1"
 METRICS_SCHEMA = "torch-profiled/metrics/1"
+
+
+def valid_text(text: str) -> str:
+    """``text`` with each lone surrogate written out as its escape text (six characters,
+    ``\\udcff``), so that it encodes as UTF-8; any other text as it is.
+
+    Lone surrogates are how Python holds bytes that are not UTF-8 (``os.fsdecode``,
+    ``os.listdir`` of a name from another encoding): a range named after such a file is legal
+    in the program, but no UTF-8 output (JSON lines, the Prometheus page, OTLP) can carry it,
+    and an encoder that meets one raises. Here rather than in each exporter: every output
+    shows the same name for it."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def _valid(value: Any) -> Any:
+    """A JSON-ready ``value`` with ``valid_text`` applied to every string and key; a key that
+    became another key's text gets ``#2``, ``#3`` (both entries stay)."""
+    if isinstance(value, str):
+        return valid_text(value)
+    if isinstance(value, dict):
+        out: dict[Any, Any] = {}
+        for key, item in value.items():
+            if isinstance(key, str):
+                text = valid_text(key)
+                n = 1
+                while (key := text if n == 1 else f"{text}#{n}") in out:
+                    n += 1
+            out[key] = _valid(item)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_valid(item) for item in value]
+    return value
 
 
 def report_record(report: WindowReport) -> dict[str, Any]:
@@ -117,6 +167,8 @@ class JsonLinesExporter(Exporter):
     def _write(self, record: dict[str, Any], what: str) -> ExportResult:
         try:
             line = json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
+            if "\\ud" in line:  # maybe a lone surrogate (or a pair: checked in valid_text)
+                line = json.dumps(_valid(record), separators=(",", ":"), allow_nan=False) + "\n"
         except (TypeError, ValueError) as exc:
             self._warn_once("encode", f"{what} could not be encoded as JSON ({exc}); not written")
             return ExportResult.FAILURE
@@ -130,7 +182,7 @@ class JsonLinesExporter(Exporter):
             except _Refused as refused:
                 self._warn_once(
                     f"refused:{refused}",
-                    f"{self.path!r} is {refused}, not a regular file: {what} was not "
+                    f"{self._shown()} is {refused}, not a regular file: {what} was not "
                     f"appended there, nor are later ones while it stays ({_WHY_REFUSED}). "
                     "Remove it or point PROFILED_JSON_PATH (JsonLinesExporter's path) "
                     "elsewhere; use '-' for standard output",
@@ -139,10 +191,34 @@ class JsonLinesExporter(Exporter):
             except OSError as exc:
                 self._warn_once(
                     type(exc).__name__ + str(exc.errno),
-                    f"{what} was not appended to {self.path!r}: {exc.strerror or exc}",
+                    f"{what} was not appended to {self._shown()}: {self._why(exc)}. Later "
+                    "ones are tried again (this warning is not repeated); the program goes on. "
+                    "Point PROFILED_JSON_PATH (JsonLinesExporter's path) at a file this "
+                    "process can write, or '-' for standard output",
                 )
                 return ExportResult.FAILURE
         return ExportResult.SUCCESS
+
+    def _shown(self) -> str:
+        """The path as given, and where that is when it is relative."""
+        full = os.path.abspath(self.path)
+        return repr(self.path) if full == self.path else f"{self.path!r} ({full})"
+
+    def _why(self, exc: OSError) -> str:
+        """What failed: the OS's reason and its name, and where when not at the file itself
+        (making the directories above it)."""
+        code = errno.errorcode.get(exc.errno or 0)
+        why = f"{exc.strerror or exc}" + (f" ({code})" if code else "")
+        where = exc.filename
+        if not isinstance(where, str) or os.path.abspath(where) == os.path.abspath(self.path):
+            return why
+        above = os.path.dirname(os.path.abspath(self.path))
+        while not os.path.lexists(above) and os.path.dirname(above) != above:
+            above = os.path.dirname(above)
+        if os.path.lexists(above) and not os.path.isdir(above):
+            found = _what_is_at(above) or "a regular file"
+            return f"{above!r} is {found}, not a directory, so the file cannot be made under it"
+        return f"{why}, making the directory {where!r} above the file"
 
     def _append(self, data: bytes) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)

@@ -11,11 +11,19 @@ The OpenTelemetry metrics API takes single values, not histograms already aggreg
 are built as SDK ``MetricsData`` and handed to the otel exporter's own metric exporters (OTLP
 or console): they are sent when the otel exporter owns its pipeline (no meter provider of the
 application's).
+
+Any range name makes valid data points: a lone surrogate (``os.fsdecode`` of a file name that
+is not UTF-8) cannot be encoded in OTLP's UTF-8 strings (the attribute was dropped, with a
+traceback on the program's stderr, and the point merged with every other such range), so it is
+written out as its escape text (``valid_text``, as in JSON lines and on the Prometheus page);
+two names that end up the same text get ``#2``, ``#3``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+
+from .json_lines import valid_text
 
 if TYPE_CHECKING:
     from instrument.report import MetricsReport, RangeHistogram
@@ -43,6 +51,21 @@ def _point(report: MetricsReport, h: RangeHistogram, attributes: dict[str, Any])
     )
 
 
+def _names(histograms: tuple[RangeHistogram, ...]) -> list[str]:
+    """Each histogram's range name as valid text, distinct (per device) as the names are."""
+    taken: set[tuple[str, str | None]] = set()
+    out = []
+    for h in histograms:
+        text = valid_text(h.name)
+        name, n = text, 1
+        while (name, h.device) in taken:
+            n += 1
+            name = f"{text}#{n}"
+        taken.add((name, h.device))
+        out.append(name)
+    return out
+
+
 def _metric(name: str, description: str, points: list[Any]) -> Any:
     from opentelemetry.sdk.metrics.export import AggregationTemporality, Histogram, Metric
 
@@ -58,14 +81,17 @@ def metrics_data(report: MetricsReport, resource: Any, scope: str, version: str)
     who = {"profiled.rank": report.rank, "profiled.world_size": report.world_size}
     metrics = []
     if report.ranges:
-        points = [_point(report, h, {"profiled.range.name": h.name, **who}) for h in report.ranges]
+        points = [
+            _point(report, h, {"profiled.range.name": name, **who})
+            for h, name in zip(report.ranges, _names(report.ranges))
+        ]
         metrics.append(
             _metric(RANGE_DURATION, "Wall time of every call of a @profiled range", points)
         )
     if report.device_ranges:
         points = [
-            _point(report, h, {"profiled.range.name": h.name, "profiled.device": h.device, **who})
-            for h in report.device_ranges
+            _point(report, h, {"profiled.range.name": name, "profiled.device": h.device, **who})
+            for h, name in zip(report.device_ranges, _names(report.device_ranges))
         ]
         metrics.append(
             _metric(
