@@ -3,6 +3,7 @@ point at the program's own line, not into the library."""
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import instrument
@@ -73,8 +74,9 @@ def test_config_warning_points_at_the_programs_line(monkeypatch):
     assert config_warnings[0].filename == __file__  # the line that called f(), not the SDK
 
 
-def test_a_warning_from_an_export_lane_names_torch_profiled():
-    """No frame of the program's on an export lane's stack: the warning is the SDK's own."""
+def test_a_warning_from_an_export_lane_names_the_sdk_line_that_warned():
+    """No frame of the program's on an export lane's stack: the warning names the SDK's own
+    file and line (a real one, which ``-W ignore:::MODULE`` filters can match)."""
     from instrument.testing import capture
 
     class Broken(InMemoryExporter):
@@ -93,7 +95,10 @@ def test_a_warning_from_an_export_lane_names_torch_profiled():
                 cap.step()
         instrument.flush()
     lane = [w for w in caught if "backend down" in str(w.message)]
-    assert [(w.filename, w.category) for w in lane] == [("torch-profiled", ExporterWarning)]
+    assert [(w.category, os.path.basename(w.filename)) for w in lane] == [
+        (ExporterWarning, "pipeline.py")
+    ]
+    assert lane[0].lineno > 0 and os.path.isfile(lane[0].filename)
 
 
 def test_warn_never_raises_and_says_it_once(capfd):
