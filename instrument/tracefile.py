@@ -179,7 +179,8 @@ class _Lenient:
         return read_string(self.s[i + 1 : m.start()]), m.end()
 
     def _object(self, i: int) -> tuple[dict[str, Any], int]:
-        s, out = self.s, {}
+        s = self.s
+        out: dict[str, Any] = {}
         i = _skip(s, i + 1)
         if s[i : i + 1] == "}":
             return out, i + 1
@@ -202,7 +203,8 @@ class _Lenient:
                 raise ValueError(f"',' or '}}' expected at {i}")
 
     def _array(self, i: int) -> tuple[list[Any], int]:
-        s, out = self.s, []
+        s = self.s
+        out: list[Any] = []
         i = _skip(s, i + 1)
         if s[i : i + 1] == "]":
             return out, i + 1
