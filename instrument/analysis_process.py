@@ -79,7 +79,15 @@ def shape_and_analyze(raw: str, names: Any, dist: dict[str, Any], occurrences: A
     )
     events = getattr(occurrences, "timeline_events", None)
     if events is not None:
-        analysis.timeline = page_timeline(trace, names, events)
+        try:
+            analysis.timeline = page_timeline(trace, names, events)
+        except Exception as exc:  # noqa: BLE001 - the page's timeline only, never the report
+            warnings.warn(
+                f"torch-profiled: the HTML page's timeline of this window could not be made "
+                f"({exc!r}); the page comes without it, the report is complete",
+                UserWarning,
+                stacklevel=2,
+            )
     return analysis
 
 
