@@ -650,3 +650,19 @@ def test_the_timeline_draws_whatever_the_names(name, opened, tmp_path):
         assert o.js("window.__profiled.drawnRects(0)") > 0
         data = o.js("JSON.parse(document.getElementById('profiled-data').textContent)")
         assert [n for n, _ in data["windows"][0]["names"]] == names
+
+
+def test_the_page_has_its_timeline_without_the_trace_exporter(tmp_path):
+    """The timeline comes from the analysis (issue 29, item 17), not from a trace file: a
+    program with the html exporter alone gets pages that draw the window."""
+    env = _proc.sdk_env(PROFILED_EXPORTERS="html", PROFILED_TRACE_DIR=str(tmp_path / "pages"))
+    out = _proc.run("-c", PROGRAM, env=env, cwd=tmp_path, timeout=180)
+    assert out.returncode == 0, out.stderr
+    pages = sorted((tmp_path / "pages").glob("*.html"))
+    assert len(pages) == 2 and not list((tmp_path / "pages").glob("*.json*"))
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        assert 'class="timeline"' in text and html.escape(NO_TRACE) not in text
+        data = json.loads(text.split('type="application/json">')[1].split("</script>")[0])
+        (tl,) = data["windows"]
+        assert tl["events"] > 0 and ["matmul_bias", "user_annotation"] in tl["names"]
