@@ -9,11 +9,12 @@ The timeline is made by the session's analysis where it reads the window's trace
 helper process, off the program's GIL: this exporter asks for it with ``occurrence_budget``'s
 ``timeline_events``) and comes in the report (``report.timeline``, JSON ready for the page):
 this exporter parses no trace and only joins text on its lane, so a 300k-event window does not
-stall the program's steps, and a window ended at exit is written within the export deadline.
-A report without a timeline (one analysed from torch's own events, with
-``PROFILED_ANALYSIS_PROCESS=0``, or built by hand) gets it drawn from its trace file here, as
-before (a trace file that cannot be read, gone or past ``max_mb``, costs the timeline, never
-the page).
+stall the program's steps, and the page of a window ended at exit needs no more time than the
+analysis every exporter waits for. A report without a timeline (analysed from torch's own
+events with ``PROFILED_ANALYSIS_PROCESS=0``, whose work all runs in the program anyway; one
+whose timeline could not be made; one built by hand) gets it drawn from its trace file here,
+on this lane (a trace file that cannot be read, gone or past ``max_mb``, costs the timeline,
+never the page).
 
 The page is ``<trace name>.html`` beside the window's trace file when the trace exporter wrote
 one (``host_pid_rank0.1765...html`` for ``host_pid_rank0.1765...pt.trace.json.gz``), else in
