@@ -15,8 +15,8 @@ Shaping a window's raw trace (``shape_trace``):
   ``"`` or ``\\`` unescaped) or changed (Kineto turns ``\\`` into ``/``, drops newlines and
   writes ``unknown`` for a name with any character it cannot print); where a name read from the
   trace is what torch makes of exactly one range name, the event gets that name back
-  (``_restored``). ``unknown`` is given back only to ``cpu_op`` events (our ranges), never to a
-  ``record_function`` range of the user's.
+  (``_restored``); only ``cpu_op`` events (our ranges, ``_RecordFunctionFast``), never a
+  ``record_function`` range of the user's, whose name may read the same.
 
 Reading (``load_trace``, ``loads_trace``): ``json.loads`` first (the normal path costs nothing
 more). Only when that fails -- torch wrote a name with a ``"``, a lone ``\\`` or a control
@@ -271,15 +271,13 @@ def shape_trace(
     for ev in events:
         name = ev.get("name")
         cat = ev.get("cat")
-        if ev.get("ph") == "X" and cat in _RANGE_CATS:
-            if restore and name in restore and (name != UNKNOWN or cat == "cpu_op"):
+        if ev.get("ph") == "X" and cat in ("cpu_op", "user_annotation"):
+            if restore and cat == "cpu_op" and name in restore:
                 name = ev["name"] = restore[name]
-            if cat == "gpu_user_annotation":
-                pass
-            elif isinstance(name, str) and name.startswith(MARKER_PREFIX):
+            if isinstance(name, str) and name.startswith(MARKER_PREFIX):
                 markers.append(ev)
                 continue
-            elif name in names:
+            if name in names:
                 ev["cat"] = "user_annotation"
         kept.append(ev)
     if markers:
@@ -311,7 +309,6 @@ def shape_trace(
     return trace
 
 
-_RANGE_CATS = frozenset({"cpu_op", "user_annotation", "gpu_user_annotation"})
 _DEVICE_CATS = frozenset(
     {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "mtia_ccp_events"}
 )

@@ -159,10 +159,11 @@ def test_names_kineto_changed_are_given_back_when_unambiguous():
     assert [e["name"] for e in trace["traceEvents"]] == ["a/b"]
 
 
-def test_unknown_is_given_back_only_to_our_ranges_not_to_the_users_record_function():
-    trace = loads_trace(_raw_trace(["unknown"], cat="user_annotation"))
-    shape_trace(trace, ["naïve"], {"rank": 0, "world_size": 1})
-    assert trace["traceEvents"][0]["name"] == "unknown"
+def test_names_are_given_back_only_to_our_ranges_not_to_the_users_record_function():
+    for written, name in (("unknown", "naïve"), ("a/b", "a\\b"), ("two", "t\nwo")):
+        trace = loads_trace(_raw_trace([written], cat="user_annotation"))
+        shape_trace(trace, [name], {"rank": 0, "world_size": 1})
+        assert trace["traceEvents"][0]["name"] == written
 
 
 def test_an_event_that_cannot_be_read_is_left_out_with_a_warning_not_the_window():
