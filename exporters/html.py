@@ -5,19 +5,26 @@ header and verdict, ranges with CPU vs device bars, verdict badges and MFU, top 
 kernels, and a zoomable timeline of the window's ranges, operators and kernels per thread and
 stream. It loads nothing (inline script and style, no request allowed).
 
-The timeline is drawn from the window's trace file (``report.trace_file``, which the trace
-exporter writes before this one runs), so the page is ``<trace name>.html`` beside it
-(``host_pid_rank0.1765...html`` for ``host_pid_rank0.1765...pt.trace.json.gz``). Without a trace
-file (no ``trace`` exporter, or its write failed) the page still comes, in ``dir``, named
-``{host}_{pid}_rank{rank}.{time_ns}.html``, with the ranges and bars only and a line saying
-that the timeline needs the trace exporter. A trace file that cannot be read (gone, past
-``max_mb``) costs the timeline, never the page.
+The timeline is made by the session's analysis where it reads the window's trace (the analysis
+helper process, off the program's GIL: this exporter asks for it with ``occurrence_budget``'s
+``timeline_events``) and comes in the report (``report.timeline``, JSON ready for the page):
+this exporter parses no trace and only joins text on its lane, so a 300k-event window does not
+stall the program's steps, and the page of a window ended at exit needs no more time than the
+analysis every exporter waits for. A report without a timeline (analysed from torch's own
+events with ``PROFILED_ANALYSIS_PROCESS=0``, whose work all runs in the program anyway; one
+whose timeline could not be made; one built by hand) gets it drawn from its trace file here,
+on this lane (a trace file that cannot be read, gone or past ``max_mb``, costs the timeline,
+never the page).
+
+The page is ``<trace name>.html`` beside the window's trace file when the trace exporter wrote
+one (``host_pid_rank0.1765...html`` for ``host_pid_rank0.1765...pt.trace.json.gz``), else in
+``dir``, named ``{host}_{pid}_rank{rank}.{time_ns}.html``; without either timeline the page has
+the ranges and bars only and a line saying that the timeline needs the trace exporter.
 
 The directory stays bounded: a page whose trace file is gone (the trace exporter keeps only
 its newest ``keep``) is one of the pages "without trace", of which only the newest ``keep`` of
 this worker are kept (``keep=0`` keeps all). Only regular files whose whole name is this
-exporter's pattern are ever removed. Reading the trace (~1 s for a 140k-event window) happens
-on this exporter's own lane, after the window, like every export.
+exporter's pattern are ever removed.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from .html_page import PageWindow, build_page
 from .html_timeline import DEFAULT_MAX_EVENTS, timeline_from_trace
 
 if TYPE_CHECKING:
-    from instrument.report import WindowReport
+    from instrument.report import OccurrenceBudget, WindowReport
 
 __all__ = ["HtmlExporter", "page_path"]
 
@@ -84,6 +91,12 @@ def _load(path: str, max_bytes: int) -> dict[str, Any]:
     return trace
 
 
+def _budget(max_events: int) -> OccurrenceBudget:
+    from instrument.report import OccurrenceBudget
+
+    return OccurrenceBudget(0, timeline_events=max_events)
+
+
 class HtmlExporter(Exporter):
     """Writes each window's HTML page (see the module docstring). ``last_file`` is the page
     the last successful ``export`` wrote (None after a failure)."""
@@ -105,6 +118,8 @@ class HtmlExporter(Exporter):
             raise ValueError("dir must not be empty")
         self.keep = keep
         self.max_events = max_events
+        # the analysis makes each window's timeline (no per-call occurrences: max_spans 0)
+        self.occurrence_budget = _budget(max_events)
         self.max_bytes = int(max_mb * MIB)
         self.last_file: str | None = None
         self._lock = threading.Lock()
@@ -139,6 +154,8 @@ class HtmlExporter(Exporter):
 
     def _window(self, report: WindowReport) -> PageWindow:
         """The report with its timeline, or with a line saying why it has none."""
+        if report.timeline is not None:
+            return PageWindow(report, report.timeline)
         if not report.trace_file:
             return PageWindow(report, None, NO_TRACE)
         try:

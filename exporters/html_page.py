@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -25,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 from ._format import format_delta_us, format_time_us
 
 if TYPE_CHECKING:
-    from instrument.report import RangeStats, WindowReport
+    from instrument.report import PageTimeline, RangeStats, WindowReport
 
-__all__ = ["PageWindow", "build_page", "range_mfu"]
+__all__ = ["PageWindow", "build_page", "range_mfu", "script_json"]
 
 _CSP = (
     "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
@@ -37,11 +38,12 @@ _CSP = (
 
 @dataclass(frozen=True)
 class PageWindow:
-    """One window on the page: its report, its timeline (``timeline_from_trace``; None: no
-    trace to draw it from) and, then, a line saying why there is none."""
+    """One window on the page: its report, its timeline (``timeline_from_trace``'s dict, or
+    the ``report.PageTimeline`` the analysis made of it; None: no trace to draw it from) and,
+    then, a line saying why there is none."""
 
     report: WindowReport
-    timeline: dict[str, Any] | None = None
+    timeline: dict[str, Any] | PageTimeline | None = None
     note: str = ""
 
 
@@ -203,10 +205,9 @@ def _timeline_block(index: int, window: PageWindow) -> str:
     if tl is None:
         note = window.note or "No timeline: it is drawn from the window's trace file."
         return f'<p class="note timeline-note">{_e(note)}</p>'
+    events, total = (tl["events"], tl["total"]) if isinstance(tl, dict) else (tl.events, tl.total)
     shown = (
-        f"{tl['events']:,} events"
-        if tl["events"] == tl["total"]
-        else f"the {tl['events']:,} longest of {tl['total']:,} events"
+        f"{events:,} events" if events == total else f"the {events:,} longest of {total:,} events"
     )
     return (
         f'<div class="timeline" data-window="{index}">'
@@ -345,11 +346,35 @@ def _diff_section(d: dict[str, Any]) -> str:
     return "".join(parts) + "</section>"
 
 
+# Characters that may change the HTML parser's state inside <script> ("</script", "<!--" then
+# "<script" enters the "double escaped" state where the element never ends) or that older
+# JavaScript reads as line ends: in JSON they occur only inside strings, where the \u escape is
+# the same string.
+_SCRIPT_UNSAFE = {
+    "<": "\\u003c",
+    ">": "\\u003e",
+    "&": "\\u0026",
+    "\u2028": "\\u2028",
+    "\u2029": "\\u2029",
+}
+_SCRIPT_UNSAFE_RE = re.compile("[<>&\u2028\u2029]")
+
+
+def script_json(obj: Any) -> str:
+    """``obj`` as compact JSON that can stand inside ``<script>`` whatever its strings hold
+    (no ``<``, ``>``, ``&``, U+2028 or U+2029 left as they are: no name can end the element
+    or change how the HTML parser reads it)."""
+    text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    return _SCRIPT_UNSAFE_RE.sub(lambda m: _SCRIPT_UNSAFE[m.group()], text)
+
+
 def _data_json(windows: Sequence[PageWindow]) -> str:
-    doc = {"windows": [w.timeline for w in windows]}
-    text = json.dumps(doc, separators=(",", ":"), allow_nan=False)
-    # inside <script>: "</" could end the element early; "<\/" is the same JSON string
-    return text.replace("</", "<\\/")
+    parts = []
+    for w in windows:
+        tl = w.timeline
+        # a timeline the analysis made (``report.PageTimeline``) is embedded as it came
+        parts.append(script_json(tl) if tl is None or isinstance(tl, dict) else tl.data)
+    return '{"windows":[' + ",".join(parts) + "]}"
 
 
 def build_page(

@@ -87,6 +87,8 @@ def _keep_longest(
     total = sum(len(v) for v in lanes.values())
     if total <= max_events:
         return lanes
+    if max_events <= 0:
+        return {}
     cutoff = heapq.nlargest(max_events, (e[1] for v in lanes.values() for e in v))[-1]
     room = max_events - sum(1 for v in lanes.values() for e in v if e[1] > cutoff)
     out: dict[tuple[bool, str, str], list[_Event]] = {}

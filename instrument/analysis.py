@@ -47,7 +47,15 @@ from .events import (
     is_bookkeeping,
     no_gc,
 )
-from .report import FrozenMap, KernelStats, OccurrenceBudget, Occurrences, OpStats, RangeStats
+from .report import (
+    FrozenMap,
+    KernelStats,
+    OccurrenceBudget,
+    Occurrences,
+    OpStats,
+    PageTimeline,
+    RangeStats,
+)
 from .tracefile import STEP_MARKER, WINDOW_END
 from .verdict import CPU_ONLY, Verdict, judge
 
@@ -98,6 +106,7 @@ class Analysis:
     verdict: Verdict = field(default_factory=lambda: Verdict(CPU_ONLY, "no events"))
     event_count: int = 0
     occurrences: Occurrences | None = None  # when asked for (``analyze(occurrences=...)``)
+    timeline: PageTimeline | None = None  # when asked for (``OccurrenceBudget.timeline_events``)
 
     def report_fields(self, **overrides: Any) -> dict[str, Any]:
         """The ``WindowReport`` fields this analysis fills (the session and the CLI add who,
@@ -117,6 +126,7 @@ class Analysis:
             "verdict": self.verdict,
             "event_count": self.event_count,
             "occurrences": self.occurrences,
+            "timeline": self.timeline,
         }
         fields.update(overrides)
         return fields
@@ -218,7 +228,7 @@ def analyze(
     with no_gc():
         events = events if isinstance(events, list) else list(events)
         analysis = _analyze(events, frozenset(range_names), top)
-        if occurrences is not None:
+        if occurrences is not None and occurrences.max_spans:
             from .occurrences import window_occurrences
 
             analysis.occurrences = window_occurrences(

@@ -64,17 +64,42 @@ class AnalysisProcessError(RuntimeError):
 def shape_and_analyze(raw: str, names: Any, dist: dict[str, Any], occurrences: Any = None) -> Any:
     """Shape the raw trace at ``raw`` in place and analyze it: the helper's work, and the
     in-process fallback's when torch's events cannot be read directly. With ``occurrences``
-    (a ``report.OccurrenceBudget``) the analysis carries the window's per-call occurrences."""
+    (a ``report.OccurrenceBudget``) the analysis carries the window's per-call occurrences,
+    and with its ``timeline_events`` the ``html`` exporter's page timeline, made here from the
+    trace already read (an exporter never parses a trace on the program's threads)."""
     from .analysis import analyze, events_from_trace
     from .tracefile import shape_file
 
     trace = shape_file(raw, names, dist)
-    return analyze(
+    analysis = analyze(
         events_from_trace(trace),
         names,
         occurrences=occurrences,
         base_ns=int(trace.get("baseTimeNanoseconds") or 0),
     )
+    events = getattr(occurrences, "timeline_events", None)
+    if events is not None:
+        try:
+            analysis.timeline = page_timeline(trace, names, events)
+        except Exception as exc:  # noqa: BLE001 - the page's timeline only, never the report
+            warnings.warn(
+                f"torch-profiled: the HTML page's timeline of this window could not be made "
+                f"({exc!r}); the page comes without it, the report is complete",
+                UserWarning,
+                stacklevel=2,
+            )
+    return analysis
+
+
+def page_timeline(trace: dict[str, Any], names: Any, max_events: int) -> Any:
+    """The window's ``report.PageTimeline``: its timeline as the page embeds it."""
+    from exporters.html_page import script_json
+    from exporters.html_timeline import timeline_from_trace
+
+    from .report import PageTimeline
+
+    timeline = timeline_from_trace(trace, range_names=names, max_events=max_events)
+    return PageTimeline(script_json(timeline), timeline["events"], timeline["total"])
 
 
 # ---------------------------------------------------------------- the parent's side

@@ -7,7 +7,8 @@ microseconds (``*_us``) except wall-clock instants, which are epoch nanoseconds 
 Besides the per-name numbers a report can carry its window's *occurrences*, one per call: what
 an exporter needs for a span per call (``Occurrences``). They are made by the analysis (in
 the helper process, from the events it already has) when an exporter asks for them with an
-``OccurrenceBudget``, and fitted to that budget there, so no exporter parses a trace.
+``OccurrenceBudget``, and fitted to that budget there, so no exporter parses a trace. So is
+the ``html`` exporter's page timeline (``PageTimeline``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "OccurrenceBudget",
     "Occurrences",
     "OpStats",
+    "PageTimeline",
     "REASON_KINDS",
     "RangeCalls",
     "RangeHistogram",
@@ -155,13 +157,18 @@ inside them; the device work (kernels, memcpys, memsets) those launched."""
 
 @dataclass(frozen=True)
 class OccurrenceBudget:
-    """What an exporter asks the analysis to carry per call: at most ``max_spans`` spans
+    """What an exporter asks the analysis to carry: per call, at most ``max_spans`` spans
     (the window's own span included) at ``detail``, each range call with its
-    ``top_kernels`` heaviest kernels."""
+    ``top_kernels`` heaviest kernels (``max_spans=0``: no occurrences); with
+    ``timeline_events`` (an int), the window's page timeline of at most that many events
+    (``PageTimeline``: the ``html`` exporter's), made where the trace is read. Budgets compare
+    by their occurrences only: a timeline asked for beside them does not change how they are
+    fitted."""
 
     max_spans: int
     detail: str = "ranges"
     top_kernels: int = 5
+    timeline_events: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.detail not in DETAILS:
@@ -169,9 +176,17 @@ class OccurrenceBudget:
         if (
             isinstance(self.max_spans, bool)
             or not isinstance(self.max_spans, int)
-            or self.max_spans < 1
+            or self.max_spans < (0 if self.timeline_events is not None else 1)
         ):
-            raise ValueError(f"max_spans must be an int >= 1, got {self.max_spans!r}")
+            raise ValueError(
+                f"max_spans must be an int >= 1 (0 only beside timeline_events), "
+                f"got {self.max_spans!r}"
+            )
+        events = self.timeline_events
+        if events is not None and (
+            isinstance(events, bool) or not isinstance(events, int) or events < 0
+        ):
+            raise ValueError(f"timeline_events must be None or an int >= 0, got {events!r}")
 
     @property
     def level(self) -> int:
@@ -184,11 +199,26 @@ class OccurrenceBudget:
         given = [b for b in budgets if b is not None]
         if not given:
             return None
+        timelines = [b.timeline_events for b in given if b.timeline_events is not None]
         return OccurrenceBudget(
             max(b.max_spans for b in given),
             DETAILS[max(b.level for b in given)],
             max(b.top_kernels for b in given),
+            max(timelines) if timelines else None,
         )
+
+
+@dataclass(frozen=True)
+class PageTimeline:
+    """A window's timeline for its HTML page (``exporters.html_timeline``), made by the
+    analysis where it read the trace (the helper process, off the program's GIL) when an
+    exporter asked for one (``OccurrenceBudget.timeline_events``): ``data`` is the timeline as
+    JSON ready to stand inside the page's ``<script>`` (``exporters.html_page.script_json``),
+    ``events`` the events it draws of ``total`` recorded."""
+
+    data: str
+    events: int
+    total: int
 
 
 @dataclass(frozen=True)
@@ -307,6 +337,8 @@ class WindowReport:
     trace_file: str | None = None  # the file a trace exporter wrote, when one did
     # per-call occurrences, when an exporter asked for them (left out of ``to_dict``)
     occurrences: Occurrences | None = None
+    # the page timeline, when an exporter asked for it (left out of ``to_dict``)
+    timeline: PageTimeline | None = None
     # why the window opened; None where unknown (a report read back from a trace file)
     reason: WindowReason | None = None
     bytes_moved: int = 0  # with_flops: input bytes of the operators that did the FLOPs
@@ -347,8 +379,8 @@ class WindowReport:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready plain data: the window's numbers. Per-call ``occurrences`` are left out
         (they are for span exporters, and one window can hold thousands)."""
-        out = asdict(dataclasses.replace(self, occurrences=None))
-        del out["occurrences"]
+        out = asdict(dataclasses.replace(self, occurrences=None, timeline=None))
+        del out["occurrences"], out["timeline"]
         # FrozenMap is a Mapping but not a dict: convert it by hand
         out["ranges"] = {name: self._range_dict(r) for name, r in self.ranges.items()}
         out["peak_tflops"] = dict(self.peak_tflops)

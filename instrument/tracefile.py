@@ -11,12 +11,31 @@ Shaping a window's raw trace (``shape_trace``):
   is dropped, with the device work it launched.
 - ``distributedInfo`` is always present and carries rank and world size, written with
   ``"rank": N`` spacing (HTA finds ranks with the regex ``"rank":\\s+(\\d+)``).
+- Range names come back as they were given: torch writes names into its JSON as they are (a
+  ``"`` or ``\\`` unescaped) or changed (Kineto turns ``\\`` into ``/``, drops newlines and
+  writes ``unknown`` for a name with any character it cannot print); where a name read from the
+  trace is what torch makes of exactly one range name, the event gets that name back
+  (``_restored``); only ``cpu_op`` events (our ranges, ``_RecordFunctionFast``), never a
+  ``record_function`` range of the user's, whose name may read the same.
+
+Reading (``load_trace``, ``loads_trace``): ``json.loads`` first (the normal path costs nothing
+more). Only when that fails -- torch wrote a name with a ``"``, a lone ``\\`` or a control
+character into its JSON unescaped, which loses the whole window -- is the text read again by a
+lenient reader (``_Lenient``): every valid part still goes through ``json``'s C decoder (each
+event of ``traceEvents`` on its own), and only a part that fails is read by hand, where a string
+ends at the first ``"`` that is followed by what may follow a string at that place (a ``:``
+after a key; ``}`` or ``, "key":`` after a value; ``,`` or ``]`` in an array). An event that
+cannot be read even so is left out (one warning says how many).
+The shaped trace we write is always valid JSON (``json.dumps``), so the trace file and every
+reader after us get the names escaped.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import re
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -28,6 +47,7 @@ __all__ = [
     "STEP_PREFIX",
     "WINDOW_END",
     "load_trace",
+    "loads_trace",
     "shape_file",
     "shape_trace",
     "write_json_atomic",
@@ -40,10 +60,201 @@ WINDOW_END = "profiled::window_end"
 
 
 def load_trace(path: str) -> dict[str, Any]:
-    """Load a ``.json`` or ``.json.gz`` trace."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return json.load(f)
+    """Load a ``.json`` or ``.json.gz`` trace (repaired where torch wrote invalid JSON: see
+    the module docstring)."""
+    opener: Any = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    return loads_trace(data, path)
+
+
+def loads_trace(data: bytes | str, where: str = "the trace") -> Any:
+    """``json.loads(data)``; where that fails, the lenient reader's result (one warning when
+    it had to leave events out), or the original ``ValueError`` when even that fails."""
+    error: Exception
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        error = exc
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    reader = _Lenient(text)
+    try:
+        trace = reader.read()
+    except (ValueError, IndexError, RecursionError):
+        if isinstance(error, RecursionError):
+            raise ValueError(f"{where} is JSON nested too deeply to read") from None
+        raise error from None
+    if reader.lost:
+        warnings.warn(
+            f"torch-profiled: {reader.lost} event(s) of {where} could not be read (torch wrote "
+            "them as invalid JSON) and were left out; the rest of the window is reported",
+            UserWarning,
+            stacklevel=2,
+        )
+    return trace
+
+
+# ---------------------------------------------------------------- the lenient reader
+
+_DECODER = json.JSONDecoder(strict=False)  # raw control characters in strings are kept
+_S = r"[ \t\n\r]*"
+_WS = re.compile(_S)
+# where a string torch wrote unescaped ends: the first '"' followed by what may follow it
+_KEY_END = re.compile(rf'"(?={_S}:)')
+_VALUE_END = re.compile(rf'"(?={_S}(?:\}}{_S}(?:[,\]}}]|\Z)|,{_S}"[^"\n]*"{_S}:))')
+_ITEM_END = re.compile(rf'"(?={_S}(?:\]|,{_S}["\[{{0-9tfnNI-]))')
+# the end of an event that cannot be read at all: its '}' before the next event or the ']'
+_EVENT_END = re.compile(rf"\}}(?={_S}(?:,{_S}\{{|\]))")
+_SCALAR = 400  # characters a number (or true, false, null) may take
+_ESCAPE = re.compile(r'\\(?:u[0-9a-fA-F]{4}|["\\/bfnrt])')
+
+
+def _skip(s: str, i: int) -> int:
+    """The first position at or after ``i`` that is not JSON whitespace."""
+    m = _WS.match(s, i)
+    return m.end() if m is not None else i
+
+
+def _unescape(match: re.Match[str]) -> str:
+    return json.loads('"' + match.group() + '"')
+
+
+def read_string(raw: str) -> str:
+    """What the trace reader makes of a string written as ``"raw"``: ``json``'s reading where
+    that is valid JSON, else its valid escapes decoded and everything else kept as it is."""
+    try:
+        value = _DECODER.decode('"' + raw + '"')
+    except ValueError:
+        return _ESCAPE.sub(_unescape, raw)
+    return value if isinstance(value, str) else raw
+
+
+class _Lenient:
+    """Reads JSON that torch wrote with unescaped strings (see the module docstring)."""
+
+    def __init__(self, text: str) -> None:
+        self.s = text
+        self.lost = 0
+
+    def read(self) -> Any:
+        s = self.s
+        i = _skip(s, 0)
+        if s[i : i + 1] == "{":
+            value, _ = self._object(i)  # the whole document is known to fail json
+        else:
+            value, _ = self._value(i, _ITEM_END)
+        return value
+
+    def _value(self, i: int, ends: re.Pattern[str]) -> tuple[Any, int]:
+        s = self.s
+        c = s[i : i + 1]
+        if c == "{":
+            if ends is _ITEM_END:  # an event: read by json's C decoder where it is valid
+                m = _EVENT_END.search(s, i + 1)
+                if m is not None:
+                    # on its own: a failed parse counts the lines before it (quadratic in a
+                    # big trace), and a name like 'a"}b' makes '{..."name": "a"}' look whole
+                    event = s[i : m.end()]
+                    try:
+                        value, j = _DECODER.raw_decode(event)
+                    except ValueError:
+                        pass
+                    else:
+                        if j == len(event):
+                            return value, m.end()
+            return self._object(i)
+        if c == "[":
+            return self._array(i)
+        if c == '"':
+            return self._string(i, ends)
+        value, j = _DECODER.raw_decode(s[i : i + _SCALAR])  # a number, true, false, null
+        return value, i + j
+
+    def _string(self, i: int, ends: re.Pattern[str]) -> tuple[str, int]:
+        # never past the end of the event it is in: a broken event costs itself only
+        stop = _EVENT_END.search(self.s, i + 1)
+        m = ends.search(self.s, i + 1, stop.end() if stop is not None else len(self.s))
+        if m is None:
+            raise ValueError(f"a string at {i} never ends")
+        return read_string(self.s[i + 1 : m.start()]), m.end()
+
+    def _object(self, i: int) -> tuple[dict[str, Any], int]:
+        s = self.s
+        out: dict[str, Any] = {}
+        i = _skip(s, i + 1)
+        if s[i : i + 1] == "}":
+            return out, i + 1
+        while True:
+            if s[i : i + 1] != '"':
+                raise ValueError(f"a key expected at {i}")
+            key, i = self._string(i, _KEY_END)
+            i = _skip(s, i)
+            if s[i : i + 1] != ":":
+                raise ValueError(f"':' expected at {i}")
+            i = _skip(s, i + 1)
+            out[key], i = self._value(i, _VALUE_END)
+            i = _skip(s, i)
+            c = s[i : i + 1]
+            if c == ",":
+                i = _skip(s, i + 1)
+            elif c == "}":
+                return out, i + 1
+            else:
+                raise ValueError(f"',' or '}}' expected at {i}")
+
+    def _array(self, i: int) -> tuple[list[Any], int]:
+        s = self.s
+        out: list[Any] = []
+        i = _skip(s, i + 1)
+        if s[i : i + 1] == "]":
+            return out, i + 1
+        while True:
+            try:
+                value, j = self._value(i, _ITEM_END)
+            except (ValueError, IndexError):
+                m = _EVENT_END.search(s, i + 1) if s[i : i + 1] == "{" else None
+                if m is None:
+                    raise
+                self.lost += 1  # this event only
+                j = m.end()
+            else:
+                out.append(value)
+            i = _skip(s, j)
+            c = s[i : i + 1]
+            if c == ",":
+                i = _skip(s, i + 1)
+            elif c == "]":
+                return out, i + 1
+            else:
+                raise ValueError(f"',' or ']' expected at {i}")
+
+
+# ---------------------------------------------------------------- names torch changed
+
+
+def _renderings(name: str) -> tuple[str, ...]:
+    """What torch may write between the quotes for ``name``: the name as it is (torch
+    builds that escape nothing), and Kineto's (``\\`` -> ``/``, newlines dropped, ``unknown``
+    where a character is not printable ASCII)."""
+    kineto = name.replace("\\", "/").replace("\n", "")
+    if any(not " " <= c <= "~" for c in kineto):
+        kineto = UNKNOWN
+    return (name, kineto)
+
+
+UNKNOWN = "unknown"
+
+
+def _restored(names: frozenset[str]) -> dict[str, str]:
+    """A name as read from a trace -> the range name torch wrote it for, where exactly one
+    range name comes out as it and no range has that name itself."""
+    found: dict[str, set[str]] = {}
+    for name in names:
+        for raw in _renderings(name):
+            read = read_string(raw)
+            if read != name and read not in names:
+                found.setdefault(read, set()).add(name)
+    return {read: next(iter(given)) for read, given in found.items() if len(given) == 1}
 
 
 def shape_trace(
@@ -53,12 +264,16 @@ def shape_trace(
 ) -> dict[str, Any]:
     """Shape a raw window trace in place (see module docstring); returns it."""
     names = frozenset(range_names)
+    restore = _restored(names)  # usually empty
     events = trace.get("traceEvents", [])
     markers: list[dict[str, Any]] = []
     kept: list[dict[str, Any]] = []
     for ev in events:
         name = ev.get("name")
-        if ev.get("ph") == "X" and ev.get("cat") in ("cpu_op", "user_annotation"):
+        cat = ev.get("cat")
+        if ev.get("ph") == "X" and cat in ("cpu_op", "user_annotation"):
+            if restore and cat == "cpu_op" and name in restore:
+                name = ev["name"] = restore[name]
             if isinstance(name, str) and name.startswith(MARKER_PREFIX):
                 markers.append(ev)
                 continue

@@ -575,3 +575,48 @@ def test_close_never_exceeds_its_timeout_in_all(raw_trace):
     # started its own full timeout after the lock wait
     assert took < 1.5, took
     assert _gone(pid)
+
+
+def test_the_helper_makes_the_page_timeline_only_when_asked(raw_trace, tmp_path):
+    """issue 29, item 17: the html exporter's timeline is made in the helper, from the trace
+    it read anyway (``OccurrenceBudget.timeline_events``), the same as the page would draw from
+    the shaped trace; a timeline that cannot be made costs the page's timeline, not the report."""
+    from exporters.html_timeline import timeline_from_trace
+    from instrument.report import OccurrenceBudget
+
+    dist = {"rank": 0, "world_size": 1}
+    paths = []
+    for i in range(3):
+        paths.append(str(tmp_path / f"{i}.json"))
+        shutil.copy(raw_trace, paths[-1])
+    helper = AnalysisProcess()
+    try:
+        plain, said = helper.analyze(paths[0], {"mm"}, dist)
+        assert plain.timeline is None and plain.occurrences is None and said == []
+        budget = OccurrenceBudget(0, timeline_events=1000)
+        got, said = helper.analyze(paths[1], {"mm"}, dist, occurrences=budget)
+        assert said == [] and got.occurrences is None  # a timeline, no per-call occurrences
+        drawn = timeline_from_trace(load_trace(paths[1]), range_names={"mm"}, max_events=1000)
+        assert json.loads(got.timeline.data) == drawn
+        assert (got.timeline.events, got.timeline.total) == (drawn["events"], drawn["total"])
+        assert got.ranges == plain.ranges
+    finally:
+        helper.close()
+
+
+def test_a_timeline_that_cannot_be_made_costs_only_the_timeline(raw_trace, monkeypatch):
+    from exporters import html_timeline
+    from instrument.report import OccurrenceBudget
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(html_timeline, "timeline_from_trace", broken)
+    with pytest.warns(UserWarning, match="timeline of this window could not be made"):
+        got = shape_and_analyze(
+            str(raw_trace),
+            {"mm"},
+            {"rank": 0, "world_size": 1},
+            OccurrenceBudget(0, "ranges", 5, 10),
+        )
+    assert got.timeline is None and got.ranges["mm"].calls == 3

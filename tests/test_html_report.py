@@ -591,3 +591,78 @@ def test_a_partial_overlap_is_drawn_beside_not_below():
     chain = [x(f"op{i}", 10.0 * i, 10.5) for i in range(20)]  # each overlaps the next by 0.5
     tl = timeline_from_trace({"traceEvents": chain})
     assert len(tl["lanes"][0]["rows"]) == 1  # no staircase
+
+
+# ---------------------------------------------------------------- names inside <script> (issue 29)
+
+# names that change the HTML parser's state inside <script> when embedded as they are: "<!--"
+# then "<script" enters the "double escaped" state, where the data block's own "</script>" no
+# longer ends it, and the page's script never runs (no timeline); "</script" ends it early
+SCRIPT_STATE_NAMES = [
+    "<!--<script>",
+    "</script>",
+    "<!--",
+    "]]>",
+    "<script>",
+    "a\u2028b\u2029c",
+    "x & <y> </SCRIPT",
+]
+
+
+def _named_trace(names: list[str]) -> dict:
+    return {
+        "traceEvents": [
+            {"ph": "X", "cat": "cpu_op", "name": n, "pid": 1, "tid": 1, "ts": 10.0 * i, "dur": 5.0}
+            for i, n in enumerate(names)
+        ]
+    }
+
+
+def test_embedded_data_holds_no_character_that_changes_the_parsers_state():
+    from exporters.html_page import script_json
+
+    text = script_json({"n": SCRIPT_STATE_NAMES})
+    assert not any(c in text for c in "<>&\u2028\u2029")
+    assert json.loads(text) == {"n": SCRIPT_STATE_NAMES}  # the same strings
+
+
+@needs_chromium
+@pytest.mark.parametrize("name", SCRIPT_STATE_NAMES)
+def test_the_timeline_draws_whatever_the_names(name, opened, tmp_path):
+    """Each name alone on a page built by ``torch-profiled report``'s path (a timeline dict)
+    and by the exporter's (the analysis's ``PageTimeline``): the script runs, the timeline
+    draws every event, and the names read back as they are."""
+    from instrument.analysis_process import page_timeline
+
+    names = [name, "plain", name + "2"]
+    trace = _named_trace(names)
+    rep = _hand_report(ranges=FrozenMap({name: RangeStats(name, 1, 1.0, 1.0, 0.0, 0)}))
+    page = tmp_path / "report.html"
+    page.write_text(build_page([PageWindow(rep, timeline_from_trace(trace))]), encoding="utf-8")
+    exp = HtmlExporter(tmp_path / "pages")
+    tl = page_timeline(trace, [name], 1000)
+    assert exp.export(_hand_report(timeline=tl)) is ExportResult.SUCCESS
+    for path in (str(page), exp.last_file):
+        o = opened(path)
+        o.clean()
+        assert o.js("window.__profiled.timelines()") == 1
+        assert o.js("window.__profiled.visibleEvents(0)") == len(names)
+        assert o.js("window.__profiled.drawnRects(0)") > 0
+        data = o.js("JSON.parse(document.getElementById('profiled-data').textContent)")
+        assert [n for n, _ in data["windows"][0]["names"]] == names
+
+
+def test_the_page_has_its_timeline_without_the_trace_exporter(tmp_path):
+    """The timeline comes from the analysis (issue 29, item 17), not from a trace file: a
+    program with the html exporter alone gets pages that draw the window."""
+    env = _proc.sdk_env(PROFILED_EXPORTERS="html", PROFILED_TRACE_DIR=str(tmp_path / "pages"))
+    out = _proc.run("-c", PROGRAM, env=env, cwd=tmp_path, timeout=180)
+    assert out.returncode == 0, out.stderr
+    pages = sorted((tmp_path / "pages").glob("*.html"))
+    assert len(pages) == 2 and not list((tmp_path / "pages").glob("*.json*"))
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        assert 'class="timeline"' in text and html.escape(NO_TRACE) not in text
+        data = json.loads(text.split('type="application/json">')[1].split("</script>")[0])
+        (tl,) = data["windows"]
+        assert tl["events"] > 0 and ["matmul_bias", "user_annotation"] in tl["names"]
