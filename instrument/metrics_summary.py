@@ -90,7 +90,7 @@ def is_records_file(path: str) -> bool:
         return False
     try:
         first = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the stack
         return False
     return isinstance(first, dict) and "schema" in first and "traceEvents" not in first
 
