@@ -194,41 +194,10 @@ def output_target(path: str) -> Output:
         raise UnwritableOutput(f"cannot be looked at ({exc.strerror or exc})") from None
     via = ""
     if stat.S_ISLNK(st.st_mode):
-        try:
-            to = os.readlink(path)
-        except OSError:
-            to = "?"
-        try:
-            target = os.stat(path)
-        except FileNotFoundError:
-            raise UnwritableOutput(
-                f"a symbolic link to {to!r}, which does not exist (a dangling link is not "
-                "followed: no file is created where it points)"
-            ) from None
-        except OSError as exc:
-            raise UnwritableOutput(
-                f"a symbolic link to {to!r} that cannot be followed ({exc.strerror or exc})"
-            ) from None
-        if _planted(path, st):
-            raise UnwritableOutput(
-                f"a symbolic link to {to!r} in a shared sticky directory, owned by another "
-                "user (not followed, as the kernel's protected_symlinks would not)"
-            )
-        via = f" (through the symbolic link to {to!r})"
-        fd = _std_fd(target)
-        if fd is not None:
-            return Output(path, path, stream=True, fd=fd, kind=kind_of(target.st_mode) + via)
-        if stat.S_ISREG(target.st_mode):
-            real = os.path.realpath(path)
-            try:
-                same = os.lstat(real)
-            except OSError:
-                same = None
-            if same is not None and (same.st_dev, same.st_ino) == (target.st_dev, target.st_ino):
-                return Output(path, real, stream=False, kind="a regular file" + via)
-            # a /proc link to an open file (/dev/fd/N): its name cannot be renamed over
-            return Output(path, path, stream=True, kind="a regular file" + via)
-        st = target
+        followed = _through_link(path, st)
+        if isinstance(followed, Output):
+            return followed
+        st, via = followed
     mode = st.st_mode
     if stat.S_ISREG(mode):
         return Output(path, path, stream=False)
@@ -241,6 +210,47 @@ def output_target(path: str) -> Output:
     else:
         why = "a file cannot be written in its place"
     raise UnwritableOutput(f"is {kind_of(mode)}{via}: {why}; nothing was written")
+
+
+def _through_link(path: str, link: os.stat_result) -> Output | tuple[os.stat_result, str]:
+    """``output_target`` of a symbolic link: the ``Output`` where its target settles it (this
+    process's stdout or stderr, a regular file), else the target's status for the caller to
+    judge and the words that say it came through the link."""
+    try:
+        to = os.readlink(path)
+    except OSError:
+        to = "?"
+    try:
+        target = os.stat(path)
+    except FileNotFoundError:
+        raise UnwritableOutput(
+            f"a symbolic link to {to!r}, which does not exist (a dangling link is not "
+            "followed: no file is created where it points)"
+        ) from None
+    except OSError as exc:
+        raise UnwritableOutput(
+            f"a symbolic link to {to!r} that cannot be followed ({exc.strerror or exc})"
+        ) from None
+    if _planted(path, link):
+        raise UnwritableOutput(
+            f"a symbolic link to {to!r} in a shared sticky directory, owned by another "
+            "user (not followed, as the kernel's protected_symlinks would not)"
+        )
+    via = f" (through the symbolic link to {to!r})"
+    fd = _std_fd(target)
+    if fd is not None:
+        return Output(path, path, stream=True, fd=fd, kind=kind_of(target.st_mode) + via)
+    if not stat.S_ISREG(target.st_mode):
+        return target, via
+    real = os.path.realpath(path)
+    try:
+        same = os.lstat(real)
+    except OSError:
+        same = None
+    if same is not None and (same.st_dev, same.st_ino) == (target.st_dev, target.st_ino):
+        return Output(path, real, stream=False, kind="a regular file" + via)
+    # a /proc link to an open file (/dev/fd/N): its name cannot be renamed over
+    return Output(path, path, stream=True, kind="a regular file" + via)
 
 
 def write_output(

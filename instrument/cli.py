@@ -465,8 +465,9 @@ comparable: different devices or world sizes, or a range's operators saw differe
 shapes (checked where both sides recorded shapes); it fails the gate unless --allow-mismatch
 (then skipped). A range on one side only is skipped (not comparable if named with --range).
 Exit status: 0 no regression, 1 a regression or a range not comparable, 2 bad input or usage
-(1 means nothing else). --junit PATH: a file (replaced atomically), a link to one (its target replaced),
-or a device or named pipe written in place (/dev/stdout: then the verdicts print on stderr).
+(1 means nothing else). --junit PATH: a file (replaced atomically), a link to one (its target
+replaced), or a device or named pipe written in place (/dev/stdout: the verdicts then print on
+standard error).
 """
 
 
