@@ -452,6 +452,16 @@ def _nodes(d) -> dict[str, str]:
     (d / "regular.out").write_text("old\n")
     made["regular"] = str(d / "regular.out")
     made["new"] = str(d / "new.out")
+    shared = d / "shared"  # a /tmp-like directory: sticky, writable by everyone
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    (d / "victim.out").write_text("precious\n")
+    os.symlink(d / "victim.out", shared / "planted")
+    try:  # another user's link (root can make one): the kernel would not follow it here
+        os.lchown(shared / "planted", 4242, 4242)
+        made["planted"] = str(shared / "planted")
+    except PermissionError:
+        pass
     sock = socket.socket(socket.AF_UNIX)
     sock.bind(str(d / "sock"))
     sock.close()
@@ -460,7 +470,7 @@ def _nodes(d) -> dict[str, str]:
 
 
 WRITTEN_IN_PLACE = {"fifo", "chardev", "link_to_null"}
-REFUSED = {"blockdev", "dir", "dangling", "link_to_dir", "socket"}
+REFUSED = {"blockdev", "dir", "dangling", "link_to_dir", "socket", "planted"}
 REPLACED = {"regular", "new"}
 
 
@@ -510,6 +520,9 @@ def test_output_paths_are_written_in_place_or_refused_never_replaced(tmp_path, b
             assert os.listdir(path) == []
         if kind == "dangling":
             assert not os.path.exists(tmp_path / "out" / "nowhere")
+        if kind == "planted":
+            assert "shared sticky directory" in err, err
+            assert (tmp_path / "out" / "victim.out").read_text() == "precious\n"
         if kind == "link":
             assert _snapshot(path) == before[kind]  # still the same link
             assert (tmp_path / "out" / "target.out").read_bytes().lstrip().startswith(marker)
