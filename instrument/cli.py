@@ -40,7 +40,7 @@ regression (``diff --fail-over``) and nothing else: an error nobody foresaw also
 line and status 2, and after a broken pipe (``| head``) the status is the command's own.
 
 Names and paths read from files are printed with control characters, bidirectional overrides
-and lone surrogates escaped (``\x1b``, ``\n``, ``\udcff``; ``traces.printable``): an ESC
+and lone surrogates escaped (``\\x1b``, ``\\n``, ``\\udcff``; ``traces.printable``): an ESC
 sequence in a trace never reaches the terminal raw, and a newline in a name never forges a
 line. ``--json`` output is JSON (``json.dumps`` escapes them).
 

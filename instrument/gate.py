@@ -381,7 +381,7 @@ def junit_xml(g: dict[str, Any], text: str = "") -> bytes:
     range not comparable an ``error`` (``skipped`` with ``allow_mismatch``).
 
     Valid XML 1.0 whatever the names hold: characters XML cannot carry at all (controls such
-    as ESC, lone surrogates) are written as their escapes (``\x1b``, ``\udcff``;
+    as ESC, lone surrogates) are written as their escapes (``\\x1b``, ``\\udcff``;
     ``traces.printable``), as the text table shows them, and the rest is XML-escaped."""
     c = g["counts"]
     tests = len(g["verdicts"])

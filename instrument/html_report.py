@@ -15,7 +15,7 @@ character device or a named pipe (``/dev/stdout``, a FIFO), written in place and
 replaced, or a symbolic link to a file (its target is replaced, the link kept); a directory,
 block device, socket or dangling link is refused before any trace is read
 (``traces.write_output_file``). Names the page cannot encode (lone surrogates, from file names
-that are not UTF-8) are written as their escapes (``\udcff``). Bad input: one line on
+that are not UTF-8) are written as their escapes (``\\udcff``). Bad input: one line on
 standard error and exit status 2, as for every command.
 
 Each trace is read once for its report and its timeline (``traces._reports_with``), and let
