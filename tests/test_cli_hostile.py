@@ -436,6 +436,8 @@ def _nodes(d) -> dict[str, str]:
     made["fifo"] = str(d / "fifo")
     if _mknod(d / "null", stat.S_IFCHR, os.makedev(1, 3)):  # a copy of /dev/null (root)
         made["chardev"] = str(d / "null")
+    if _mknod(d / "full", stat.S_IFCHR, os.makedev(1, 7)):  # a copy of /dev/full: ENOSPC
+        made["full"] = str(d / "full")
     if _mknod(d / "disk", stat.S_IFBLK, os.makedev(7, 250)):  # a loop device's node (root)
         made["blockdev"] = str(d / "disk")
     (d / "dir").mkdir()
@@ -470,7 +472,7 @@ def _nodes(d) -> dict[str, str]:
 
 
 WRITTEN_IN_PLACE = {"fifo", "chardev", "link_to_null"}
-REFUSED = {"blockdev", "dir", "dangling", "link_to_dir", "socket", "planted"}
+REFUSED = {"blockdev", "dir", "dangling", "link_to_dir", "socket", "planted", "full"}
 REPLACED = {"regular", "new"}
 
 
@@ -520,6 +522,8 @@ def test_output_paths_are_written_in_place_or_refused_never_replaced(tmp_path, b
             assert os.listdir(path) == []
         if kind == "dangling":
             assert not os.path.exists(tmp_path / "out" / "nowhere")
+        if kind == "full":  # written in place, and the device said no: one line, exit 2
+            assert "cannot be written (No space left on device" in err, err
         if kind == "planted":
             assert "shared sticky directory" in err, err
             assert (tmp_path / "out" / "victim.out").read_text() == "precious\n"
