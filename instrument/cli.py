@@ -31,10 +31,27 @@ one command.
 operator (self CPU time), before, after, delta and after/before, largest change first.
 
 Bad input (a missing file, a file that is not a trace, a directory with no traces, a file
-of only whitespace, a trace larger than ``--max-mb``) ends with one line on standard error,
+of only whitespace, a trace larger than ``--max-mb``, a metrics record line larger than it,
+``NaN`` in a trace) ends with one line on standard error,
 ``torch-profiled: error: PATH: what was wrong; expected ...``, and exit status 2, as do usage
-errors and a ``--range`` that names no range in the traces (that line lists the ranges there and
-the closest name). Importing this module is cheap: the analysis and the console table are
+errors, an output path that cannot take a file, and a ``--range`` that names no range in the
+traces (that line lists the ranges there and the closest name). Exit status 1 means a
+regression (``diff --fail-over``) and nothing else: an error nobody foresaw also ends with one
+line and status 2, and after a broken pipe (``| head``) the status is the command's own.
+
+Names and paths read from files are printed with control characters, bidirectional overrides
+and lone surrogates escaped (``\\x1b``, ``\\n``, ``\\udcff``; ``traces.printable``): an ESC
+sequence in a trace never reaches the terminal raw, and a newline in a name never forges a
+line. ``--json`` output is JSON (``json.dumps`` escapes them).
+
+Output files (``report -o``, ``diff --junit``): a regular file is replaced atomically; a
+symbolic link to one has its target replaced, the link kept; a character device or a named
+pipe (``/dev/null``, ``/dev/stdout``, a FIFO a reader waits on) is written in place, never
+replaced; a directory, a block device, a socket or a dangling link is refused (exit status 2),
+before any trace is read (``exporters._files.output_target``). When the output is this
+command's own standard output, the text it would print there goes to standard error.
+
+Importing this module is cheap: the analysis and the console table are
 imported when a command runs (times and columns come from the small ``exporters._format``,
 shared with the console table).
 
@@ -56,7 +73,7 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 from exporters._format import WIDTH, fit, format_time_us, row
 
@@ -76,11 +93,18 @@ from .traces import (  # noqa: F401 - the readers' names stay importable from he
     _positive_int,
     _reports,
     _side,
+    _silence_stdout,
+    _stderr,
     _UsageError,
+    check_output,
+    encodable,
     find_traces,
     load_checked,
+    printable,
+    printable_data,
     rank_summary,
     report_from_trace,
+    write_output_file,
 )
 
 if TYPE_CHECKING:
@@ -294,7 +318,7 @@ def _summarize_metrics(args: argparse.Namespace, found: list[tuple[str, list[str
             f"--straggler-margin: {exc}; expected a number >= 0 (0.2: 20% over the ranks' "
             "median step p50)"
         ) from None
-    records, notes = metrics_summary.load(found)  # bad records: an InputError
+    records, notes = metrics_summary.load(found, args.max_mb * MB)  # bad records: InputError
     wanted = list(dict.fromkeys(args.range or ()))
     present = {n for rec in records for n in rec["ranges"]}
     missing = [n for n in wanted if n not in present]
@@ -305,7 +329,7 @@ def _summarize_metrics(args: argparse.Namespace, found: list[tuple[str, list[str
     )
     if args.json:
         return json.dumps(doc, indent=2) + "\n"
-    return metrics_summary.format_summary(doc)
+    return metrics_summary.format_summary(printable_data(doc))
 
 
 def _summarize(args: argparse.Namespace) -> str:
@@ -337,9 +361,10 @@ def _summarize(args: argparse.Namespace) -> str:
         if summary is not None:
             doc = {"reports": docs, "ranks": summary}
         return json.dumps(doc, indent=2) + "\n"
-    text = "\n".join(format_report(r, args.rows) for r in reports)
+    shown = printable_data(reports)  # names from the traces: escaped before columns are cut
+    text = "\n".join(format_report(r, args.rows) for r in shown)
     if summary is not None:
-        text += "\n" + format_rank_summary(summary, args.rows)
+        text += "\n" + format_rank_summary(printable_data(summary), args.rows)
     return text
 
 
@@ -360,6 +385,8 @@ def _diff(args: argparse.Namespace) -> str | tuple[str, int]:
         threshold = None if args.fail_over is None else gate.parse_threshold(args.fail_over)
     except gate.GateError as exc:
         raise _UsageError(str(exc)) from None
+    if args.junit:  # before any trace is read: a path that cannot take the file stops here
+        check_output(args.junit, "--junit")
     limit = args.max_mb * MB
     gating = threshold is not None
     before, after = _side(args.before, limit, gating), _side(args.after, limit, gating)
@@ -371,30 +398,18 @@ def _diff(args: argparse.Namespace) -> str | tuple[str, int]:
         raise _UsageError(_missing_range_message(missing, present, n))
     if threshold is None:
         d = diff.diff_sides(before, after, args.rows, names or None)
-        return json.dumps(d, indent=2) + "\n" if args.json else diff.format_diff(d)
+        return json.dumps(d, indent=2) + "\n" if args.json else diff.format_diff(printable_data(d))
     opts = gate.GateOptions(threshold, args.metric or "cpu", tuple(names), args.allow_mismatch)
     try:
         g = gate.gate(before, after, opts)
     except gate.GateError as exc:
         raise _UsageError(str(exc)) from None
-    text = gate.format_gate(g)
+    shown = printable_data(g)
+    text = gate.format_gate(shown)
     if args.junit:
-        _write_junit(args.junit, gate.junit_xml(g, text))
+        out = write_output_file(args.junit, gate.junit_xml(shown, text), "--junit")
+        args.stdout_taken = out.fd == 1
     return (json.dumps(g, indent=2) + "\n" if args.json else text), g["exit_status"]
-
-
-def _write_junit(path: str, data: bytes) -> None:
-    from exporters._files import write_atomic
-
-    def write(f: BinaryIO) -> None:
-        f.write(data)
-
-    try:
-        write_atomic(path, write)
-    except OSError as exc:
-        raise InputError(
-            path, f"cannot write the JUnit file ({exc.strerror or exc})", "expected a writable path"
-        ) from None
 
 
 def _summarize_parser(sub: Any) -> None:
@@ -449,7 +464,10 @@ larger side's spread is the noise (0 with one window per side: then only PCT app
 comparable: different devices or world sizes, or a range's operators saw different input
 shapes (checked where both sides recorded shapes); it fails the gate unless --allow-mismatch
 (then skipped). A range on one side only is skipped (not comparable if named with --range).
-Exit status: 0 no regression, 1 a regression or a range not comparable, 2 bad input or usage.
+Exit status: 0 no regression, 1 a regression or a range not comparable, 2 bad input or usage
+(1 means nothing else). --junit PATH: a file (replaced atomically), a link to one (its target
+replaced), or a device or named pipe written in place (/dev/stdout: the verdicts then print on
+standard error).
 """
 
 
@@ -506,8 +524,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Summarize and compare torch.profiler traces (Chrome/Kineto JSON, "
         ".json or .json.gz), from torch-profiled or from any torch.profiler user.",
-        epilog="Exit status: 0 ok, 1 a regression (diff --fail-over), 2 bad input or usage. "
-        "See 'torch-profiled COMMAND -h'.",
+        epilog="Exit status: 0 ok, 1 a regression (diff --fail-over) and nothing else, 2 bad "
+        "input, usage, or an error nobody foresaw. See 'torch-profiled COMMAND -h'.",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -518,20 +536,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_report_parser(sub)
     return parser
-
-
-def _silence_stdout() -> None:
-    """After a broken pipe: point stdout at /dev/null so the exit flush cannot fail again."""
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):
-        return
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, fd)
-        os.close(devnull)
-    except OSError:
-        pass
 
 
 def _joined(argv: Sequence[str]) -> list[str]:
@@ -547,6 +551,7 @@ def _joined(argv: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status (the console script exits with it)."""
+    status = EXIT_OK
     try:
         parser = build_parser()
         try:
@@ -557,7 +562,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
-        status = EXIT_OK
         try:
             text = args.func(args)
             if isinstance(text, tuple):
@@ -568,17 +572,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         except _UsageError as exc:
             _error(str(exc))
             return EXIT_USAGE
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        # names were escaped before the tables were made; this catches whatever else came
+        # from a file or the command line (paths, notes) and never lets a line be forged
+        text = printable(text, newlines=True)
+        if getattr(args, "stdout_taken", False):  # the output file was our stdout
+            _stderr(text)
+        else:
+            sys.stdout.write(encodable(text, sys.stdout))
+            sys.stdout.flush()
         return status
-    except BrokenPipeError:  # `torch-profiled summarize ... | head`
+    except BrokenPipeError:  # `torch-profiled summarize ... | head`: the reader left
         _silence_stdout()
-        return EXIT_FAILURE
+        return status  # the command's answer stands: a passed gate is not a regression
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # noqa: BLE001 - a bug or an input nobody foresaw: one line
+        # exit 2, never 1: 1 is the gate's "regression", and this is not one
         _error(
-            f"unexpected {type(exc).__name__}: {exc} (please report this with the command "
-            "and the trace)"
+            f"unexpected {type(exc).__name__}: {exc} (a bug: please report it with the "
+            "command and its input); expected no error here, nothing more was done"
         )
-        return EXIT_FAILURE
+        return EXIT_USAGE

@@ -34,6 +34,7 @@ from xml.sax.saxutils import escape, quoteattr
 from exporters._format import WIDTH, fit, format_time_us
 
 from .diff import Side, per_call, side_doc
+from .traces import printable
 
 __all__ = [
     "METRICS",
@@ -377,7 +378,11 @@ def _wrap(text: str, indent: str) -> list[str]:
 def junit_xml(g: dict[str, Any], text: str = "") -> bytes:
     """The verdicts as JUnit XML (Jenkins, GitLab, GitHub test reporters): one testsuite
     ``torch-profiled diff``, one testcase per gated range; a regression is a ``failure``, a
-    range not comparable an ``error`` (``skipped`` with ``allow_mismatch``)."""
+    range not comparable an ``error`` (``skipped`` with ``allow_mismatch``).
+
+    Valid XML 1.0 whatever the names hold: characters XML cannot carry at all (controls such
+    as ESC, lone surrogates) are written as their escapes (``\\x1b``, ``\\udcff``;
+    ``traces.printable``), as the text table shows them, and the rest is XML-escaped."""
     c = g["counts"]
     tests = len(g["verdicts"])
     attrs = (
@@ -399,25 +404,31 @@ def junit_xml(g: dict[str, Any], text: str = "") -> bytes:
     for key, value in props.items():
         out.append(f"      <property name={quoteattr(key)} value={quoteattr(value)}/>")
     for label in ("before", "after"):
-        out.append(f"      <property name={quoteattr(label)} value={quoteattr(g[label]['path'])}/>")
+        out.append(f"      <property name={quoteattr(label)} value={_attr(g[label]['path'])}/>")
     out.append("    </properties>")
     for v in g["verdicts"]:
         out.append(_testcase(v, g["metric"]))
-    out.append(f"    <system-out>{escape(text)}</system-out>")
+    out.append(f"    <system-out>{escape(printable(text, newlines=True))}</system-out>")
     out.append("    <system-err></system-err>")
     out.append("  </testsuite>")
     out.append("</testsuites>")
     return ("\n".join(out) + "\n").encode("utf-8")
 
 
+def _attr(text: str) -> str:
+    """An XML attribute value (quoted) for text from the traces."""
+    return quoteattr(printable(text))
+
+
 def _testcase(v: dict[str, Any], metric: str) -> str:
     classname = quoteattr(f"torch-profiled.diff.{metric}")
-    head = f'    <testcase name={quoteattr(v["name"])} classname={classname} time="0"'
-    reason = quoteattr(v["reason"])
+    head = f'    <testcase name={_attr(v["name"])} classname={classname} time="0"'
+    reason = _attr(v["reason"])
+    body_text = escape(printable(v["reason"]))
     if v["status"] == REGRESSION:
-        body = f'<failure message={reason} type="regression">{escape(v["reason"])}</failure>'
+        body = f'<failure message={reason} type="regression">{body_text}</failure>'
     elif v["status"] == NOT_COMPARABLE:
-        body = f'<error message={reason} type="not comparable">{escape(v["reason"])}</error>'
+        body = f'<error message={reason} type="not comparable">{body_text}</error>'
     elif v["status"] == SKIPPED:
         body = f"<skipped message={reason}/>"
     else:

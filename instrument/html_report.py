@@ -10,7 +10,12 @@ PATHs are what ``summarize`` reads (a trace file, or a directory of them; see
 device bars and verdict badges, a zoomable timeline of the trace's ranges, operators and
 kernels per thread and stream, the top operators and kernels. Traces of several ranks add
 ranks side by side (``traces.rank_summary``); exactly two PATHs add the diff (``traces.diff_sides``,
-as ``torch-profiled diff A B``). The file is written atomically. Bad input: one line on
+as ``torch-profiled diff A B``). The file is written atomically; ``-o`` may also name a
+character device or a named pipe (``/dev/stdout``, a FIFO), written in place and never
+replaced, or a symbolic link to a file (its target is replaced, the link kept); a directory,
+block device, socket or dangling link is refused before any trace is read
+(``traces.write_output_file``). Names the page cannot encode (lone surrogates, from file names
+that are not UTF-8) are written as their escapes (``\\udcff``). Bad input: one line on
 standard error and exit status 2, as for every command.
 
 Each trace is read once for its report and its timeline (``traces._reports_with``), and let
@@ -20,13 +25,11 @@ go before the next is read; the two inputs of a diff are read again by ``traces.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any, BinaryIO
+from typing import Any
 
-from exporters._files import write_atomic
 from exporters.html_page import PageWindow, build_page
 from exporters.html_timeline import DEFAULT_MAX_EVENTS, timeline_from_trace
 
@@ -34,12 +37,6 @@ from . import traces
 from .diff import diff_sides
 
 __all__ = ["add_report_parser", "main", "report_html", "run_report"]
-
-EXPECT_OUTPUT = "expected -o to name a file (report.html) in an existing directory"
-
-
-def _write(f: BinaryIO, data: bytes) -> None:
-    f.write(data)
 
 
 def report_html(
@@ -79,20 +76,10 @@ def report_html(
     )
 
 
-def _check_output(path: str) -> str:
-    """The output path, absolute; ``traces.InputError`` when no file can be written there."""
-    full = os.path.abspath(path)
-    if os.path.isdir(full):
-        raise traces.InputError(path, "is a directory", EXPECT_OUTPUT)
-    parent = os.path.dirname(full)
-    if not os.path.isdir(parent):
-        raise traces.InputError(path, f"directory {parent!r} does not exist", EXPECT_OUTPUT)
-    return full
-
-
 def run_report(args: argparse.Namespace) -> str:
-    """The ``report`` command (``args.func``): writes the page, returns the line to print."""
-    out = _check_output(args.output)
+    """The ``report`` command (``args.func``): writes the page, returns the line to print
+    (on standard error when the page went to standard output: ``args.stdout_taken``)."""
+    traces.check_output(args.output, "-o")  # before any trace is read
     page = report_html(
         args.paths,
         rows=args.rows,
@@ -100,13 +87,9 @@ def run_report(args: argparse.Namespace) -> str:
         max_events=args.max_events,
         title=args.title,
     )
-    data = page.encode("utf-8")
-    try:
-        write_atomic(out, lambda f: _write(f, data))
-    except OSError as exc:
-        raise traces.InputError(
-            args.output, f"cannot be written ({exc.strerror or exc})", EXPECT_OUTPUT
-        ) from None
+    data = page.encode("utf-8", "backslashreplace")  # a lone surrogate: its escape, no error
+    out = traces.write_output_file(args.output, data, "-o")
+    args.stdout_taken = out.fd == 1
     return f"wrote {args.output} ({len(data) / traces.MB:.1f} MB)\n"
 
 
@@ -156,16 +139,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # usage errors (2) and --help (0)
         return exc.code if isinstance(exc.code, int) else 0
     try:
-        text = run_report(args)
+        text = traces.printable(run_report(args), newlines=True)
+        if getattr(args, "stdout_taken", False):
+            traces._stderr(text)
+        else:
+            sys.stdout.write(traces.encodable(text, sys.stdout))
+            sys.stdout.flush()
     except traces.InputError as exc:
         traces._error(str(exc))
         return traces.EXIT_USAGE
+    except BrokenPipeError:  # the page went to a pipe whose reader left
+        traces._silence_stdout()
+        return traces.EXIT_OK
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # noqa: BLE001 - a bug or an input nobody foresaw: one line
-        traces._error(f"unexpected {type(exc).__name__}: {exc} (please report this)")
-        return traces.EXIT_FAILURE
-    sys.stdout.write(text)
+        traces._error(
+            f"unexpected {type(exc).__name__}: {exc} (a bug: please report it); expected no "
+            "error here, nothing more was done"
+        )
+        return traces.EXIT_USAGE  # never 1: that status means a regression
     return traces.EXIT_OK
 
 

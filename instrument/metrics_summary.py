@@ -14,7 +14,11 @@ p50 and p99 of each range (the ``rows`` with the largest total time over the ran
 the ranks of the step p50.
 
 Reading streams the lines (memory holds one record per process), so a file that grew over a
-long run costs its reading time, not its size in memory. Plain Python: no torch.
+long run costs its reading time, not its size in memory; a line is read with a bound (the
+commands' ``--max-mb``), and one past it is refused with its file and line number before it is
+parsed (a 131 MB line took 1.16 GB to parse). A line that is not UTF-8 is decoded with
+replacement characters; a record with ``NaN`` or ``Infinity`` (the json exporter never writes
+them) or a number too large to be finite is refused. Plain Python: no torch.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 from exporters._format import WIDTH, fit, format_time_us
 from exporters.json_lines import METRICS_SCHEMA, SCHEMA
 
-from .traces import InputError
+from .traces import DEFAULT_MAX_MB, MB, InputError
 
 __all__ = [
     "DEFAULT_MARGIN",
@@ -86,7 +90,7 @@ def is_records_file(path: str) -> bool:
         return False
     try:
         first = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the stack
         return False
     return isinstance(first, dict) and "schema" in first and "traceEvents" not in first
 
@@ -115,28 +119,69 @@ def _problem(rec: dict[str, Any]) -> str | None:
     stats = list(ranges.items()) + ([("steps", rec["steps"])] if rec.get("steps") else [])
     for name, s in stats:
         if not isinstance(s, dict) or not all(_is_number(s.get(k)) for k in _STAT_KEYS):
-            return f"range {name!r} without numbers {', '.join(_STAT_KEYS)}"
+            return f"range {name!r} without finite numbers {', '.join(_STAT_KEYS)}"
     if rec.get("steps") is not None and not isinstance(rec.get("steps"), dict):
         return '"steps" neither an object nor null'
     return None
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite number: an integer too large for a float is none either."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
-def _read_file(path: str, last: dict[tuple[str, int], dict[str, Any]]) -> dict[str, int]:
+class _NonFinite(ValueError):
+    """``NaN`` or ``Infinity`` in a line (Python's JSON extension)."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _NonFinite(name)
+
+
+def _lines(f: Any, path: str, max_bytes: int) -> Any:
+    """``(number, text)`` of each line of the binary file ``f``, none longer than
+    ``max_bytes``: a longer one is a ``RecordsError`` naming it, having read at most the bound."""
+    n = 0
+    while True:
+        raw = f.readline(max_bytes + 1)
+        if not raw:
+            return
+        n += 1
+        if len(raw) > max_bytes:
+            raise RecordsError(
+                path,
+                f"line {n} is longer than {max_bytes / MB:g} MB (--max-mb; not read further)",
+                "expected JSON lines of metrics records (a few KB each); to read it, raise "
+                f"the limit, e.g. --max-mb {2 * -(-max_bytes // MB)}",
+            )
+        yield n, raw.decode("utf-8", "replace")
+
+
+def _read_file(
+    path: str, last: dict[tuple[str, int], dict[str, Any]], max_bytes: int = DEFAULT_MAX_MB * MB
+) -> dict[str, int]:
     """Each process's newest metrics record of ``path`` into ``last``; returns the counts of
     what the file held (``metrics``, ``windows``, ``other`` schemas, ``bad`` lines)."""
     counts = {"metrics": 0, "windows": 0, "other": 0, "bad": 0}
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for n, text in enumerate(f, 1):
+        with open(path, "rb") as f:
+            for n, text in _lines(f, path, max_bytes):
                 if not text.strip():
                     continue
                 try:
-                    rec = json.loads(text)
-                except ValueError:
+                    rec = json.loads(text, parse_constant=_no_constant)
+                except _NonFinite as exc:
+                    raise RecordsError(
+                        path,
+                        f"line {n}: {exc.args[0]}, which is not a JSON number (the json "
+                        "exporter never writes it)",
+                    ) from None
+                except (ValueError, RecursionError):  # not JSON, or nested past the stack
                     counts["bad"] += 1
                     continue
                 schema = rec.get("schema") if isinstance(rec, dict) else None
@@ -171,16 +216,18 @@ def _none_found(path: str, counts: dict[str, int]) -> RecordsError:
     return RecordsError(path, f"no metrics records: found {found}")
 
 
-def load(paths: Sequence[tuple[str, list[str]]]) -> tuple[list[dict[str, Any]], list[str]]:
+def load(
+    paths: Sequence[tuple[str, list[str]]], max_bytes: int = DEFAULT_MAX_MB * MB
+) -> tuple[list[dict[str, Any]], list[str]]:
     """Every process's last metrics record from ``(path, files)`` pairs (a file: itself; a
     directory: its record files), and notes (lines skipped). A path whose files hold no
-    metrics record is a ``RecordsError``."""
+    metrics record, or a line longer than ``max_bytes``, is a ``RecordsError``."""
     last: dict[tuple[str, int], dict[str, Any]] = {}
     bad = 0
     for path, files in paths:
         total = {"metrics": 0, "windows": 0, "other": 0, "bad": 0}
         for f in files:
-            for k, v in _read_file(f, last).items():
+            for k, v in _read_file(f, last, max_bytes).items():
                 total[k] += v
         if not total["metrics"]:
             raise _none_found(path, total)

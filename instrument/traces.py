@@ -4,9 +4,10 @@ Finding traces in a path, reading one within a size bound (``load_checked``: a g
 at most the bound, see ``instrument.cli``), a ``WindowReport`` from a trace
 (``report_from_trace``), the reports of several paths (``_reports``), one side of a diff
 (``_side``), ranks side by side (``rank_summary``); the exit statuses, ``InputError`` (bad
-input, printed as one line) and the argument helpers every command uses. ``instrument.cli``
-(``summarize``, ``diff``) and ``instrument.html_report`` (``report``) build on it; it imports
-neither. Importing it is cheap: the analysis is imported when a trace is read.
+input, printed as one line), the argument helpers every command uses, names made safe to print
+(``printable``) and the commands' output files (``check_output``, ``write_output_file``).
+``instrument.cli`` (``summarize``, ``diff``) and ``instrument.html_report`` (``report``) build
+on it; it imports neither. Importing it is cheap: the analysis is imported when a trace is read.
 """
 
 from __future__ import annotations
@@ -15,13 +16,17 @@ import argparse
 import dataclasses
 import gzip
 import json
+import math
 import os
+import re
 import sys
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
+    from exporters._files import Output
+
     from .diff import Side
     from .report import WindowReport
 
@@ -53,6 +58,20 @@ _CHUNK = 4 * MB  # read/decompress step: the most read past the limit before sto
 _GZIP_SLACK = 64 * 1024
 METRICS = ("cpu", "device", "flops")  # diff --metric (instrument.gate.METRICS)
 RANGES_LISTED = 20  # names a "--range names no range" message lists before "... (N in all)"
+EXPECT_OUTPUT = (  # after "expected -o to name"
+    "a file in an existing directory (replaced atomically), a symbolic link to one, "
+    "a character device or a named pipe (written in place)"
+)
+
+# What a name read from a file must not print raw: C0 and C1 controls (a terminal's escape
+# sequences: ESC, CSI), line and paragraph separators, bidirectional overrides (text shown in
+# another order than it is), lone surrogates (not encodable: a file name's undecodable bytes)
+# and the non-characters XML 1.0 forbids.
+_UNPRINTABLE = "\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"
+_UNPRINTABLE += "\ud800-\udfff\ufffe\uffff"
+_UNPRINTABLE_NAME = re.compile(f"[\n{_UNPRINTABLE}]")
+_UNPRINTABLE_TEXT = re.compile(f"[{_UNPRINTABLE}]")  # text of several lines: newlines kept
+_NAMED_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
 
 
 class InputError(Exception):
@@ -67,6 +86,91 @@ class InputError(Exception):
 
 class _UsageError(Exception):
     """A well-formed command that cannot be answered (``--range`` names no range)."""
+
+
+# ---------------------------------------------------------------- printing what files hold
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    code = ord(char)
+    return _NAMED_ESCAPES.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def printable(text: str, newlines: bool = False) -> str:
+    """``text`` with every character that must not reach a terminal or an XML file raw shown
+    as its escape (``\\x1b``, ``\\n``, ``\\udcff``); ``newlines`` keeps line breaks (a whole
+    table). Names and paths come from files anybody can write: printed raw, an ESC sequence
+    would drive the reader's terminal, a newline would forge a line, a lone surrogate would
+    stop the output (``UnicodeEncodeError``)."""
+    return (_UNPRINTABLE_TEXT if newlines else _UNPRINTABLE_NAME).sub(_escape, text)
+
+
+def printable_data(obj: Any) -> Any:
+    """A copy of ``obj`` (reports, dicts, lists, dataclasses) with every string in it, keys
+    included, made ``printable``: what a text table is formatted from, so that names keep
+    their columns. JSON output needs none of it (``json.dumps`` escapes them)."""
+    if isinstance(obj, str):
+        return printable(obj)
+    if isinstance(obj, dict):
+        return {printable_data(k): printable_data(v) for k, v in obj.items()}
+    if type(obj) in (list, tuple):
+        return type(obj)(printable_data(v) for v in obj)
+    if isinstance(obj, Mapping):  # the reports' FrozenMap
+        items = {printable_data(k): printable_data(v) for k, v in obj.items()}
+        return type(obj)(items)  # type: ignore[call-arg]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        fields = dataclasses.fields(obj)
+        return dataclasses.replace(
+            obj, **{f.name: printable_data(getattr(obj, f.name)) for f in fields if f.init}
+        )
+    return obj
+
+
+# ---------------------------------------------------------------- the commands' output files
+
+
+def check_output(path: str, option: str) -> Output:
+    """How ``path`` (the value of ``option``) will be written (``exporters._files.output_target``),
+    or an ``InputError`` that says why it cannot be: checked before any trace is read."""
+    from exporters._files import UnwritableOutput, output_target
+
+    try:
+        return output_target(path)
+    except UnwritableOutput as exc:
+        raise InputError(path, exc.what, f"expected {option} to name {EXPECT_OUTPUT}") from None
+
+
+def write_output_file(path: str, data: bytes, option: str) -> Output:
+    """Write ``data`` to ``path``: a file replaced atomically, a device or FIFO written in place
+    (never replaced), a link's regular target (the link kept); an ``InputError`` when it cannot
+    be. A ``BrokenPipeError`` on this process's own standard output goes to the caller (the
+    reader left, as with ``| head``)."""
+    from exporters._files import UnwritableOutput, write_output
+
+    out = check_output(path, option)
+
+    def write(f: Any) -> None:
+        f.write(data)
+
+    def waiting(_out: Any) -> None:
+        _note(f"{path}: a named pipe nobody reads yet; waiting for a reader (Ctrl-C to stop)")
+
+    try:
+        return write_output(out, write, waiting=waiting)
+    except UnwritableOutput as exc:
+        raise InputError(path, exc.what, f"expected {option} to name {EXPECT_OUTPUT}") from None
+    except BrokenPipeError:
+        if out.fd == 1:
+            raise
+        raise InputError(
+            path,
+            f"its reader closed {out.kind} before the end (broken pipe); the output is incomplete",
+            f"expected the reader of {option} to read to the end",
+        ) from None
+    except OSError as exc:
+        what = f"cannot be written ({exc.strerror or exc}; {out.kind})"
+        raise InputError(path, what, f"expected {option} to name {EXPECT_OUTPUT}") from None
 
 
 # ---------------------------------------------------------------- finding and loading traces
@@ -198,7 +302,13 @@ def _parsed(path: str, max_bytes: int) -> Any:
     """The file's JSON document, every read or parse failure turned into an ``InputError``."""
     gz = path.endswith(".gz")
     try:
-        return json.loads(_read_text(path, max_bytes))
+        return json.loads(_read_text(path, max_bytes), parse_constant=_no_constant)
+    except _NonFinite as exc:
+        raise InputError(
+            path,
+            f"holds {exc.args[0]}, which is not a JSON number (torch never writes it)",
+            "expected a trace of finite numbers",
+        ) from None
     except gzip.BadGzipFile as exc:
         if _is_gzip(path):  # a gzip header, then damage (a CRC or length mismatch)
             raise InputError(
@@ -242,6 +352,14 @@ def _parsed(path: str, max_bytes: int) -> Any:
         ) from None
 
 
+class _NonFinite(ValueError):
+    """``NaN``, ``Infinity`` or ``-Infinity`` in a JSON document (Python's extension)."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _NonFinite(name)
+
+
 def _checked_shape(path: str, trace: Any) -> dict[str, Any]:
     """A trace object with a list of event objects, or an ``InputError`` saying what it is."""
     if isinstance(trace, list):  # Chrome's "JSON array format": the events alone
@@ -267,15 +385,20 @@ def _checked_shape(path: str, trace: Any) -> dict[str, Any]:
 
 
 def _number(value: Any) -> float | None:
+    """A finite number, else None (a huge integer or ``1e999`` is no time)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _int(value: Any, default: int) -> int:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # "x", NaN, inf
         return default
 
 
@@ -553,14 +676,52 @@ def _max_mb_option(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_MB,
         metavar="MB",
         help=f"refuse a trace with more than MB megabytes (2^20 bytes) of JSON, for .json.gz "
-        f"once decompressed, checked while reading (default {DEFAULT_MAX_MB}: real windows "
-        f"write up to ~200 MB, and a trace takes ~5x its size in memory to analyze)",
+        f"once decompressed, checked while reading, and a metrics record (a JSON line) longer "
+        f"than that (default {DEFAULT_MAX_MB}: real windows write up to ~200 MB, and a trace "
+        f"takes ~5x its size in memory to analyze)",
     )
 
 
 def _error(message: str) -> None:
+    """``torch-profiled: error: MESSAGE``, one line whatever the message holds (``printable``)."""
+    _stderr(f"{PROG}: error: {printable(message)}\n")
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null so the exit flush cannot fail again."""
     try:
-        sys.stderr.write(f"{PROG}: error: {message}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except OSError:
         pass
+
+
+def _note(message: str) -> None:
+    """``torch-profiled: MESSAGE`` on standard error (what the command is doing)."""
+    _stderr(f"{PROG}: {printable(message)}\n")
+
+
+def _stderr(text: str) -> None:
+    try:
+        sys.stderr.write(encodable(text, sys.stderr))
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):
+        pass
+
+
+def encodable(text: str, stream: Any) -> str:
+    """``text`` as ``stream``'s encoding can write it (``backslashreplace`` for the rest): a
+    name in Chinese printed to an ASCII or Latin-1 terminal is escaped, not an error."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    try:
+        text.encode(encoding)
+    except UnicodeEncodeError:
+        return text.encode(encoding, "backslashreplace").decode(encoding, "replace")
+    except LookupError:
+        pass
+    return text

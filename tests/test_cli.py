@@ -511,11 +511,12 @@ def test_broken_pipe_prints_no_traceback(traces):
     proc.stdout.close()  # the reader is gone before the first write (`| head` that quit)
     err = proc.stderr.read().decode()
     proc.stderr.close()
-    assert proc.wait(timeout=120) == 1
+    # the command's own status: exit 1 means a regression, and a reader that left is none
+    assert proc.wait(timeout=120) == 0
     assert err == ""
 
 
-def test_broken_pipe_in_process(traces, monkeypatch):
+def test_broken_pipe_in_process(traces, monkeypatch, tmp_path):
     class Closed:
         def write(self, text):
             raise BrokenPipeError(32, "Broken pipe")
@@ -524,7 +525,11 @@ def test_broken_pipe_in_process(traces, monkeypatch):
             pass
 
     monkeypatch.setattr(sys, "stdout", Closed())
-    assert cli.main(["summarize", traces["plain"]]) == 1
+    assert cli.main(["summarize", traces["plain"]]) == 0
+    slower = _write(tmp_path / "slower.json", _scaled(traces["trace"], 3.0))
+    # the gate keeps its answer: passed (0) or a regression (1), whoever reads the table
+    assert cli.main(["diff", traces["plain"], traces["plain"], "--fail-over", "10%"]) == 0
+    assert cli.main(["diff", traces["plain"], slower, "--fail-over", "10%"]) == 1
 
 
 def test_console_script_and_cheap_import():

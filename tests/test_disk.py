@@ -472,3 +472,44 @@ def test_trace_dir_that_names_a_file_says_so(run_python, tmp_path, under):
     assert blocker.read_text() == "my notes"
     records = window_records((tmp_path / "reports.jsonl").read_text())
     assert [r["window"] for r in records] == [0, 1, 2]  # the rest goes on
+
+
+def test_write_atomic_never_replaces_a_device_a_fifo_or_a_directory(tmp_path):
+    """The one atomic-write helper (trace files, HTML pages, the commands' outputs) renames
+    over what is at the name only when it is a regular file or a link (the link itself, never
+    what it points to); a FIFO, a device node (root: a copy of /dev/null), a directory or a
+    socket is left as it is, with ``NotAFileError`` and no temporary file left behind."""
+    import socket
+    import stat
+
+    from exporters._files import TEMP_NAME, NotAFileError, write_atomic
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "dir").mkdir()
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "sock"))
+    sock.close()
+    nodes = ["fifo", "dir", "sock"]
+    try:
+        os.mknod(tmp_path / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        nodes.append("null")
+    except PermissionError:
+        pass
+    for name in nodes:
+        path = tmp_path / name
+        before = os.lstat(path)
+        with pytest.raises(NotAFileError) as caught:
+            write_atomic(str(path), lambda f: f.write(b"data"))
+        assert "left as it is" in str(caught.value), name
+        after = os.lstat(path)
+        assert (after.st_ino, after.st_mode, after.st_rdev) == (
+            before.st_ino,
+            before.st_mode,
+            before.st_rdev,
+        ), name
+    (tmp_path / "victim").write_text("precious\n")
+    os.symlink(tmp_path / "victim", tmp_path / "link")
+    write_atomic(str(tmp_path / "link"), lambda f: f.write(b"new"))  # the link is replaced
+    assert (tmp_path / "link").read_bytes() == b"new" and not (tmp_path / "link").is_symlink()
+    assert (tmp_path / "victim").read_text() == "precious\n"
+    assert [n for n in os.listdir(tmp_path) if TEMP_NAME.fullmatch(n)] == []
