@@ -133,7 +133,7 @@ class HtmlExporter(Exporter):
             directory = os.path.abspath(self.dir)
             path = os.path.join(directory, f"{_worker(report)}.{time.time_ns()}.html")
         page = build_page([window], title=f"torch-profiled | window {report.window}")
-        data = page.encode("utf-8")
+        data = page.encode("utf-8", "backslashreplace")  # a lone surrogate in a name
         with self._lock:
             self.last_file = None
             try:

@@ -11,7 +11,9 @@ by its own handler) as the block returns.
 - Only the main thread changes anything: elsewhere no handler can run, and ``signal.signal``
   may only be called there.
 - Handlers set to ``SIG_DFL``/``SIG_IGN`` or by C code are untouched (they raise nothing in
-  Python).
+  Python), also where C code (``faulthandler.register``) put its handler over a Python one:
+  ``signal.getsignal`` still reports the Python one there, ``triggers.held_by_c_code`` asks the
+  operating system.
 - If putting a handler back is itself cut short by a signal the program's restored handler
   raised, the stand-in left in place passes every signal straight to the handler it replaced,
   and the next block puts it back.
@@ -57,10 +59,14 @@ _stand_ins: dict[int, _StandIn] = {}  # signum -> the stand-in installed there
 
 
 def _install() -> None:
+    from .triggers import held_by_c_code  # loaded by then: the package imports it
+
     for signum in _SIGNALS:
         handler = signal.getsignal(signum)
         if isinstance(handler, _StandIn) or not callable(handler):
             continue
+        if held_by_c_code(signum):  # faulthandler.register over a Python handler: replacing
+            continue  # it would drop the C handler for good (getsignal cannot see it)
         stand_in = _StandIn(handler)
         _stand_ins[signum] = stand_in  # listed first: always put back, even if cut short here
         signal.signal(signum, stand_in)

@@ -302,7 +302,7 @@ def _parsed(path: str, max_bytes: int) -> Any:
     """The file's JSON document, every read or parse failure turned into an ``InputError``."""
     gz = path.endswith(".gz")
     try:
-        return json.loads(_read_text(path, max_bytes), parse_constant=_no_constant)
+        return _loads(_read_text(path, max_bytes), path)
     except _NonFinite as exc:
         raise InputError(
             path,
@@ -350,6 +350,21 @@ def _parsed(path: str, max_bytes: int) -> Any:
         raise InputError(
             path, f"unreadable JSON ({type(exc).__name__}: {exc})", EXPECT_TRACE
         ) from None
+
+
+def _loads(text: str, path: str) -> Any:
+    """The document; where it is not valid JSON, what the lenient reader makes of it (torch
+    writes names unescaped: a ``"`` in a range name breaks the JSON of a whole trace), else the
+    first error."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        from .tracefile import loads_trace
+
+        try:
+            return loads_trace(text, path)
+        except (ValueError, RecursionError):
+            raise exc from None
 
 
 class _NonFinite(ValueError):

@@ -179,3 +179,29 @@ def test_what_is_not_a_trace_still_fails_with_jsons_own_error():
     for text in ("{not json", "", '{"traceEvents": [1, 2', "[[[[" * 10000):
         with pytest.raises(ValueError):
             loads_trace(text)
+
+
+PLAIN_PROFILER = r"""
+import sys, torch
+from torch.profiler import profile, record_function
+with profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    for name in ('say "hi"', 'x", "y', "q}q"):
+        with record_function(name):
+            torch.ones(8, 8).sum()
+prof.export_chrome_trace(sys.argv[1])
+"""
+
+
+def test_the_cli_reads_a_plain_profilers_trace_with_quotes_in_names(tmp_path):
+    """``torch-profiled summarize`` of a trace the user's own torch.profiler wrote: torch
+    leaves ``"`` in names unescaped (invalid JSON); the CLI reads it as the SDK's windows do."""
+    trace = tmp_path / "plain.pt.trace.json"
+    made = _proc.run("-c", PLAIN_PROFILER, str(trace), cwd=tmp_path)
+    assert made.returncode == 0, made.stderr[-2000:]
+    with pytest.raises(ValueError):
+        json.loads(trace.read_text())  # what torch wrote is not JSON: the case under test
+    out = _proc.run("-m", "instrument", "summarize", str(trace), "--json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = out.stdout
+    for name in ('say \\"hi\\"', 'x\\", \\"y', "q}q"):
+        assert name in text, (name, text[:2000])
