@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -494,14 +495,30 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
 
 
-def child_of_profiled(environ: Mapping[str, str] | None = None) -> bool:
-    """This process was started by a profiled one (``PROFILED_PARENT_PID`` names another
-    process) and ``PROFILED_CHILDREN`` does not ask it to profile itself."""
+def child_of_profiled(
+    environ: Mapping[str, str] | None = None, *, workers: bool = True
+) -> bool:
+    """This process was started by a profiled one and ``PROFILED_CHILDREN`` does not ask it
+    to profile itself: ``PROFILED_PARENT_PID`` names another process, or (``workers``) this
+    is a DataLoader worker, which a loader may start before the parent's first decorated call,
+    so before the parent could set ``PROFILED_PARENT_PID`` (the usual order:
+    ``for batch in loader:`` comes first)."""
     env = os.environ if environ is None else environ
     parent = env.get(PARENT_PID.env)
-    if not parent or parent == _PID:
+    if (not parent or parent == _PID) and not (workers and dataloader_worker()):
         return False
     return not CHILDREN.read(env, strict=False)
+
+
+def dataloader_worker() -> bool:
+    """This process is a torch DataLoader worker, whatever its start method (fork, spawn,
+    forkserver): torch sets the worker's info before the worker's first fetch, so every
+    ``__getitem__`` a worker runs sees it. Looked up in ``sys.modules``, never imported: a
+    worker has imported ``torch.utils.data`` already, and a process that has not is no worker
+    (importing it here would put torch into every decorator's first use)."""
+    data = sys.modules.get("torch.utils.data")
+    info = getattr(data, "get_worker_info", None)
+    return info is not None and info() is not None
 
 
 def mark_profiled_process() -> None:
@@ -516,9 +533,13 @@ _ENABLED = _BY_NAME["enabled"]
 
 def enabled_from_env(environ: Mapping[str, str] | None = None) -> bool:
     """``PROFILED_ENABLED`` alone (and ``child_of_profiled``), read cheaply when a decorator is
-    applied."""
+    applied. A DataLoader worker is not asked about here: at decoration time (its imports) a
+    worker has not started fetching, so torch does not say yet that it is one (its ambient
+    session, built at its first decorated call, is off: ``Config.from_env``); and
+    ``torch.compile`` refuses to trace ``get_worker_info`` (a ``with profiled(...)`` in
+    compiled code builds its object here)."""
     env = os.environ if environ is None else environ
-    if child_of_profiled(env):
+    if child_of_profiled(env, workers=False):
         return False
     if _ENABLED.env not in env:
         return True
