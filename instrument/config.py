@@ -495,9 +495,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
 
 
-def child_of_profiled(
-    environ: Mapping[str, str] | None = None, *, workers: bool = True
-) -> bool:
+def child_of_profiled(environ: Mapping[str, str] | None = None, *, workers: bool = True) -> bool:
     """This process was started by a profiled one and ``PROFILED_CHILDREN`` does not ask it
     to profile itself: ``PROFILED_PARENT_PID`` names another process, or (``workers``) this
     is a DataLoader worker, which a loader may start before the parent's first decorated call,
