@@ -16,15 +16,18 @@ Values in code raise ``TypeError``/``ValueError`` at once.
 
 from __future__ import annotations
 
+import difflib
 import math
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ._warn import warn
 
 __all__ = [
+    "DEFAULT",
+    "PREFIX",
     "QUOTE_CHARS",
     "STRICT",
     "ConfigWarning",
@@ -37,7 +40,9 @@ __all__ = [
     "quote",
     "reason",
     "refuse",
+    "refuse_unknown_names",
     "reset_warnings",
+    "spell",
 ]
 
 QUOTE_CHARS = 60
@@ -65,6 +70,15 @@ Parse = Callable[[str], Any]
 Check = Callable[[str, Any], Any]
 
 
+class _Default:
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT: Any = _Default()
+"""``Setting.fallback``'s mark for "the default" (a bad value gets the default)."""
+
+
 @dataclass(frozen=True)
 class Setting:
     """One setting, declared once: everything else (the ``Config`` field's default and check,
@@ -86,24 +100,27 @@ class Setting:
     """One line for the README's table: what the variable does and the values it takes."""
     shown: str | None = None
     """The default as messages and the README spell it, where ``default_text`` would not."""
+    fallback: Any = DEFAULT
+    """What a bad environment value gives: the default (``DEFAULT``), or this value, for a
+    switch whose default is on: ``PROFILED_ENABLED=flase`` was meant to turn profiling off,
+    and a switch that cannot be read fails closed."""
+    fallback_note: str = ""
+    """Why the fallback is not the default, said after it in the warning."""
 
     @property
     def default_text(self) -> str:
         """The default spelled as the variable's value (``1``, ``console,trace``, ``unset``)."""
         if self.shown is not None:
             return self.shown
-        value = self.default
-        if isinstance(value, bool):
-            return "1" if value else "0"
-        if value is None:
-            return "unset"
-        if hasattr(value, "to_env"):  # Schedule, RankSet
-            return str(value.to_env())
-        if isinstance(value, float) and value.is_integer():
-            return str(int(value))
-        if isinstance(value, tuple):
-            return ",".join(map(str, value)) or "none"
-        return str(value)
+        return spell(self.default)
+
+    @property
+    def fallback_text(self) -> str:
+        """What a bad environment value gives, as a warning says it."""
+        if self.fallback is DEFAULT:
+            return f"the default {self.env}={self.default_text}"
+        note = f" ({self.fallback_note})" if self.fallback_note else ""
+        return f"{self.env}={spell(self.fallback)}{note}"
 
     def value(self, text: str) -> Any:
         """An environment value: parsed, then checked like a value given in code."""
@@ -112,8 +129,9 @@ class Setting:
         return self.check(self.name, self.parse(text))
 
     def read(self, env: Mapping[str, str], strict: bool) -> Any:
-        """The variable's value in ``env``; unset: the default; bad: the default, after one
-        warning per (variable, value) (``strict``: ``ValueError``)."""
+        """The variable's value in ``env``; unset: the default; bad: the fallback (the default
+        unless declared), after one warning per (variable, value) (``strict``:
+        ``ValueError``)."""
         raw = env.get(self.env)
         if raw is None:
             return self.default
@@ -121,14 +139,26 @@ class Setting:
             return self.value(raw)
         except (TypeError, ValueError, OverflowError) as exc:
             why = f"expected {exc.expected}" if isinstance(exc, Refused) else reason(exc)
-            refuse(
-                self.env,
-                raw,
-                f"{self.env}={quote(raw)} is invalid ({why})",
-                f"the default {self.env}={self.default_text}",
-                strict,
-            )
-            return self.default
+        # outside the handler: PROFILED_STRICT's error is the one to read, not a chained parse
+        refuse(
+            self.env, raw, f"{self.env}={quote(raw)} is invalid ({why})", self.fallback_text, strict
+        )
+        return self.default if self.fallback is DEFAULT else self.fallback
+
+
+def spell(value: Any) -> str:
+    """A value spelled as a variable's value (``1``, ``console,trace``, ``unset``)."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if value is None:
+        return "unset"
+    if hasattr(value, "to_env"):  # Schedule, RankSet
+        return str(value.to_env())
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, tuple):
+        return ",".join(map(str, value)) or "none"
+    return str(value)
 
 
 # ---------------------------------------------------------------- reporting a bad value
@@ -161,16 +191,44 @@ def reason(exc: BaseException) -> str:
 def refuse(var: str, raw: str, problem: str, fallback: str, strict: bool) -> None:
     """Report a bad environment value: ``problem``, then what is used instead (``fallback``).
     Warns once per ``(var, raw)``; ``strict`` (``PROFILED_STRICT=1``): raises ``ValueError``."""
+    _report(var, raw, problem, f"using {fallback}", f"{fallback} would be used", strict)
+
+
+def _report(var: str, raw: str, problem: str, now: str, instead: str, strict: bool) -> None:
+    """``problem``; then what happens now (``now``), or with ``strict`` a ``ValueError`` that
+    says what would have happened without it (``instead``). Once per ``(var, raw)``."""
     if strict:
-        raise ValueError(
-            f"{problem}; PROFILED_STRICT=1 makes this an error (without it "
-            f"{fallback} would be used)"
-        )
+        raise ValueError(f"{problem}; PROFILED_STRICT=1 makes this an error (without it {instead})")
     with _warned_lock:
         first = (var, raw) not in _warned
         _warned.add((var, raw))
     if first:
-        warn(f"{problem}; using {fallback}", ConfigWarning)
+        warn(f"{problem}; {now}", ConfigWarning)
+
+
+PREFIX = "PROFILED_"
+"""Every setting's variable starts with this; any other name that does is a mistake."""
+
+_SUGGEST_CHARS = 100  # names longer than this get no suggestion (difflib's cost grows with it)
+
+
+def refuse_unknown_names(env: Mapping[str, str], known: Collection[str], strict: bool) -> None:
+    """Every variable in ``env`` named like a setting (``PROFILED_...`` in any case) that is
+    none of ``known``: a misspelt name (``PROFILED_ENABLED`` without its ``D``, ``EXPORTER``
+    for ``PROFILED_EXPORTERS``) would otherwise change nothing, silently. Warns once per
+    (name, value), naming the closest setting; ``strict`` (``PROFILED_STRICT=1``): raises
+    ``ValueError``."""
+    for var in sorted(v for v in env if v.upper().startswith(PREFIX) and v not in known):
+        raw = env[var]
+        close = []
+        if len(var) <= _SUGGEST_CHARS:  # likeness of what follows the prefix all share
+            tails = {name[len(PREFIX) :]: name for name in known if name.startswith(PREFIX)}
+            tail = var[len(PREFIX) :].upper()
+            close = [tails[t] for t in difflib.get_close_matches(tail, tails, n=1)]
+        hint = f"did you mean {close[0]}?" if close else "no setting has a name like it"
+        name = var if len(var) <= QUOTE_CHARS and var.isprintable() else quote(var)
+        problem = f"{name}={quote(raw)} is not a torch-profiled setting ({hint})"
+        _report(var, raw, problem, "it is ignored", "the variable would be ignored", strict)
 
 
 # ---------------------------------------------------------------- kinds: parse and check

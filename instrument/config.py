@@ -34,6 +34,7 @@ from exporters._settings import (
     integer,
     number,
     refuse,
+    refuse_unknown_names,
     reset_warnings,
 )
 
@@ -102,8 +103,11 @@ SETTINGS: tuple[Setting, ...] = (
         "PROFILED_ENABLED",
         True,
         **boolean(),
+        fallback=False,
+        fallback_note="profiling off: a switch that cannot be read fails closed",
         doc="`0`: `@profiled` returns the function itself (read when the decorator is "
-        "applied), context forms do nothing, no profiler starts",
+        "applied), context forms do nothing, no profiler starts; a value that is not one of "
+        "the boolean spellings turns profiling off too, with one warning",
     ),
     Setting(
         "exporters",
@@ -355,6 +359,8 @@ SETTINGS: tuple[Setting, ...] = (
 
 ENV_VARS: tuple[str, ...] = tuple(s.env for s in SETTINGS)
 
+_KNOWN_VARS = frozenset(ENV_VARS)  # every other PROFILED_* name is a mistake (warned about)
+
 _BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 
 
@@ -438,6 +444,7 @@ class Config:
         """Read every ``PROFILED_*`` variable; bad values warn once and use the default."""
         env = os.environ if environ is None else environ
         strict = STRICT.read(env, strict=False)
+        check_names(env, strict)
         values = {name: _BY_NAME[name].read(env, strict) for name in FIELDS if name != "strict"}
         values["strict"] = strict
         window = _window_if_every_too_short(values["every"], values["schedule"])
@@ -476,8 +483,24 @@ def _reject_unknown(fields: Mapping[str, Any]) -> None:
             )
 
 
+def check_names(environ: Mapping[str, str] | None = None, strict: bool | None = None) -> None:
+    """Every ``PROFILED_*`` name in the environment that is no setting (``SETTINGS``, the one
+    list of names: the SDK's, the exporters' and the one it sets itself): one warning each,
+    naming the closest setting (``PROFILED_ENABLED`` spelt without its ``D`` would otherwise
+    leave profiling on, silently); ``PROFILED_STRICT=1`` raises ``ValueError``."""
+    env = os.environ if environ is None else environ
+    if strict is None:
+        strict = STRICT.read(env, strict=False)
+    refuse_unknown_names(env, _KNOWN_VARS, strict)
+
+
+_names_checked = False  # enabled_from_env checks os.environ's names once per process
+
+
 def _reset_warnings() -> None:
     """Forget which bad values were warned about (``instrument.testing.reset()``)."""
+    global _names_checked
+    _names_checked = False
     reset_warnings()
 
 
@@ -536,7 +559,11 @@ def enabled_from_env(environ: Mapping[str, str] | None = None) -> bool:
     session, built at its first decorated call, is off: ``Config.from_env``); and
     ``torch.compile`` refuses to trace ``get_worker_info`` (a ``with profiled(...)`` in
     compiled code builds its object here)."""
+    global _names_checked
     env = os.environ if environ is None else environ
+    if not _names_checked or environ is not None:  # the first decorator says it, at import
+        check_names(env)
+        _names_checked = environ is None
     if child_of_profiled(env, workers=False):
         return False
     if _ENABLED.env not in env:
