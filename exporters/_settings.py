@@ -27,6 +27,7 @@ from ._warn import warn
 
 __all__ = [
     "DEFAULT",
+    "INT64_MAX",
     "PREFIX",
     "QUOTE_CHARS",
     "STRICT",
@@ -276,12 +277,22 @@ def boolean(*, auto: bool = False) -> dict[str, Any]:
     return {"parse": parse, "check": check}
 
 
+INT64_MAX = 2**63 - 1
+"""The largest count or seed a setting takes: what a 64-bit integer holds (OTLP attributes,
+JSON readers, Prometheus), so that no count can overflow a reader; and the environment's
+``99999999999999999999`` is refused like ``1e300``, not kept as a 67-bit number."""
+
+
 def integer(
     minimum: int | None = None, *, optional: bool = False, note: str = ""
 ) -> dict[str, Any]:
-    """Integers ``>= minimum`` (any integer when None); ``optional``: None too (in the
-    environment an empty value, ``none`` or ``unset``). ``note`` explains the bound."""
-    expected = "an integer" + (f" >= {minimum}" if minimum is not None else "")
+    """Integers ``>= minimum`` and ``<= INT64_MAX`` (when ``minimum`` is None: any 64-bit
+    signed integer); ``optional``: None too (in the environment an empty value, ``none`` or
+    ``unset``). ``note`` explains the bound."""
+    low = -INT64_MAX - 1 if minimum is None else minimum
+    expected = (
+        "a 64-bit integer" if minimum is None else f"an integer >= {minimum} and <= {INT64_MAX}"
+    )
     expected += f" ({note})" if note else ""
 
     def parse(text: str) -> int | None:
@@ -301,7 +312,7 @@ def integer(
                 f"{name} must be an int{' or None' if optional else ''}, got "
                 f"{type(value).__name__} {value!r}"
             )
-        if minimum is not None and value < minimum:
+        if not low <= value <= INT64_MAX:
             raise Refused(name, expected, value)
         return value
 

@@ -52,6 +52,7 @@ __all__ = [
     "MAX_MIN_INTERVAL_S",
     "MAX_SLOW_STEP",
     "MAX_TRACE_MAX_MB",
+    "MIN_METRICS_INTERVAL_S",
     "QUOTE_CHARS",
     "SETTINGS",
     "Config",
@@ -67,6 +68,12 @@ MAX_MIN_INTERVAL_S = 7 * 86400.0
 
 MAX_METRICS_INTERVAL_S = 86400.0
 """The longest ``PROFILED_METRICS_INTERVAL_S``: one day."""
+
+MIN_METRICS_INTERVAL_S = 0.1
+"""The shortest ``PROFILED_METRICS_INTERVAL_S``: a tenth of a second. Each interval wakes a
+thread that takes the program's GIL to snapshot every range's histogram and queues a record
+for every metrics exporter (a JSON line, an OTel export, a new Prometheus page); at ``1e-9``
+that thread never slept, and the program ran beside a busy loop of exports."""
 
 MAX_SLOW_STEP = 1000.0
 """The largest ``PROFILED_SLOW_STEP`` factor."""
@@ -330,8 +337,13 @@ SETTINGS: tuple[Setting, ...] = (
         "metrics_interval_s",
         "PROFILED_METRICS_INTERVAL_S",
         60.0,
-        **number(0.0, MAX_METRICS_INTERVAL_S, low_open=True, note="seconds, at most one day"),
-        doc="how often the metrics are exported (and once more at exit)",
+        **number(
+            MIN_METRICS_INTERVAL_S,
+            MAX_METRICS_INTERVAL_S,
+            note="seconds; more often, the export thread would hardly sleep",
+        ),
+        doc="how often the metrics are exported (and once more at exit), in seconds: at least "
+        "0.1 (each export takes the program's GIL), at most 86400",
     ),
     Setting(
         "metrics_device_every",
