@@ -17,7 +17,10 @@ Values in code raise ``TypeError``/``ValueError`` at once.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import math
+import re
+import socket
 import threading
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -34,10 +37,12 @@ __all__ = [
     "ConfigWarning",
     "Refused",
     "Setting",
+    "addr_family",
     "boolean",
     "integer",
     "number",
     "one_of",
+    "parse_addr",
     "quote",
     "reason",
     "refuse",
@@ -377,11 +382,46 @@ exporter's too) needs it, and reads it tolerantly (a bad value of it is never st
 DEFAULT_PROMETHEUS_ADDR = "127.0.0.1:9464"
 
 
+_EXPECTED_ADDR = (
+    f"expected host:port (port 0-65535), like {DEFAULT_PROMETHEUS_ADDR}, localhost:9464, "
+    "[::1]:9464 (an IPv6 address in brackets), 0.0.0.0:9464 or [::]:9464 (every interface)"
+)
+_HOST_NAME = re.compile(
+    r"[A-Za-z0-9]([A-Za-z0-9_-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9_-]*[A-Za-z0-9])?)*\.?"
+)
+
+
 def parse_addr(text: str) -> tuple[str, int]:
-    """``host:port`` (``[::1]:9464`` for IPv6) -> (host, port); ``ValueError`` says why not.
-    Here, not in ``exporters.prometheus``: checking a setting must not import a web server."""
+    """``host:port`` -> ``(host, port)``, the pair a socket binds: ``127.0.0.1:9464`` ->
+    ``("127.0.0.1", 9464)``, ``localhost:9464`` -> ``("localhost", 9464)``, ``[::1]:0`` ->
+    ``("::1", 0)`` (an IPv6 address comes in brackets and leaves without them: a host with a
+    ``:`` is an IPv6 address, bound with ``AF_INET6``, see ``addr_family``), ``[::]:9464`` ->
+    ``("::", 9464)``. ``ValueError`` says what was expected: no host (``:9464`` would be every
+    interface, which must be asked for by name: ``0.0.0.0`` or ``[::]``), an IPv6 address
+    without brackets (``::1:9464``: where does the port start?), brackets around anything but
+    an IPv6 address, a host that is no name or address, a port that is not 0-65535 in ASCII
+    digits. Here, not in ``exporters.prometheus``: checking a setting must not import a web
+    server."""
     host, sep, port = text.strip().rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"expected host:port (port 0-65535), like {DEFAULT_PROMETHEUS_ADDR}")
+    if not sep or not port.isascii() or not port.isdigit() or int(port) > 65535:
+        raise ValueError(_EXPECTED_ADDR)
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{_EXPECTED_ADDR}; [{host}] is no IPv6 address") from None
+    elif ":" in host:
+        raise ValueError(f"{_EXPECTED_ADDR}; an IPv6 address goes in brackets")
+    elif not host:
+        raise ValueError(f"{_EXPECTED_ADDR}; the host is missing")
+    elif not (host.isascii() and _HOST_NAME.fullmatch(host)):
+        raise ValueError(f"{_EXPECTED_ADDR}; the host is no name or address")
     return host, int(port)
+
+
+def addr_family(host: str) -> socket.AddressFamily:
+    """The family to bind ``host`` (from ``parse_addr``) with: ``AF_INET6`` for an IPv6
+    address (it holds a ``:``), else ``AF_INET`` (a name binds the IPv4 address it resolves
+    to, as a plain ``socketserver`` does)."""
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
