@@ -456,7 +456,7 @@ class Config:
         """Read every ``PROFILED_*`` variable; bad values warn once and use the default."""
         env = os.environ if environ is None else environ
         strict = STRICT.read(env, strict=False)
-        check_names(env, strict)
+        check_names(environ, strict)
         values = {name: _BY_NAME[name].read(env, strict) for name in FIELDS if name != "strict"}
         values["strict"] = strict
         window = _window_if_every_too_short(values["every"], values["schedule"])
@@ -499,11 +499,23 @@ def check_names(environ: Mapping[str, str] | None = None, strict: bool | None = 
     """Every ``PROFILED_*`` name in the environment that is no setting (``SETTINGS``, the one
     list of names: the SDK's, the exporters' and the one it sets itself): one warning each,
     naming the closest setting (``PROFILED_ENABLED`` spelt without its ``D`` would otherwise
-    leave profiling on, silently); ``PROFILED_STRICT=1`` raises ``ValueError``."""
+    leave profiling on, silently); ``PROFILED_STRICT=1`` raises ``ValueError``. A process
+    that ``multiprocessing`` started (DataLoader workers, pools) says nothing about its own
+    environment: it is its parent's, which has said it (eight workers, eight copies)."""
+    if environ is None and _multiprocessing_child():
+        return
     env = os.environ if environ is None else environ
     if strict is None:
         strict = STRICT.read(env, strict=False)
     refuse_unknown_names(env, _KNOWN_VARS, strict)
+
+
+def _multiprocessing_child() -> bool:
+    """Started by ``multiprocessing`` (any start method): asked of ``sys.modules``, never
+    imported (a process that has not imported it is none)."""
+    process = sys.modules.get("multiprocessing.process")
+    parent = getattr(process, "parent_process", None)
+    return parent is not None and parent() is not None
 
 
 _names_checked = False  # enabled_from_env checks os.environ's names once per process
@@ -574,7 +586,7 @@ def enabled_from_env(environ: Mapping[str, str] | None = None) -> bool:
     global _names_checked
     env = os.environ if environ is None else environ
     if not _names_checked or environ is not None:  # the first decorator says it, at import
-        check_names(env)
+        check_names(environ)
         _names_checked = environ is None
     if child_of_profiled(env, workers=False):
         return False

@@ -182,10 +182,12 @@ def test_a_dataloader_worker_is_a_child_unless_children_are_asked_for(
     run_python, tmp_path, children
 ):
     """The decision itself, in a real spawned worker started before any decorated call: a
-    child (profiling off there) by default; ``PROFILED_CHILDREN=1`` lets it profile itself."""
+    child (profiling off there) by default; ``PROFILED_CHILDREN=1`` lets it profile itself.
+    A misspelt name is warned about by the parent alone (the worker's environment is its)."""
     script = tmp_path / "decisions.py"
     script.write_text(DECISION_PROGRAM)
     env = {"PROFILED_CHILDREN": children} if children else {}
+    env["PROFILED_EXPORTR"] = "json"  # misspelt: said once, by the parent, not by each worker
     result = run_python(
         f"import runpy, sys; sys.argv = ['decisions.py', 'spawn']; "
         f"runpy.run_path({str(script)!r}, run_name='__main__')",
@@ -196,3 +198,4 @@ def test_a_dataloader_worker_is_a_child_unless_children_are_asked_for(
     assert "parent False True" in result.stdout
     expected = "worker False True" if children else "worker True False"
     assert expected in result.stdout, result.stdout
+    assert result.stderr.count("PROFILED_EXPORTR='json' is not a torch-profiled setting") == 1
