@@ -9,10 +9,10 @@ import os
 
 import pytest
 
-from tests._records import window_records
+from tests._records import metrics_records, window_records
 
 PROGRAM = """
-import multiprocessing as mp, os, sys, torch
+import os, sys, torch
 from instrument import profiled, step
 
 def work(x):
@@ -80,7 +80,7 @@ def test_a_spawned_child_is_silent_unless_asked(run_python, tmp_path, children):
 # ---------------------------------------------------------------- DataLoader workers (issue 29, 3)
 
 LOADER_PROGRAM = """
-import multiprocessing as mp, os, sys, torch
+import os, sys, torch
 from torch.utils.data import DataLoader, Dataset
 from instrument import profiled, step
 
@@ -113,7 +113,9 @@ if __name__ == "__main__":
 """
 
 
-def _loader_run(run_python, tmp_path, contexts: str, extra: dict[str, str]):
+def _loader_run(run_python, tmp_path, context: str):
+    """Run the program; its result, the parent's pid, the pid of each window report, and the
+    pids that wrote traces or metrics records."""
     script = tmp_path / "loader.py"
     script.write_text(LOADER_PROGRAM)
     out = tmp_path / "reports.jsonl"
@@ -124,10 +126,9 @@ def _loader_run(run_python, tmp_path, contexts: str, extra: dict[str, str]):
         "PROFILED_TRACE_DIR": str(tmp_path / "traces"),
         "PROFILED_ACTIVITIES": "cpu",
         "PROFILED_ANALYSIS_PROCESS": "0",  # fewer processes on a busy box
-        **extra,
     }
     result = run_python(
-        f"import runpy, sys; sys.argv = ['loader.py', {contexts!r}]; "
+        f"import runpy, sys; sys.argv = ['loader.py', {context!r}]; "
         f"runpy.run_path({str(script)!r}, run_name='__main__')",
         env=env,
         timeout=400,
@@ -136,7 +137,10 @@ def _loader_run(run_python, tmp_path, contexts: str, extra: dict[str, str]):
     parent = int(result.stdout.split("parent ")[1].split()[0])
     traces = sorted(p.name for p in (tmp_path / "traces").iterdir())
     trace_pids = {int(name.split("_")[1]) for name in traces}  # host_PID_rankN.*.pt.trace.json
-    return result, parent, _pids(out) if out.exists() else [], trace_pids
+    # the json exporter also takes metrics (on by default with it): a record per process
+    text = out.read_text() if out.exists() else ""
+    metrics_pids = {r["pid"] for r in metrics_records(text)}
+    return result, parent, _pids(out) if text else [], trace_pids | metrics_pids
 
 
 @pytest.mark.parametrize("context", ["spawn", "forkserver", "fork"])
@@ -149,9 +153,9 @@ def test_dataloader_workers_never_profile_themselves_whatever_the_order(
     only once the parent's profiling starts. Every start method, both orders."""
     if context not in multiprocessing.get_all_start_methods():
         pytest.skip(f"no {context} start method here")
-    result, parent, pids, trace_pids = _loader_run(run_python, tmp_path, context, {})
+    result, parent, pids, writers = _loader_run(run_python, tmp_path, context)
     assert pids and set(pids) == {parent}, pids  # one process reported windows: the parent
-    assert trace_pids == {parent}
+    assert writers == {parent}  # traces and metrics records: the parent's alone
     tables = (result.stdout + result.stderr).count("torch-profiled | window")
     assert tables == len(pids)  # one table per window of the parent's, none of a worker's
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
