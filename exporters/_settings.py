@@ -372,7 +372,8 @@ STRICT = Setting(
     "strict",
     "PROFILED_STRICT",
     False,
-    doc="bad values raise `ValueError` instead of warning",
+    doc="bad values, and `PROFILED_*` names that are no setting (each warns naming the "
+    "closest one), raise `ValueError` instead of warning",
     **boolean(),
 )
 """Declared here, not with the SDK's other settings: every reader of settings (the OTel

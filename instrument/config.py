@@ -89,8 +89,10 @@ CHILDREN = Setting(
     False,
     **boolean(),
     doc="`1`: processes a profiled process starts (DataLoader workers, `multiprocessing` spawn, "
-    "`subprocess`) profile themselves too; by default `@profiled` returns the function "
-    "itself there",
+    "`subprocess`) profile themselves too; by default they open no window, print no table "
+    "and write no trace (`@profiled` returns the function itself there, or its calls run "
+    "idle). A DataLoader worker is one whatever its start method and whether the loader "
+    "starts before or after the first decorated call",
 )
 
 PARENT_PID = Setting(
@@ -236,8 +238,9 @@ SETTINGS: tuple[Setting, ...] = (
         "PROFILED_PROMETHEUS_ADDR",
         "127.0.0.1:9464",
         **kinds.address(),
-        doc="where the `prometheus` exporter serves `/metrics` (`host:port`; port 0: any "
-        "free one); an address in use costs one warning",
+        doc="where the `prometheus` exporter serves `/metrics` (`host:port`; an IPv6 address "
+        "in brackets, `[::1]:9464`; every interface only by name, `0.0.0.0:9464` or "
+        "`[::]:9464`; port 0: any free one); an address in use costs one warning",
     ),
     *otel_settings.SETTINGS,
     Setting(
