@@ -10,8 +10,10 @@ default, a ``parse`` of environment text and a strict ``check`` of a value (the 
 value given in code and for a parsed environment value, so both accept the same values), and
 the line the README's table shows. Environment values are read tolerantly: a bad one warns once
 per (variable, value), naming the variable, the value (cut to ``QUOTE_CHARS`` characters) and
-the default used, and the default applies; ``PROFILED_STRICT=1`` raises ``ValueError`` instead.
-Values in code raise ``TypeError``/``ValueError`` at once.
+the default used, and the default applies (or a declared ``fallback``: a switch fails
+closed); ``PROFILED_STRICT=1`` raises ``ValueError`` instead. A ``PROFILED_*`` name that is no
+setting warns the same way (``refuse_unknown_names``). Values in code raise
+``TypeError``/``ValueError`` at once.
 """
 
 from __future__ import annotations

@@ -9,7 +9,10 @@ value and the default used) and the default applies; ``PROFILED_STRICT=1`` turns
 ``ValueError``. Absurd values are bad values too: every number that feeds a wait or a size has a
 documented maximum (``MAX_*`` below; inf and nan are refused), so no value can crash a decorated
 call or the exit, and a message quotes at most ``QUOTE_CHARS`` characters of a value (a 1 MB
-environment value makes a one-line warning). Values given in code (``configure()``,
+environment value makes a one-line warning). A ``PROFILED_*`` name that no ``Setting``
+declares is a mistake too (``check_names``: one warning naming the closest setting, or
+``ValueError`` under ``PROFILED_STRICT=1``), and a ``PROFILED_ENABLED`` that cannot be read
+turns profiling off: a switch fails closed. Values given in code (``configure()``,
 ``session()``) go through the same checks, strictly: ``TypeError``/``ValueError`` at once.
 Whether an exporter name is known is checked by the callers (``instrument.lifetime``): the
 exporter registry is a layer above this module.
