@@ -227,7 +227,9 @@ def refuse_unknown_names(env: Mapping[str, str], known: Collection[str], strict:
     (name, value), naming the closest setting; ``strict`` (``PROFILED_STRICT=1``): raises
     ``ValueError``."""
     for var in sorted(v for v in env if v.upper().startswith(PREFIX) and v not in known):
-        raw = env[var]
+        raw = env.get(var)
+        if raw is None:  # removed by another thread meanwhile: nothing to say
+            continue
         close = []
         if len(var) <= _SUGGEST_CHARS:  # likeness of what follows the prefix all share
             tails = {name[len(PREFIX) :]: name for name in known if name.startswith(PREFIX)}
