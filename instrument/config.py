@@ -516,6 +516,13 @@ def check_names(environ: Mapping[str, str] | None = None, strict: bool | None = 
     refuse_unknown_names(env, _KNOWN_VARS, strict)
 
 
+def _compiling() -> bool:
+    """torch.compile traces this call (``torch.compiler.is_compiling``, which Dynamo answers
+    while it traces); asked of ``sys.modules``, never imported."""
+    compiler = sys.modules.get("torch.compiler")
+    return compiler is not None and compiler.is_compiling()
+
+
 def _multiprocessing_child() -> bool:
     """Started by ``multiprocessing`` (any start method): asked of ``sys.modules``, never
     imported (a process that has not imported it is none)."""
@@ -591,7 +598,9 @@ def enabled_from_env(environ: Mapping[str, str] | None = None) -> bool:
     compiled code builds its object here)."""
     global _names_checked
     env = os.environ if environ is None else environ
-    if not _names_checked or environ is not None:  # the first decorator says it, at import
+    # the first decorator says it (at import, usually), unless torch.compile traces this (a
+    # `with profiled(...)` in compiled code): a warning cannot be traced; the next one says it
+    if (not _names_checked or environ is not None) and not _compiling():
         check_names(environ)
         _names_checked = environ is None
     if child_of_profiled(env, workers=False):

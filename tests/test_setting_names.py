@@ -137,3 +137,29 @@ def test_names_warn_once_per_name_and_value_in_process():
     assert len(messages) == 3, messages
     assert "did you mean PROFILED_SAMPLE_RATE?" in messages[0]
     assert len(messages[2]) < 400 and "no setting has a name like it" in messages[2]
+
+
+COMPILED_FIRST = r"""
+import torch
+from instrument import profiled
+
+def fn(x):
+    with profiled("compiled.block"):  # the first use of the SDK: inside compiled code
+        return x.sin()
+
+compiled = torch.compile(fn, backend="eager", fullgraph=True)
+x = torch.randn(4)
+assert torch.allclose(compiled(x), x.sin())
+assert torch.allclose(fn(x), x.sin())  # eager: says it now
+print("both ran", flush=True)
+"""
+
+
+def test_a_misspelt_name_does_not_break_a_fullgraph_compile(run_python):
+    """The check runs where the first decorator is applied; a ``with profiled(...)`` inside
+    ``torch.compile(fullgraph=True)`` code is such a place, and a warning cannot be traced
+    there: the first eager use says it instead."""
+    result = run_python(COMPILED_FIRST, env={"PROFILED_EXPORTR": "json", **BASE_ENV})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "both ran" in result.stdout
+    assert result.stderr.count("PROFILED_EXPORTR='json' is not a torch-profiled setting") == 1
