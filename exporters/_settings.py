@@ -36,6 +36,7 @@ __all__ = [
     "PREFIX",
     "QUOTE_CHARS",
     "STRICT",
+    "TRUE_SPELLINGS",
     "ConfigWarning",
     "Refused",
     "Setting",
@@ -56,7 +57,7 @@ __all__ = [
 QUOTE_CHARS = 60
 """Messages quote at most this many characters of a value, then ``...(N chars)``."""
 
-_TRUE = frozenset({"1", "true", "yes", "on"})
+_TRUE = TRUE_SPELLINGS = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
 

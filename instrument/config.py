@@ -31,6 +31,7 @@ from exporters import otel_settings
 from exporters._settings import (
     QUOTE_CHARS,
     STRICT,
+    TRUE_SPELLINGS,
     ConfigWarning,
     Setting,
     boolean,
@@ -605,8 +606,11 @@ def enabled_from_env(environ: Mapping[str, str] | None = None) -> bool:
         _names_checked = environ is None
     if child_of_profiled(env, workers=False):
         return False
-    if _ENABLED.env not in env:
+    raw = env.get(_ENABLED.env)
+    if raw is None:
         return True
+    if _compiling():  # traced: a warning cannot be; a bad value is off, said by eager code
+        return raw.strip().lower() in TRUE_SPELLINGS
     return _ENABLED.read(env, STRICT.read(env, strict=False))
 
 

@@ -155,11 +155,18 @@ print("both ran", flush=True)
 """
 
 
-def test_a_misspelt_name_does_not_break_a_fullgraph_compile(run_python):
-    """The check runs where the first decorator is applied; a ``with profiled(...)`` inside
+@pytest.mark.parametrize(
+    ("var", "value", "said"),
+    [
+        ("PROFILED_EXPORTR", "json", "PROFILED_EXPORTR='json' is not a torch-profiled setting"),
+        ("PROFILED_ENABLED", "flase", "PROFILED_ENABLED='flase' is invalid"),
+    ],
+)
+def test_a_bad_name_or_switch_does_not_break_a_fullgraph_compile(run_python, var, value, said):
+    """The checks run where the first decorator is applied; a ``with profiled(...)`` inside
     ``torch.compile(fullgraph=True)`` code is such a place, and a warning cannot be traced
     there: the first eager use says it instead."""
-    result = run_python(COMPILED_FIRST, env={"PROFILED_EXPORTR": "json", **BASE_ENV})
+    result = run_python(COMPILED_FIRST, env={**BASE_ENV, var: value})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "both ran" in result.stdout
-    assert result.stderr.count("PROFILED_EXPORTR='json' is not a torch-profiled setting") == 1
+    assert result.stderr.count(said) == 1, result.stderr[-3000:]
