@@ -12,7 +12,7 @@ import pytest
 from tests._records import metrics_records, window_records
 
 PROGRAM = """
-import os, sys, torch
+import multiprocessing as mp, os, sys, torch
 from instrument import profiled, step
 
 def work(x):
