@@ -124,3 +124,23 @@ def test_a_metrics_interval_below_the_floor_exports_at_the_default_interval(run_
     # the default interval (60 s) never passes here: the exit's record alone (was: hundreds)
     assert len(records) == 1, len(records)
     assert sum(r["ranges"]["tick"]["count"] for r in records) == 200
+
+
+@pytest.mark.parametrize("key", ["wait", "warmup", "active", "repeat", "skip_first"])
+def test_schedule_step_counts_fit_64_bits(key):
+    """``PROFILED_SCHEDULE``'s keys are counts too: ``active=99999999999999999999999`` was
+    kept (a window that never ends); past 64 bits is refused like every integer setting."""
+    from instrument import Schedule
+
+    config_mod._reset_warnings()
+    for text in (str(INT64_MAX + 1), "9" * 30):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            config = config_mod.Config.from_env({"PROFILED_SCHEDULE": f"{key}={text}"})
+        ours = [str(w.message) for w in caught if issubclass(w.category, ConfigWarning)]
+        assert config.schedule == Schedule() and len(ours) == 1, ours
+        assert f"<= {INT64_MAX}" in ours[0]
+    with pytest.raises(ValueError, match=key):
+        config_mod.Config(schedule=Schedule(**{key: INT64_MAX + 1}))
+    fine = Schedule(**{key: INT64_MAX})
+    assert config_mod.Config(schedule=fine).schedule == fine
