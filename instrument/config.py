@@ -9,7 +9,10 @@ value and the default used) and the default applies; ``PROFILED_STRICT=1`` turns
 ``ValueError``. Absurd values are bad values too: every number that feeds a wait or a size has a
 documented maximum (``MAX_*`` below; inf and nan are refused), so no value can crash a decorated
 call or the exit, and a message quotes at most ``QUOTE_CHARS`` characters of a value (a 1 MB
-environment value makes a one-line warning). Values given in code (``configure()``,
+environment value makes a one-line warning). A ``PROFILED_*`` name that no ``Setting``
+declares is a mistake too (``check_names``: one warning naming the closest setting, or
+``ValueError`` under ``PROFILED_STRICT=1``), and a ``PROFILED_ENABLED`` that cannot be read
+turns profiling off: a switch fails closed. Values given in code (``configure()``,
 ``session()``) go through the same checks, strictly: ``TypeError``/``ValueError`` at once.
 Whether an exporter name is known is checked by the callers (``instrument.lifetime``): the
 exporter registry is a layer above this module.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,12 +31,14 @@ from exporters import otel_settings
 from exporters._settings import (
     QUOTE_CHARS,
     STRICT,
+    TRUE_SPELLINGS,
     ConfigWarning,
     Setting,
     boolean,
     integer,
     number,
     refuse,
+    refuse_unknown_names,
     reset_warnings,
 )
 
@@ -50,6 +56,7 @@ __all__ = [
     "MAX_MIN_INTERVAL_S",
     "MAX_SLOW_STEP",
     "MAX_TRACE_MAX_MB",
+    "MIN_METRICS_INTERVAL_S",
     "QUOTE_CHARS",
     "SETTINGS",
     "Config",
@@ -66,6 +73,12 @@ MAX_MIN_INTERVAL_S = 7 * 86400.0
 MAX_METRICS_INTERVAL_S = 86400.0
 """The longest ``PROFILED_METRICS_INTERVAL_S``: one day."""
 
+MIN_METRICS_INTERVAL_S = 0.1
+"""The shortest ``PROFILED_METRICS_INTERVAL_S``: a tenth of a second. Each interval wakes a
+thread that takes the program's GIL to snapshot every range's histogram and queues a record
+for every metrics exporter (a JSON line, an OTel export, a new Prometheus page); at ``1e-9``
+that thread never slept, and the program ran beside a busy loop of exports."""
+
 MAX_SLOW_STEP = 1000.0
 """The largest ``PROFILED_SLOW_STEP`` factor."""
 
@@ -80,8 +93,10 @@ CHILDREN = Setting(
     False,
     **boolean(),
     doc="`1`: processes a profiled process starts (DataLoader workers, `multiprocessing` spawn, "
-    "`subprocess`) profile themselves too; by default `@profiled` returns the function "
-    "itself there",
+    "`subprocess`) profile themselves too; by default they open no window, print no table "
+    "and write no trace (`@profiled` returns the function itself there, or its calls run "
+    "idle). A DataLoader worker is one whatever its start method and whether the loader "
+    "starts before or after the first decorated call",
 )
 
 PARENT_PID = Setting(
@@ -101,8 +116,11 @@ SETTINGS: tuple[Setting, ...] = (
         "PROFILED_ENABLED",
         True,
         **boolean(),
+        fallback=False,
+        fallback_note="profiling off: a switch that cannot be read fails closed",
         doc="`0`: `@profiled` returns the function itself (read when the decorator is "
-        "applied), context forms do nothing, no profiler starts",
+        "applied), context forms do nothing, no profiler starts; a value that is not one of "
+        "the boolean spellings turns profiling off too, with one warning",
     ),
     Setting(
         "exporters",
@@ -224,8 +242,9 @@ SETTINGS: tuple[Setting, ...] = (
         "PROFILED_PROMETHEUS_ADDR",
         "127.0.0.1:9464",
         **kinds.address(),
-        doc="where the `prometheus` exporter serves `/metrics` (`host:port`; port 0: any "
-        "free one); an address in use costs one warning",
+        doc="where the `prometheus` exporter serves `/metrics` (`host:port`; an IPv6 address "
+        "in brackets, `[::1]:9464`; every interface only by name, `0.0.0.0:9464` or "
+        "`[::]:9464`; port 0: any free one); an address in use costs one warning",
     ),
     *otel_settings.SETTINGS,
     Setting(
@@ -325,8 +344,13 @@ SETTINGS: tuple[Setting, ...] = (
         "metrics_interval_s",
         "PROFILED_METRICS_INTERVAL_S",
         60.0,
-        **number(0.0, MAX_METRICS_INTERVAL_S, low_open=True, note="seconds, at most one day"),
-        doc="how often the metrics are exported (and once more at exit)",
+        **number(
+            MIN_METRICS_INTERVAL_S,
+            MAX_METRICS_INTERVAL_S,
+            note="seconds; more often, the export thread would hardly sleep",
+        ),
+        doc="how often the metrics are exported (and once more at exit), in seconds: at least "
+        "0.1 (each export takes the program's GIL), at most 86400",
     ),
     Setting(
         "metrics_device_every",
@@ -353,6 +377,8 @@ SETTINGS: tuple[Setting, ...] = (
 ``exporters.otel_settings``, beside it)."""
 
 ENV_VARS: tuple[str, ...] = tuple(s.env for s in SETTINGS)
+
+_KNOWN_VARS = frozenset(ENV_VARS)  # every other PROFILED_* name is a mistake (warned about)
 
 _BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 
@@ -437,6 +463,7 @@ class Config:
         """Read every ``PROFILED_*`` variable; bad values warn once and use the default."""
         env = os.environ if environ is None else environ
         strict = STRICT.read(env, strict=False)
+        check_names(environ, strict)
         values = {name: _BY_NAME[name].read(env, strict) for name in FIELDS if name != "strict"}
         values["strict"] = strict
         window = _window_if_every_too_short(values["every"], values["schedule"])
@@ -475,8 +502,43 @@ def _reject_unknown(fields: Mapping[str, Any]) -> None:
             )
 
 
+def check_names(environ: Mapping[str, str] | None = None, strict: bool | None = None) -> None:
+    """Every ``PROFILED_*`` name in the environment that is no setting (``SETTINGS``, the one
+    list of names: the SDK's, the exporters' and the one it sets itself): one warning each,
+    naming the closest setting (``PROFILED_ENABLED`` spelt without its ``D`` would otherwise
+    leave profiling on, silently); ``PROFILED_STRICT=1`` raises ``ValueError``. A process
+    that ``multiprocessing`` started (DataLoader workers, pools) says nothing about its own
+    environment: it is its parent's, which has said it (eight workers, eight copies)."""
+    if environ is None and _multiprocessing_child():
+        return
+    env = os.environ if environ is None else environ
+    if strict is None:
+        strict = STRICT.read(env, strict=False)
+    refuse_unknown_names(env, _KNOWN_VARS, strict)
+
+
+def _compiling() -> bool:
+    """torch.compile traces this call (``torch.compiler.is_compiling``, which Dynamo answers
+    while it traces); asked of ``sys.modules``, never imported."""
+    compiler = sys.modules.get("torch.compiler")
+    return compiler is not None and compiler.is_compiling()
+
+
+def _multiprocessing_child() -> bool:
+    """Started by ``multiprocessing`` (any start method): asked of ``sys.modules``, never
+    imported (a process that has not imported it is none)."""
+    process = sys.modules.get("multiprocessing.process")
+    parent = getattr(process, "parent_process", None)
+    return parent is not None and parent() is not None
+
+
+_names_checked = False  # enabled_from_env checks os.environ's names once per process
+
+
 def _reset_warnings() -> None:
     """Forget which bad values were warned about (``instrument.testing.reset()``)."""
+    global _names_checked
+    _names_checked = False
     reset_warnings()
 
 
@@ -494,14 +556,28 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
 
 
-def child_of_profiled(environ: Mapping[str, str] | None = None) -> bool:
-    """This process was started by a profiled one (``PROFILED_PARENT_PID`` names another
-    process) and ``PROFILED_CHILDREN`` does not ask it to profile itself."""
+def child_of_profiled(environ: Mapping[str, str] | None = None, *, workers: bool = True) -> bool:
+    """This process was started by a profiled one and ``PROFILED_CHILDREN`` does not ask it
+    to profile itself: ``PROFILED_PARENT_PID`` names another process, or (``workers``) this
+    is a DataLoader worker, which a loader may start before the parent's first decorated call,
+    so before the parent could set ``PROFILED_PARENT_PID`` (the usual order:
+    ``for batch in loader:`` comes first)."""
     env = os.environ if environ is None else environ
     parent = env.get(PARENT_PID.env)
-    if not parent or parent == _PID:
+    if (not parent or parent == _PID) and not (workers and dataloader_worker()):
         return False
     return not CHILDREN.read(env, strict=False)
+
+
+def dataloader_worker() -> bool:
+    """This process is a torch DataLoader worker, whatever its start method (fork, spawn,
+    forkserver): torch sets the worker's info before the worker's first fetch, so every
+    ``__getitem__`` a worker runs sees it. Looked up in ``sys.modules``, never imported: a
+    worker has imported ``torch.utils.data`` already, and a process that has not is no worker
+    (importing it here would put torch into every decorator's first use)."""
+    data = sys.modules.get("torch.utils.data")
+    info = getattr(data, "get_worker_info", None)
+    return info is not None and info() is not None
 
 
 def mark_profiled_process() -> None:
@@ -516,12 +592,25 @@ _ENABLED = _BY_NAME["enabled"]
 
 def enabled_from_env(environ: Mapping[str, str] | None = None) -> bool:
     """``PROFILED_ENABLED`` alone (and ``child_of_profiled``), read cheaply when a decorator is
-    applied."""
+    applied. A DataLoader worker is not asked about here: at decoration time (its imports) a
+    worker has not started fetching, so torch does not say yet that it is one (its ambient
+    session, built at its first decorated call, is off: ``Config.from_env``); and
+    ``torch.compile`` refuses to trace ``get_worker_info`` (a ``with profiled(...)`` in
+    compiled code builds its object here)."""
+    global _names_checked
     env = os.environ if environ is None else environ
-    if child_of_profiled(env):
+    # the first decorator says it (at import, usually), unless torch.compile traces this (a
+    # `with profiled(...)` in compiled code): a warning cannot be traced; the next one says it
+    if (not _names_checked or environ is not None) and not _compiling():
+        check_names(environ)
+        _names_checked = environ is None
+    if child_of_profiled(env, workers=False):
         return False
-    if _ENABLED.env not in env:
+    raw = env.get(_ENABLED.env)
+    if raw is None:
         return True
+    if _compiling():  # traced: a warning cannot be; a bad value is off, said by eager code
+        return raw.strip().lower() in TRUE_SPELLINGS
     return _ENABLED.read(env, STRICT.read(env, strict=False))
 
 

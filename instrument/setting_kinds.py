@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from exporters._settings import parse_addr, quote
+from exporters._settings import INT64_MAX, Refused, parse_addr, quote
 
 from .ranks import RankSet
 from .sampling import Schedule
@@ -79,9 +79,15 @@ def exporters() -> dict[str, Any]:
     return {"parse": _parse_names, "check": _check_exporters}
 
 
+_SCHEDULE_KEYS = ("wait", "warmup", "active", "repeat", "skip_first")
+
+
 def _check_schedule(name: str, value: Any) -> Schedule:
     if not isinstance(value, Schedule):
         raise TypeError(f"{name} must be a Schedule, got {type(value).__name__} {value!r}")
+    for key in _SCHEDULE_KEYS:  # a step count past 64 bits is no count (like every integer)
+        if getattr(value, key) > INT64_MAX:
+            raise Refused(f"{name}.{key}", f"a step count <= {INT64_MAX}", getattr(value, key))
     return value
 
 

@@ -4,11 +4,12 @@ each profiled itself as "rank 0/1" and printed its own tables."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 
 import pytest
 
-from tests._records import window_records
+from tests._records import metrics_records, window_records
 
 PROGRAM = """
 import multiprocessing as mp, os, sys, torch
@@ -74,3 +75,131 @@ def test_a_spawned_child_is_silent_unless_asked(run_python, tmp_path, children):
         assert "decorator is the function itself: True" in result.stdout
         assert len(parent) == 1  # the parent only
         assert (result.stdout + result.stderr).count("torch-profiled | window") == len(pids)
+
+
+# ---------------------------------------------------------------- DataLoader workers (issue 29, 3)
+
+LOADER_PROGRAM = """
+import os, sys, torch
+from torch.utils.data import DataLoader, Dataset
+from instrument import profiled, step
+
+class Squares(Dataset):
+    def __len__(self):
+        return 16
+
+    @profiled("getitem")  # each worker calls it 8 times an epoch: windows, unless it is silent
+    def __getitem__(self, i):
+        return torch.full((4,), float(i)) ** 2
+
+@profiled("train_step")
+def train_step(batch):
+    return (batch @ batch.T).sum()
+
+def epoch(context):
+    loader = DataLoader(Squares(), batch_size=2, num_workers=2, multiprocessing_context=context)
+    got = []
+    for batch in loader:  # starts the workers, then the parent's decorated calls
+        got += [int(v) for v in batch[:, 0]]
+        train_step(batch)
+        step()
+    assert sorted(got) == [i * i for i in range(16)], got  # the workers' calls did their work
+
+if __name__ == "__main__":
+    context = sys.argv[1]
+    epoch(context)  # the loader starts its workers before the first decorated call here
+    epoch(context)  # and after the parent's profiling started
+    print("parent", os.getpid(), "done")
+"""
+
+
+def _loader_run(run_python, tmp_path, context: str):
+    """Run the program; its result, the parent's pid, the pid of each window report, and the
+    pids that wrote traces or metrics records."""
+    script = tmp_path / "loader.py"
+    script.write_text(LOADER_PROGRAM)
+    out = tmp_path / "reports.jsonl"
+    env = {
+        "PROFILED_EVERY": "4",
+        "PROFILED_EXPORTERS": "json,console,trace",
+        "PROFILED_JSON_PATH": str(out),
+        "PROFILED_TRACE_DIR": str(tmp_path / "traces"),
+        "PROFILED_ACTIVITIES": "cpu",
+        "PROFILED_ANALYSIS_PROCESS": "0",  # fewer processes on a busy box
+    }
+    result = run_python(
+        f"import runpy, sys; sys.argv = ['loader.py', {context!r}]; "
+        f"runpy.run_path({str(script)!r}, run_name='__main__')",
+        env=env,
+        timeout=400,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    parent = int(result.stdout.split("parent ")[1].split()[0])
+    traces = sorted(p.name for p in (tmp_path / "traces").iterdir())
+    trace_pids = {int(name.split("_")[1]) for name in traces}  # host_PID_rankN.*.pt.trace.json
+    # the json exporter also takes metrics (on by default with it): a record per process
+    text = out.read_text() if out.exists() else ""
+    metrics_pids = {r["pid"] for r in metrics_records(text)}
+    return result, parent, _pids(out) if text else [], trace_pids | metrics_pids
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver", "fork"])
+def test_dataloader_workers_never_profile_themselves_whatever_the_order(
+    run_python, tmp_path, context
+):
+    """Before: workers that a loader started before the parent's first decorated call (the
+    usual ``for batch in loader:`` first) each opened windows, printed tables and wrote
+    traces (three tables, three trace files for one program): ``PROFILED_PARENT_PID`` is set
+    only once the parent's profiling starts. Every start method, both orders."""
+    if context not in multiprocessing.get_all_start_methods():
+        pytest.skip(f"no {context} start method here")
+    result, parent, pids, writers = _loader_run(run_python, tmp_path, context)
+    assert pids and set(pids) == {parent}, pids  # one process reported windows: the parent
+    assert writers == {parent}  # traces and metrics records: the parent's alone
+    tables = (result.stdout + result.stderr).count("torch-profiled | window")
+    assert tables == len(pids)  # one table per window of the parent's, none of a worker's
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
+DECISION_PROGRAM = """
+import sys, torch
+from torch.utils.data import DataLoader, Dataset
+from instrument.config import Config, child_of_profiled
+
+class Decisions(Dataset):
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, i):  # in the worker: is it a child, is profiling on there?
+        return torch.tensor([child_of_profiled(), Config.from_env().enabled])
+
+if __name__ == "__main__":
+    print("parent", child_of_profiled(), Config.from_env().enabled)
+    loader = DataLoader(Decisions(), num_workers=1, multiprocessing_context=sys.argv[1])
+    child, enabled = next(iter(loader))[0].tolist()
+    print("worker", bool(child), bool(enabled))
+"""
+
+
+@pytest.mark.parametrize("children", [None, "1"])
+def test_a_dataloader_worker_is_a_child_unless_children_are_asked_for(
+    run_python, tmp_path, children
+):
+    """The decision itself, in a real spawned worker started before any decorated call: a
+    child (profiling off there) by default; ``PROFILED_CHILDREN=1`` lets it profile itself.
+    A misspelt name is warned about by the parent alone (the worker's environment is its)."""
+    script = tmp_path / "decisions.py"
+    script.write_text(DECISION_PROGRAM)
+    env = {"PROFILED_CHILDREN": children} if children else {}
+    env["PROFILED_EXPORTR"] = "json"  # misspelt: said once, by the parent, not by each worker
+    result = run_python(
+        f"import runpy, sys; sys.argv = ['decisions.py', 'spawn']; "
+        f"runpy.run_path({str(script)!r}, run_name='__main__')",
+        env=env,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "parent False True" in result.stdout
+    expected = "worker False True" if children else "worker True False"
+    assert expected in result.stdout, result.stdout
+    assert result.stderr.count("PROFILED_EXPORTR='json' is not a torch-profiled setting") == 1

@@ -33,8 +33,6 @@ FALSE_SPELLINGS = ["0", "false", "FALSE", "False", "no", "NO", "No", "off", "OFF
 
 # (variable, bad value, field, the README default as it must appear in the message)
 BAD_VALUES = [
-    ("PROFILED_ENABLED", "maybe", "enabled", "1"),
-    ("PROFILED_ENABLED", "2", "enabled", "1"),
     ("PROFILED_RECORD_SHAPES", "y", "record_shapes", "0"),
     ("PROFILED_PROFILE_MEMORY", "enable", "profile_memory", "0"),
     ("PROFILED_WITH_STACK", "-1", "with_stack", "0"),
@@ -632,7 +630,6 @@ HUGE = 1_000_000
         ("PROFILED_TRACE_MAX_MB", "9" * HUGE),
         ("PROFILED_EXPORT_TIMEOUT_S", "1" * HUGE),
         ("PROFILED_TRACE_KEEP", "7" * HUGE),
-        ("PROFILED_ENABLED", "y" * HUGE),
         ("PROFILED_TRIGGER", "Q" * HUGE),
     ],
 )
