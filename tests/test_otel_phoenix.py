@@ -2,7 +2,7 @@
 example's sampled profiles under their requests' spans; read back through its REST API.
 
 Phoenix is heavy, so it is not in the dev extra: ``.ci/run`` installs it into
-``.venv-phoenix`` and names its ``phoenix`` command in ``PROFILED_TEST_PHOENIX``. Phoenix has
+``.venv-phoenix`` and names its ``phoenix`` command in ``TORCH_PROFILED_TEST_PHOENIX``. Phoenix has
 no OTLP metrics endpoint, so the example runs with ``OTEL_METRICS_EXPORTER=none``.
 """
 
@@ -20,7 +20,7 @@ import pytest
 from tests._proc import REPO
 from tests.test_otel import check_sampled_requests
 
-PHOENIX = os.environ.get("PROFILED_TEST_PHOENIX") or os.path.join(
+PHOENIX = os.environ.get("TORCH_PROFILED_TEST_PHOENIX") or os.path.join(
     REPO, ".venv-phoenix", "bin", "phoenix"
 )
 
