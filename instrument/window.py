@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from . import _torch, state, stops
 from ._atomic import atomic
+from .pipeline import describe
 from .report import WindowReason
 from .sampling import Action
 from .stops import Recorded, Stops
@@ -193,7 +194,11 @@ class Windows:
             try:
                 hook(index)
             except Exception as exc:  # noqa: BLE001 - telemetry never breaks the program
-                sess._warn(f"exporter hook {hook!r} raised {exc!r} at window start; ignored")
+                owner = type(getattr(hook, "__self__", hook)).__name__  # its repr may raise
+                sess._warn(
+                    f"exporter {owner}'s window_started raised {describe(exc, Exception)} at "
+                    "window start; ignored"
+                )
 
     def _start(self, window: _torch.ProfilerWindow) -> bool:
         sess = self.session
