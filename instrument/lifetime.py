@@ -291,13 +291,23 @@ def shutdown() -> None:
     """End every session: open windows that recorded steps are exported (``partial=True``);
     then the analysis helper process leaves (a later window starts a new one). All within one
     ``export_timeout_s`` (the longest of the sessions'), whatever the exporters do."""
-    _disarm_sigterm()
-    deadline = _close_sessions()
-    if state.PENDING:  # windows this thread started (or whose thread has ended)
-        state.run_pending_stops()
-    _torch.end_orphaned_profiler()  # none should be left; if one is, it must not outlive us
-    state.resume_idle_thread()
-    analysis_process.close_shared(max(0.0, deadline - time.monotonic()))
+    global _shutting_down, _term_pending
+    main = threading.current_thread() is threading.main_thread()
+    _shutting_down = _shutting_down or main  # a SIGTERM now waits for its end (_on_sigterm)
+    try:
+        deadline = _close_sessions()
+        if state.PENDING:  # windows this thread started (or whose thread has ended)
+            state.run_pending_stops()
+        _torch.end_orphaned_profiler()  # none should be left; if one is, it must not outlive us
+        state.resume_idle_thread()
+        analysis_process.close_shared(max(0.0, deadline - time.monotonic()))
+    finally:
+        if main:
+            _shutting_down = False
+            _disarm_sigterm()
+            signum, _term_pending = _term_pending, None
+            if signum is not None:  # it came meanwhile: the process ends by it now
+                _end_by(signum, run_atexit=_exiting)
 
 
 _closing: list[Session] = []  # the sessions the last shutdown closed (Ctrl-C abandons them)
@@ -369,8 +379,8 @@ def _exit_shutdown() -> None:
     """``shutdown()`` at the interpreter's exit. Ctrl-C meanwhile (a slow exporter) abandons
     what is still being exported, with one line that says so, and the process then ends as
     an interrupted one (SIGINT, exit status 130 / -2), as it would have without us. A SIGTERM
-    meanwhile (``_on_sigterm``) lets the export finish within its deadline, then ends the
-    process by that signal."""
+    meanwhile lets the export finish within its deadline, then ends the process by that
+    signal (``shutdown``)."""
     global _exiting
     _exiting = True
     try:
@@ -384,8 +394,6 @@ def _exit_shutdown() -> None:
         _end_by(signal.SIGINT, run_atexit=True)
     finally:
         _exiting = False
-    if _term_pending is not None:
-        _end_by(_term_pending, run_atexit=True)
 
 
 # ---------------------------------------------------------------- SIGTERM
@@ -402,8 +410,9 @@ def _exit_shutdown() -> None:
 # real disposition is the default.
 
 _term_pid: int | None = None  # the process whose handler ours is (a forked child is not it)
-_term_pending: int | None = None  # a SIGTERM that came while the exit's export ran
-_exiting = False
+_term_pending: int | None = None  # a SIGTERM that came while shutdown() ran on the main thread
+_shutting_down = False  # shutdown() runs on the main thread
+_exiting = False  # ... at the interpreter's exit
 
 
 def _arm_sigterm() -> None:
@@ -467,11 +476,11 @@ def _on_sigterm(signum: int, frame: Any) -> None:
         signal.signal(signum, signal.SIG_DFL)  # a second SIGTERM ends the process at once
     except (ValueError, OSError):
         pass
-    if os.getpid() != _term_pid or state.shut_down and not _exiting:
-        _end_by(signum)  # a forked child, or nothing left to export
-    if _exiting:  # the exit's export runs (this interrupted it): it ends by the signal
-        _term_pending = signum
+    if _shutting_down and os.getpid() == _term_pid:
+        _term_pending = signum  # shutdown() (the exit's) runs: it ends by the signal after
         return
+    if os.getpid() != _term_pid or state.shut_down:
+        _end_by(signum)  # a forked child, or nothing left to export
     sessions = [s for s in (state.explicit, state.ambient) if s is not None]
     timeout = max((s.config.export_timeout_s for s in sessions), default=0.0)
     deadline = time.monotonic() + timeout
