@@ -25,6 +25,20 @@ from .reporting import EndedWindow
 if TYPE_CHECKING:
     from .sessions import Session
 
+TORCH_FAILURES: tuple[type[BaseException], ...] = (
+    RuntimeError,  # torch's C++ errors (and their subclasses)
+    ValueError,
+    TypeError,
+    AssertionError,
+    AttributeError,
+    ImportError,
+)
+"""What a failing profiler start, prepare or stop of torch's raises: the window is lost with a
+warning. Anything else landing there is the program's own (a timeout library's exception
+injected into the thread with ``PyThreadState_SetAsyncExc``: func_timeout, stopit) and goes
+on to the program, as it would have without the SDK (``ProfilerWindow`` leaves no profiler
+on either way)."""
+
 MAX_DRAIN_STEPS = 4
 """A CUDA window's deferred stop waits at most this many step boundaries for the window's
 kernels to have run, then waits for them (not for the whole device) and stops; 0 stops at the
@@ -239,7 +253,7 @@ class Stops:
             return False
         try:
             window.stop(sync=sync)
-        except Exception as exc:  # noqa: BLE001
+        except TORCH_FAILURES as exc:  # anything else is the program's own (see above)
             sess._warn(f"the profiler could not be stopped cleanly ({exc!r}){lost}")
             return False
         return True
