@@ -321,12 +321,51 @@ def _close_sessions() -> float:
     _closing = sessions
     timeout = max((s.config.export_timeout_s for s in sessions), default=Config().export_timeout_s)
     deadline = time.monotonic() + timeout
+    for sess in sessions:  # a window stopped past the deadline is not analysed
+        sess._pipeline.close_by(deadline)
+    _stop_other_threads_windows(sessions, time.monotonic() + OWNER_WAIT_SHARE * timeout)
     for sess in sessions:
         try:
             sess.close(deadline - time.monotonic())
         except Exception as exc:  # noqa: BLE001
             warn(f"torch-profiled shutdown failed: {exc!r}", ExporterWarning)
     return deadline
+
+
+OWNER_WAIT_SHARE = 0.5
+"""Of the export deadline, what ``shutdown()`` may wait for another thread to stop its own
+window (the rest is the export's)."""
+
+
+def _stop_other_threads_windows(sessions: list[Session], until: float) -> None:
+    """End the sessions' open windows; one whose profiler another thread records (a daemon
+    thread still training at exit, a worker thread) can only be stopped by that thread:
+    its next decorated call does it (``state.PENDING``), and the window is exported as
+    usual, if it comes by ``until``. Else one warning says the truth: which thread, and that
+    the window is lost."""
+    waiting = []
+    for sess in sessions:
+        window = sess._windows.window
+        if window is None or window.stoppable_here():
+            continue  # none, or this thread's: close() stops it
+        with sess._lock, atomic():
+            if sess._windows.window is not None:
+                sess._windows.end(partial=True)
+        if sess._stops.pending is not None:
+            waiting.append(sess)
+    for sess in waiting:
+        while sess._stops.pending is not None and time.monotonic() < until:
+            time.sleep(0.005)
+        pending = sess._stops.pending
+        if pending is not None and not pending.window.owner_gone():
+            owner = pending.window.owner
+            sess._skip_reason = (
+                f"the open window's profiler records only the thread that started it "
+                f"({owner.name}{', a daemon thread' if owner.daemon else ''}), which was still "
+                f"running and made no decorated call within {OWNER_WAIT_SHARE:.0%} of "
+                "PROFILED_EXPORT_TIMEOUT_S to stop it; that window is lost"
+            )
+            sess._warn(sess._skip_reason)
 
 
 def reset() -> None:

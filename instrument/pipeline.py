@@ -393,6 +393,8 @@ class ExportPipeline:
             "torch-profiled-analysis", self._analyze, "window analysis", ANALYSIS_QUEUE_SIZE
         )
         self.exported = 0  # reports handed to the lanes
+        self.refused = 0  # windows submitted past the closing deadline (not analysed)
+        self._close_by = math.inf
         self._closing = False
         self._closed = False
         # trace writers' jobs notify it; close moves _trace_cutoff (time.monotonic()) and
@@ -413,9 +415,21 @@ class ExportPipeline:
             out[lane.label] = lane.dropped
         return out
 
-    def submit(self, window: Any) -> None:
-        """Hand over a stopped window (the caller's whole cost of a window end)."""
+    def submit(self, window: Any) -> bool:
+        """Hand over a stopped window (the caller's whole cost of a window end). False (not
+        taken) once the closing deadline (``close_by``) has passed: its analysis would only
+        hold the interpreter's lock (reading a big window's events) past the deadline, for a
+        report nobody waits for; it is counted as not exported."""
+        if time.monotonic() >= self._close_by:
+            self.refused += 1
+            return False
         self._analysis.put(_Job("window", window))
+        return True
+
+    def close_by(self, deadline: float) -> None:
+        """The session is closing, within ``deadline`` (``time.monotonic()``): a window
+        stopped past it is not analysed (``submit``)."""
+        self._close_by = min(self._close_by, deadline)
 
     def notice(self, message: str) -> None:
         for lane in self._lanes:
@@ -525,6 +539,8 @@ class ExportPipeline:
                 job.done.wait(max(0.0, deadline - time.monotonic()))
         self._closed = True  # past the deadline: what is still in flight is given up
         lost = self._give_up()
+        if self.refused:
+            lost["analysis"] = lost.get("analysis", 0) + self.refused
         for worker in (self._analysis, *self._lanes):  # healthy ones are ending: wait for it
             worker.join(deadline)
         return lost

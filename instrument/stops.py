@@ -204,6 +204,7 @@ class Stops:
         if self.session not in state.PENDING:
             state.PENDING.append(self.session)
         state.set_first_call_hook(self.session._windows.first_call)
+        state.refresh_idle()  # a closed session's calls must still come to stop it
 
     def pending_is_here(self) -> bool:
         """The pending stop is this thread's to do (or its thread has ended). Lock-free."""
@@ -233,6 +234,8 @@ class Stops:
             return
         if self.session in state.PENDING:
             state.PENDING.remove(self.session)
+        if not state.PENDING:
+            state.refresh_idle()  # calls may go idle again
 
     def stop(
         self, window: _torch.ProfilerWindow, *, sync: bool = True, lost: str = "; window lost"
@@ -266,7 +269,7 @@ class Stops:
         index = sess._window_index
         sess._window_index += 1
         sess.windows_ended += 1
-        sess._pipeline.submit(
+        taken = sess._pipeline.submit(
             EndedWindow(
                 window,
                 index,
@@ -280,3 +283,10 @@ class Stops:
                 recorded.reason,
             )
         )
+        if not taken:
+            sess._warn(
+                f"window {index} was still open at the session's end, and torch's stop of it "
+                "(synchronous, no deadline can cut it short: it grows with the window's "
+                "events) took past PROFILED_EXPORT_TIMEOUT_S; its report was dropped, not "
+                "analysed"
+            )
