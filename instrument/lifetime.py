@@ -523,6 +523,8 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     sessions = [s for s in (state.explicit, state.ambient) if s is not None]
     timeout = max((s.config.export_timeout_s for s in sessions), default=0.0)
     deadline = time.monotonic() + timeout
+    for sess in sessions:  # a window whose stop outlasts the deadline is not analysed
+        sess._pipeline.close_by(deadline)
     ended = _end_windows_here(sessions)
     worker = threading.Thread(target=_quiet_shutdown, name="torch-profiled-sigterm", daemon=True)
     worker.start()
