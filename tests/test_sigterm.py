@@ -60,7 +60,7 @@ while time.monotonic() < deadline:
         if WHERE == "holding-lock":
             with instrument.state.lock:  # interrupted holding an SDK lock: must not hang
                 time.sleep(300)
-    if WHERE == "between-steps":
+    if WHERE in ("between-steps", "c-handler"):
         time.sleep(0.01)  # lands between steps, outside the SDK
     elif WHERE == "busy":
         sum(range(20000))  # lands in plain Python code
@@ -140,7 +140,7 @@ def test_a_c_level_sigterm_handler_is_kept(tmp_path):
     assert child.returncode == 0, err[-3000:]
     assert "ended on its own" in out
     assert "Most recent call first" in err or "most recent call first" in err
-    assert len(window_records(path.read_text())) == 1  # exported at its normal exit
+    assert len(window_records(path.read_text())) == 1, err[-3000:]  # exported at its exit
 
 
 def test_sigterm_while_the_main_thread_holds_an_sdk_lock_never_hangs(tmp_path):
