@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -126,6 +128,8 @@ def _make_ambient() -> Session | None:
             if sess.metrics is not None:
                 state.set_metrics(True, config.metrics_modules, config.metrics_device_every)
         _register_atexit()
+        if config.enabled:
+            _arm_sigterm()
         state.refresh_idle()
         return sess
 
@@ -153,6 +157,7 @@ def enter_explicit(sess: Session) -> None:
         state.cpu_ops.resume_here()  # a stop the timer ended left this thread paused
         state.explicit = state.current = sess
         _register_atexit()
+        _arm_sigterm()
         sess._start()
         state.refresh_idle()
 
@@ -286,26 +291,81 @@ def shutdown() -> None:
     """End every session: open windows that recorded steps are exported (``partial=True``);
     then the analysis helper process leaves (a later window starts a new one). All within one
     ``export_timeout_s`` (the longest of the sessions'), whatever the exporters do."""
-    deadline = _close_sessions()
-    if state.PENDING:  # windows this thread started (or whose thread has ended)
-        state.run_pending_stops()
-    _torch.end_orphaned_profiler()  # none should be left; if one is, it must not outlive us
-    state.resume_idle_thread()
-    analysis_process.close_shared(max(0.0, deadline - time.monotonic()))
+    global _shutting_down, _term_pending
+    main = threading.current_thread() is threading.main_thread()
+    _shutting_down = _shutting_down or main  # a SIGTERM now waits for its end (_on_sigterm)
+    try:
+        deadline = _close_sessions()
+        if state.PENDING:  # windows this thread started (or whose thread has ended)
+            state.run_pending_stops()
+        _torch.end_orphaned_profiler()  # none should be left; if one is, it must not outlive us
+        state.resume_idle_thread()
+        analysis_process.close_shared(max(0.0, deadline - time.monotonic()))
+    finally:
+        if main:
+            _shutting_down = False
+            _disarm_sigterm()
+            signum, _term_pending = _term_pending, None
+            if signum is not None:  # it came meanwhile: the process ends by it now
+                _end_by(signum, run_atexit=_exiting)
+
+
+_closing: list[Session] = []  # the sessions the last shutdown closed (Ctrl-C abandons them)
 
 
 def _close_sessions() -> float:
     """Close every session within one deadline (returned, ``time.monotonic()``)."""
+    global _closing
     with state.lock:
         sessions = state.take_sessions()
+    _closing = sessions
     timeout = max((s.config.export_timeout_s for s in sessions), default=Config().export_timeout_s)
     deadline = time.monotonic() + timeout
+    for sess in sessions:  # a window stopped past the deadline is not analysed
+        sess._pipeline.close_by(deadline)
+    _stop_other_threads_windows(sessions, time.monotonic() + OWNER_WAIT_SHARE * timeout)
     for sess in sessions:
         try:
             sess.close(deadline - time.monotonic())
         except Exception as exc:  # noqa: BLE001
             warn(f"torch-profiled shutdown failed: {exc!r}", ExporterWarning)
     return deadline
+
+
+OWNER_WAIT_SHARE = 0.5
+"""Of the export deadline, what ``shutdown()`` may wait for another thread to stop its own
+window (the rest is the export's)."""
+
+
+def _stop_other_threads_windows(sessions: list[Session], until: float) -> None:
+    """End the sessions' open windows; one whose profiler another thread records (a daemon
+    thread still training at exit, a worker thread) can only be stopped by that thread:
+    its next decorated call does it (``state.PENDING``), and the window is exported as
+    usual, if it comes by ``until``. Else one warning says the truth: which thread, and that
+    the window is lost."""
+    waiting = []
+    for sess in sessions:
+        window = sess._windows.window
+        if window is None or window.stoppable_here():
+            continue  # none, or this thread's: close() stops it
+        with sess._lock, atomic():
+            if sess._windows.window is not None:
+                sess._windows.end(partial=True)
+        if sess._stops.pending is not None:
+            waiting.append(sess)
+    for sess in waiting:
+        while sess._stops.pending is not None and time.monotonic() < until:
+            time.sleep(0.005)
+        pending = sess._stops.pending
+        if pending is not None and not pending.window.owner_gone():
+            owner = pending.window.owner
+            sess._skip_reason = (
+                f"the open window's profiler records only the thread that started it "
+                f"({owner.name}{', a daemon thread' if owner.daemon else ''}), which was still "
+                f"running and made no decorated call within {OWNER_WAIT_SHARE:.0%} of "
+                "PROFILED_EXPORT_TIMEOUT_S to stop it; that window is lost"
+            )
+            sess._warn(sess._skip_reason)
 
 
 def reset() -> None:
@@ -349,9 +409,213 @@ def _at_exit() -> None:
         if t is not threading.main_thread() and not t.daemon and t.is_alive()
     ]
     if others:
-        atexit.register(shutdown)
+        atexit.register(_exit_shutdown)
         return
-    shutdown()
+    _exit_shutdown()
+
+
+def _exit_shutdown() -> None:
+    """``shutdown()`` at the interpreter's exit. Ctrl-C meanwhile (a slow exporter) abandons
+    what is still being exported, with one line that says so, and the process then ends as
+    an interrupted one (SIGINT, exit status 130 / -2), as it would have without us. A SIGTERM
+    meanwhile lets the export finish within its deadline, then ends the process by that
+    signal (``shutdown``)."""
+    global _exiting
+    _exiting = True
+    try:
+        shutdown()
+    except KeyboardInterrupt:
+        lost = _abandon_all()
+        _say(
+            "torch-profiled: interrupted (Ctrl-C) while exporting at exit: "
+            + (f"abandoned {lost} window report(s) not yet exported" if lost else "nothing lost")
+        )
+        _end_by(signal.SIGINT, run_atexit=True)
+    finally:
+        _exiting = False
+
+
+# ---------------------------------------------------------------- SIGTERM
+#
+# torchrun, Kubernetes and Slurm end a job with SIGTERM. Its default action ends the process
+# at once: no atexit, so the open window and the last metrics interval would be lost. Where
+# the main thread finds SIGTERM at its default when the first session starts, a handler of
+# ours takes its place: it stops the open window (on the main thread, which owns the
+# window's profiler), exports on another thread within PROFILED_EXPORT_TIMEOUT_S, then puts
+# the default back and sends SIGTERM again, so the process still ends BY the signal (the
+# status a launcher sees: -15 / 143). Where the program has a Python handler of its own it is
+# left alone: its graceful exit runs our exit hook. A C handler (one Python's getsignal
+# reports as the default) is kept too: the handler is installed only where the process's
+# real disposition is the default.
+
+_term_pid: int | None = None  # the process whose handler ours is (a forked child is not it)
+_term_pending: int | None = None  # a SIGTERM that came while shutdown() ran on the main thread
+_shutting_down = False  # shutdown() runs on the main thread
+_exiting = False  # ... at the interpreter's exit
+
+
+def _arm_sigterm() -> None:
+    """Install ``_on_sigterm`` for SIGTERM: on the main thread, where its handler is the
+    default (else the program's: left alone), once per process."""
+    global _term_pid
+    sigterm = getattr(signal, "SIGTERM", None)
+    if (
+        sigterm is None
+        or _term_pid == os.getpid()
+        or threading.current_thread() is not threading.main_thread()
+    ):
+        return
+    try:
+        if signal.getsignal(sigterm) is not signal.SIG_DFL or not _c_default(sigterm):
+            return
+        signal.signal(sigterm, _on_sigterm)
+    except (ValueError, OSError):  # not the main interpreter, or no such signal here
+        return
+    _term_pid = os.getpid()
+
+
+def _disarm_sigterm() -> None:
+    """``shutdown()``: SIGTERM's default again, if ours is still the handler (main thread)."""
+    global _term_pid
+    if _term_pid is None or threading.current_thread() is not threading.main_thread():
+        return
+    _term_pid = None
+    try:
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except (ValueError, OSError):
+        pass
+
+
+def _c_default(signum: int) -> bool:
+    """The process's real disposition of ``signum`` is the default: no C library (an MPI
+    runtime, ``faulthandler``) installed a handler that Python's table does not show. Read
+    with ``sigaction`` on Linux (the handler is the first field of glibc's and musl's struct
+    sigaction); elsewhere Python's own view is taken."""
+    if not sys.platform.startswith("linux"):
+        return True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        buf = ctypes.create_string_buffer(256)  # larger than any struct sigaction
+        if libc.sigaction(signum, None, buf) != 0:
+            return True
+        return ctypes.c_void_p.from_buffer(buf).value in (None, 0)
+    except Exception:  # noqa: BLE001 - no libc to ask: Python's view
+        return True
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM: export within the deadline, then end by the signal (see above). Runs on the
+    main thread, between two bytecodes: never inside an SDK start or stop (``atomic`` holds
+    it back until those end)."""
+    global _term_pending
+    try:
+        signal.signal(signum, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    except (ValueError, OSError):
+        pass
+    if _shutting_down and os.getpid() == _term_pid:
+        _term_pending = signum  # shutdown() (the exit's) runs: it ends by the signal after
+        return
+    if os.getpid() != _term_pid or state.shut_down:
+        _end_by(signum)  # a forked child, or nothing left to export
+    sessions = [s for s in (state.explicit, state.ambient) if s is not None]
+    timeout = max((s.config.export_timeout_s for s in sessions), default=0.0)
+    deadline = time.monotonic() + timeout
+    for sess in sessions:  # a window whose stop outlasts the deadline is not analysed
+        sess._pipeline.close_by(deadline)
+    ended = _end_windows_here(sessions)
+    worker = threading.Thread(target=_quiet_shutdown, name="torch-profiled-sigterm", daemon=True)
+    worker.start()
+    worker.join(max(0.0, deadline - time.monotonic()))
+    if worker.is_alive() or not ended:
+        what = "the open window could not be stopped (SIGTERM came inside torch-profiled)"
+        if worker.is_alive():
+            what = (
+                f"the export did not finish within PROFILED_EXPORT_TIMEOUT_S={timeout:g}s: "
+                "what it had not exported is lost"
+            )
+        _say(f"torch-profiled: SIGTERM: {what}; the process ends by the signal")
+    _end_by(signum)
+
+
+def _end_windows_here(sessions: list[Any]) -> bool:
+    """Stop the sessions' open windows on this (the main) thread, which owns their profilers;
+    False where this thread was interrupted holding an SDK lock (waiting for it would never
+    end, ending the window inside would tear its state): then the window is left to the
+    shutdown thread, which cannot stop it, and is lost."""
+    locks = [state.lock, _torch._range_lock] + [s._lock for s in sessions]
+    if any(lock._is_owned() for lock in locks) or not _free(state.mirror_lock):
+        return False
+    for sess in sessions:
+        with sess._lock, atomic():
+            if sess._windows.window is not None:
+                sess._windows.end(partial=True)
+            sess._stops.finish_drain(force=True)
+            sess._stops.run_pending()
+    return True
+
+
+def _free(lock: Any, wait_s: float = 0.2) -> bool:
+    """``lock`` (not re-entrant) is not held, or another thread lets it go within ``wait_s``:
+    held by this thread, it never would."""
+    end = time.monotonic() + wait_s
+    while lock.locked():
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def _quiet_shutdown() -> None:
+    try:
+        shutdown()
+    except BaseException:  # noqa: BLE001 - the process is ending: nothing to raise into
+        pass
+
+
+def _abandon_all() -> int:
+    """The exit's export was interrupted: give up every session's pipeline now; returns how
+    many window reports were not exported."""
+    lost = 0
+    for sess in _closing:
+        try:
+            lost += sum(sess._pipeline._give_up().values())
+        except BaseException:  # noqa: BLE001 - a second Ctrl-C: what is left is lost anyway
+            pass
+    return lost
+
+
+def _say(line: str) -> None:
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - no stderr
+        pass
+
+
+def _end_by(signum: int, *, run_atexit: bool = False) -> None:
+    """End the process by ``signum`` at its default action (the status a launcher expects),
+    standard streams flushed; ``os._exit(128 + signum)`` where the signal could not end it.
+    ``run_atexit`` (at the exit, as Python itself does before it ends an interrupted
+    program by SIGINT): the program's ``atexit`` functions run first."""
+    if run_atexit:
+        try:
+            atexit._run_exitfuncs()
+        except BaseException:  # noqa: BLE001 - they report their own errors; we end anyway
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    try:
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+    except (ValueError, OSError):
+        pass
+    os._exit(128 + signum)
 
 
 state.bind(calls=session_for_calls, explicit=(enter_explicit, exit_explicit))

@@ -54,6 +54,7 @@ __all__ = [
     "TRACE_SHARE_AT_CLOSE",
     "TRACE_WAIT_S",
     "ExportPipeline",
+    "describe",
     "export_report",
     "warn_not_exported",
 ]
@@ -90,14 +91,44 @@ def _trace_path(exporter: Any) -> str | None:
     return path if isinstance(path, str) and path else None
 
 
-def _raised(exc: BaseException) -> str:
+MAX_DESCRIBED = 500
+"""Characters of an exception's ``repr()`` a warning keeps (an exporter's error may carry a
+whole response body; the warnings registry keeps every distinct message)."""
+
+
+def describe(exc: BaseException, catch: type[BaseException] = BaseException) -> str:
+    """``repr(exc)`` for a warning, whatever the exception does: its ``__repr__`` (or its
+    args') may raise, return no ``str`` or return megabytes, its class may hide attributes.
+    Never raises what ``catch`` covers: on an SDK thread (``BaseException``) nothing, on the
+    caller's thread (``Exception``) an interrupt that lands in the ``repr`` is the program's."""
+    try:
+        text = repr(exc)  # repr() itself refuses a __repr__ that returns no str
+    except catch:
+        return f"{_type_name(exc)} (its repr() raised)"
+    if len(text) > MAX_DESCRIBED:
+        text = f"{text[:MAX_DESCRIBED]}... ({len(text)} characters)"
+    return text
+
+
+def _type_name(exc: BaseException) -> str:
+    try:
+        name = type(exc).__qualname__
+        if isinstance(name, str):
+            return name[:MAX_DESCRIBED]
+    except BaseException:  # noqa: BLE001 - a metaclass may do anything
+        pass
+    return "an exception"
+
+
+def _raised(exc: BaseException, catch: type[BaseException] = BaseException) -> str:
     """How a warning names what an exporter raised; a ``BaseException`` that is no
-    ``Exception`` says it went no further (it would otherwise look like the program's)."""
-    if isinstance(exc, Exception):
-        return repr(exc)
+    ``Exception`` says it went no further (it would otherwise look like the program's).
+    ``issubclass`` on the type: ``isinstance`` would ask the object's ``__class__``."""
+    if issubclass(type(exc), Exception):
+        return describe(exc, catch)
     return (
-        f"{exc!r} (caught on torch-profiled's export thread: it stops that call only, "
-        "not the program)"
+        f"{describe(exc, catch)} (caught on torch-profiled's export thread: it stops that call "
+        "only, not the program)"
     )
 
 
@@ -113,7 +144,7 @@ def _export_one(
         return exporter.export(report)
     except catch as exc:  # telemetry never breaks the program
         warn(
-            f"exporter {label or _name(exporter)} raised {_raised(exc)} on window "
+            f"exporter {label or _name(exporter)} raised {_raised(exc, catch)} on window "
             f"{report.window}; its output for this window is lost, the other exporters "
             "still ran",
             ExporterWarning,
@@ -238,11 +269,14 @@ class _Worker:
             try:
                 result = self._handle(job)
             except BaseException as exc:  # noqa: BLE001 - an SDK thread: nothing may end it
-                warn(
-                    f"torch-profiled: the {self.name} thread caught {_raised(exc)} during a "
-                    f"{job.kind} job; that job's output is lost, the thread goes on",
-                    ExporterWarning,
-                )
+                try:
+                    warn(
+                        f"torch-profiled: the {self.name} thread caught {_raised(exc)} during "
+                        f"a {job.kind} job; that job's output is lost, the thread goes on",
+                        ExporterWarning,
+                    )
+                except BaseException:  # noqa: BLE001 - nor may its warning (flush waits on it)
+                    pass
             finally:
                 with self._cond:
                     self._busy = None
@@ -359,6 +393,8 @@ class ExportPipeline:
             "torch-profiled-analysis", self._analyze, "window analysis", ANALYSIS_QUEUE_SIZE
         )
         self.exported = 0  # reports handed to the lanes
+        self.refused = 0  # windows submitted past the closing deadline (not analysed)
+        self._close_by = math.inf
         self._closing = False
         self._closed = False
         # trace writers' jobs notify it; close moves _trace_cutoff (time.monotonic()) and
@@ -379,9 +415,21 @@ class ExportPipeline:
             out[lane.label] = lane.dropped
         return out
 
-    def submit(self, window: Any) -> None:
-        """Hand over a stopped window (the caller's whole cost of a window end)."""
+    def submit(self, window: Any) -> bool:
+        """Hand over a stopped window (the caller's whole cost of a window end). False (not
+        taken) once the closing deadline (``close_by``) has passed: its analysis would only
+        hold the interpreter's lock (reading a big window's events) past the deadline, for a
+        report nobody waits for; it is counted as not exported."""
+        if time.monotonic() >= self._close_by:
+            self.refused += 1
+            return False
         self._analysis.put(_Job("window", window))
+        return True
+
+    def close_by(self, deadline: float) -> None:
+        """The session is closing, within ``deadline`` (``time.monotonic()``): a window
+        stopped past it is not analysed (``submit``)."""
+        self._close_by = min(self._close_by, deadline)
 
     def notice(self, message: str) -> None:
         for lane in self._lanes:
@@ -491,6 +539,8 @@ class ExportPipeline:
                 job.done.wait(max(0.0, deadline - time.monotonic()))
         self._closed = True  # past the deadline: what is still in flight is given up
         lost = self._give_up()
+        if self.refused:
+            lost["analysis"] = lost.get("analysis", 0) + self.refused
         for worker in (self._analysis, *self._lanes):  # healthy ones are ending: wait for it
             worker.join(deadline)
         return lost

@@ -211,9 +211,10 @@ cpu_ops = CpuOps()
 
 def _seen() -> tuple[Any, ...]:
     cur = current
+    waiting = bool(cpu_ops) or bool(PENDING)
     if cur is None:
-        return (None, shut_down, bool(cpu_ops))
-    return (cur, shut_down, bool(cpu_ops), cur.finished, cur.closed, cur._started)
+        return (None, shut_down, waiting)
+    return (cur, shut_down, waiting, cur.finished, cur.closed, cur._started)
 
 
 def refresh_idle() -> None:
@@ -226,8 +227,10 @@ def refresh_idle() -> None:
     while True:
         seen = _seen()
         cur = seen[0]
-        if cpu_ops and (cur is None or cur.finished or cur.closed):
-            # a thread a deferred stop paused must still reach session_for_calls to resume
+        if seen[2] and (cur is None or cur.finished or cur.closed):
+            # a thread a deferred stop paused must still reach session_for_calls to resume,
+            # and the thread a window's stop waits for (``PENDING``) to stop it: a session
+            # that closed (the exit) while another thread's window recorded
             _write(False, None, _hook)
         elif cur is None:
             _write(seen[1], None, _hook)
@@ -252,7 +255,7 @@ def resume_idle_thread() -> None:
     cpu_ops.resume_here()
     if PENDING:
         run_pending_stops()
-    if not cpu_ops:
+    if not cpu_ops and not PENDING:
         refresh_idle()
 
 

@@ -25,6 +25,20 @@ from .reporting import EndedWindow
 if TYPE_CHECKING:
     from .sessions import Session
 
+TORCH_FAILURES: tuple[type[BaseException], ...] = (
+    RuntimeError,  # torch's C++ errors (and their subclasses)
+    ValueError,
+    TypeError,
+    AssertionError,
+    AttributeError,
+    ImportError,
+)
+"""What a failing profiler start, prepare or stop of torch's raises: the window is lost with a
+warning. Anything else landing there is the program's own (a timeout library's exception
+injected into the thread with ``PyThreadState_SetAsyncExc``: func_timeout, stopit) and goes
+on to the program, as it would have without the SDK (``ProfilerWindow`` leaves no profiler
+on either way)."""
+
 MAX_DRAIN_STEPS = 4
 """A CUDA window's deferred stop waits at most this many step boundaries for the window's
 kernels to have run, then waits for them (not for the whole device) and stops; 0 stops at the
@@ -190,6 +204,7 @@ class Stops:
         if self.session not in state.PENDING:
             state.PENDING.append(self.session)
         state.set_first_call_hook(self.session._windows.first_call)
+        state.refresh_idle()  # a closed session's calls must still come to stop it
 
     def pending_is_here(self) -> bool:
         """The pending stop is this thread's to do (or its thread has ended). Lock-free."""
@@ -219,6 +234,8 @@ class Stops:
             return
         if self.session in state.PENDING:
             state.PENDING.remove(self.session)
+        if not state.PENDING:
+            state.refresh_idle()  # calls may go idle again
 
     def stop(
         self, window: _torch.ProfilerWindow, *, sync: bool = True, lost: str = "; window lost"
@@ -239,7 +256,7 @@ class Stops:
             return False
         try:
             window.stop(sync=sync)
-        except Exception as exc:  # noqa: BLE001
+        except TORCH_FAILURES as exc:  # anything else is the program's own (see above)
             sess._warn(f"the profiler could not be stopped cleanly ({exc!r}){lost}")
             return False
         return True
@@ -252,7 +269,7 @@ class Stops:
         index = sess._window_index
         sess._window_index += 1
         sess.windows_ended += 1
-        sess._pipeline.submit(
+        taken = sess._pipeline.submit(
             EndedWindow(
                 window,
                 index,
@@ -266,3 +283,10 @@ class Stops:
                 recorded.reason,
             )
         )
+        if not taken:
+            sess._warn(
+                f"window {index} was still open at the session's end, and torch's stop of it "
+                "(synchronous, no deadline can cut it short: it grows with the window's "
+                "events) took past PROFILED_EXPORT_TIMEOUT_S; its report was dropped, not "
+                "analysed"
+            )

@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from exporters._warn import warn
+
 from . import _torch, state, stops
 from ._atomic import atomic
+from .pipeline import describe
 from .report import WindowReason
 from .sampling import Action
-from .stops import Recorded, Stops
+from .stops import TORCH_FAILURES, Recorded, Stops
 from .tracefile import STEP_MARKER, WINDOW_END
 
 if TYPE_CHECKING:
@@ -59,6 +63,7 @@ class Windows:
     window: _torch.ProfilerWindow | None = None
     steps: list[int] = field(default_factory=list)
     start_ns: int = 0
+    step_start_ns: int = 0  # when the step in progress began recording
     active_started: bool = False  # the open window has begun its recorded steps
     told: bool = False  # the exporters' window_started hooks were called
     start_due: bool = False  # its profiler waits for the step's first decorated call
@@ -116,9 +121,9 @@ class Windows:
                 with_flops=config.with_flops,
                 all_threads=config.all_threads,
             )
-        except Exception as exc:  # noqa: BLE001
-            sess._skip_reason = f"the profiler could not be prepared ({exc!r})"
-            sess._warn(f"the profiler could not be prepared ({exc!r}); window skipped")
+        except TORCH_FAILURES as exc:
+            sess._skip_reason = f"the profiler could not be prepared ({describe(exc)})"
+            sess._warn(f"the profiler could not be prepared ({describe(exc)}); window skipped")
             return False
         self.window = window
         self.reason = sess._planner.reason
@@ -151,9 +156,10 @@ class Windows:
                 return
         if cur is Action.WARMUP:
             return
+        self.step_start_ns = time.time_ns()  # the boundary: the last recorded step's end
         if not self.active_started:
             self.active_started = True
-            self.start_ns = time.time_ns()
+            self.start_ns = self.step_start_ns
             self.told = False
             if self.session._window_hooks or state.cpu_ops:
                 state.set_first_call_hook(self.first_call)
@@ -193,7 +199,11 @@ class Windows:
             try:
                 hook(index)
             except Exception as exc:  # noqa: BLE001 - telemetry never breaks the program
-                sess._warn(f"exporter hook {hook!r} raised {exc!r} at window start; ignored")
+                owner = type(getattr(hook, "__self__", hook)).__name__  # its repr may raise
+                sess._warn(
+                    f"exporter {owner}'s window_started raised {describe(exc, Exception)} at "
+                    "window start; ignored"
+                )
 
     def _start(self, window: _torch.ProfilerWindow) -> bool:
         sess = self.session
@@ -202,11 +212,17 @@ class Windows:
             self.drop()
             return False
         try:
-            started = window.start()
-        except Exception as exc:  # noqa: BLE001
-            sess._warn(f"the profiler could not start ({exc!r}); window skipped")
+            started = start_keeping_warnings(window)
+        except TORCH_FAILURES as exc:
+            sess._warn(f"the profiler could not start ({describe(exc)}); window skipped")
             self.discard()
             return False
+        except BaseException:
+            # not torch's failure: the program's own exception (a timeout injected into this
+            # thread, PyThreadState_SetAsyncExc) landed in the start: it is the program's,
+            # and ``ProfilerWindow.start`` left no profiler on
+            self.drop()
+            raise
         if not started:  # another session's window (ending on its thread) is on
             sess._skip_reason = (
                 "another torch-profiled window's profiler was still on when this one was due"
@@ -258,7 +274,12 @@ class Windows:
         sess = self.session
         if window.recording and not window.overtaken():
             mark(WINDOW_END)
-        recorded = Recorded(steps, partial, self.start_ns, time.time_ns(), self.reason)
+        end_ns = time.time_ns()
+        if partial and steps and self.step_start_ns:
+            # ended between steps (the session's close, the exit): what it recorded ends with
+            # its last recorded step, not with the idle time until this stop
+            end_ns = self.step_start_ns
+        recorded = Recorded(steps, partial, self.start_ns, end_ns, self.reason)
         sess._planner.window_ended()
         short_steps = steps and (recorded.end_ns - recorded.start_ns) / len(steps) < (
             stops.DEFER_MAX_STEP_NS
@@ -298,3 +319,19 @@ def foreign_reason() -> str:
 def mark(name: str) -> None:
     """A zero-length marker event in the running profiler (see ``tracefile.shape_trace``)."""
     _torch.range_exit(_torch.range_enter(name))
+
+
+def start_keeping_warnings(window: _torch.ProfilerWindow) -> bool:
+    """``window.start()`` with the warnings torch gives there (``CUDA is not available,
+    disabling CUDA profiling`` for ``PROFILED_ACTIVITIES=cpu,cuda`` on a host without a GPU)
+    issued as the SDK's own (``warn``: never raised): under ``python -W error`` torch's
+    ``warnings.warn`` would raise out of its start and lose the window. The filters are
+    process-wide, so another thread's warning given during the start is collected and
+    issued the same way (never lost, never raised)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        started = window.start()
+    for item in caught:
+        category = item.category if issubclass(item.category, Warning) else UserWarning
+        warn(str(item.message), category)
+    return started
