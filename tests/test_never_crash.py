@@ -63,6 +63,7 @@ print("done")
 """
 
 
+@pytest.mark.timeout(900)  # three runs of up to ~75 s each on the busy box, and a hang's 600 s
 def test_a_range_held_across_windows_never_crashes(run_python, tmp_path):
     """The issue's reproduction: every window ends inside an open ``chunk``."""
     reports = _run(run_python, tmp_path, HELD_ACROSS_STEPS, every=4, runs=3)
@@ -136,6 +137,7 @@ print("done")
 """
 
 
+@pytest.mark.timeout(900)  # two runs, and a hang's 600 s
 def test_free_running_threads_with_configure_and_flush(run_python, tmp_path):
     """8 threads x 2000 root calls (each ends a step), windows every 5 steps, while another
     thread flushes and reconfigures: ranges of every thread cross window boundaries."""
@@ -213,6 +215,7 @@ print("done", interrupts, steps, before, after)
 """
 
 
+@pytest.mark.timeout(900)  # two runs of up to ~75 s each on the busy box, and a hang's 600 s
 def test_an_interrupt_storm_never_leaves_the_profiler_on(run_python, tmp_path):
     """A signal handler that raises every 0.3 ms lands anywhere, windows' starts and stops
     included: the program's exception comes through unchanged, no profiler is left on,
@@ -464,6 +467,7 @@ print("hung", hung)
 """
 
 
+@pytest.mark.timeout(900)
 def test_children_forked_while_another_thread_runs_windows_never_hang(run_python):
     """The parent's lock may be held by its training thread at the fork: the child makes its
     own (14 children of 40 hung before)."""
@@ -515,6 +519,7 @@ t.join()
 """
 
 
+@pytest.mark.timeout(900)
 def test_a_child_forked_while_another_thread_owns_a_window_never_touches_it(run_python):
     """A forked child clears the parent's other threads' locals as it starts: the window a
     thread of the parent owns is the parent's, never stopped from the child (which hung on its
