@@ -301,7 +301,8 @@ def test_07_service_metrics_counts_every_request_and_profiles_the_slow_one(tmp_p
     assert stdout.split("scraped: ")[1].split("\n")[0].endswith("} 300"), stdout
     # no scheduled window; the slow request opened one, and its report says so (else the
     # requests' p50 and p99, printed at the end, say how far off the factor was)
-    assert "window 0: step 200 took " in stdout and "(slow_step=20)" in stdout, stdout
+    assert "window 0: step 200 took " in stdout, stdout
+    assert re.search(r"\(slow_step=(30|100)\)", stdout), stdout  # the CPU's, a GPU's factor
     assert "window 1:" not in stdout  # one window: at most one per 10 s
     assert "opened by slow_step: step 200 took" in stderr  # the console table's line
     for name in ("generate", "request", "tokenize"):
