@@ -38,6 +38,7 @@ from .decorator import _DEPTH, _compiled_step_returned, _enter, _exit, _step_if_
 __all__ = ["ModuleHandle", "instrument_module"]
 
 _FLAG = _torch.PROFILER_FLAG
+_range_exit = _torch.range_exit
 _is_compiling = _torch.is_compiling
 
 # Open module ranges of this thread / asyncio task, innermost last: (hooks, decorator state).
@@ -108,10 +109,10 @@ def _close_stale(entries: tuple[tuple[Any, Any], ...]) -> None:
     their modules runs (or an enclosing module's hook does). A module that calls itself
     recursively is therefore one range, from its innermost call.
     """
-    for _, (rf, token, *_rest) in reversed(entries):
+    for _, (opened, token, *_rest) in reversed(entries):
+        if opened is not None:  # ``_torch.range_enter``'s holder, never a bare range: its
+            _range_exit(opened)  # profiler may have ended meanwhile (ended there: a segfault)
         try:
-            if rf is not None:
-                rf.__exit__(None, None, None)
             _DEPTH.reset(token)
         except (RuntimeError, ValueError):  # another context (a new notebook cell): let go
             pass
