@@ -19,7 +19,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import socket
 import threading
 import warnings
@@ -53,6 +55,7 @@ __all__ = [
     "OURS",
     "profiler_on",
     "run_after_graph",
+    "safe_name",
 ]
 
 TORCH_VERSION = torch.__version__
@@ -106,6 +109,48 @@ try:
     from torch.compiler import is_dynamo_compiling
 except ImportError:  # pragma: no cover - old torch
     is_dynamo_compiling = is_compiling
+
+
+# ---------------------------------------------------------------- range names
+
+MAX_NAME = 1024
+"""Longest range name torch is given, in characters: a longer one is cut, with a hash of the
+whole (``safe_name``). Every event of a range carries its name: a 1 MB name called 1000 times
+in a window is a 1 GB trace."""
+
+_UNSAFE = re.compile("[\x00\ud800-\udfff]")
+
+
+def safe_name(name: str) -> str:
+    """``name`` as torch can record it, the same for the same name; ``name`` itself when it is
+    safe already (almost always, told by one ``isascii``/``in`` test for ASCII names).
+
+    torch hands a range's name to C++ as UTF-8: a name holding a surrogate (a file name from
+    ``os.listdir`` with ``surrogateescape``, a lone half of a pair) makes the range's start
+    raise ``RuntimeError: error unpacking string as utf-8``, and a NUL cuts the recorded name
+    short there. So each becomes a percent escape of what it stands for (URL style): the byte
+    ``%FF`` for ``os.fsdecode(b"\\xff")``'s ``\\udcff``, ``%uD800`` for a lone half, ``%00``
+    for NUL. Not a backslash escape: torch's trace writer turns every backslash into ``/``,
+    and the name in the trace would no longer be the range's. A name over ``MAX_NAME``
+    characters keeps its head and ends with ``...#`` and 12 hex digits of a BLAKE2 hash of the
+    whole. Called where a name is given (decoration, the context form's construction, module
+    paths), never per call."""
+    if len(name) <= MAX_NAME and (
+        ("\x00" not in name) if name.isascii() else _UNSAFE.search(name) is None
+    ):
+        return name
+    safe = _UNSAFE.sub(_escape, name)
+    if len(safe) > MAX_NAME:
+        digest = hashlib.blake2b(safe.encode("utf-8"), digest_size=6).hexdigest()
+        safe = f"{safe[: MAX_NAME - 16]}...#{digest}"
+    return safe
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if 0xDC80 <= code <= 0xDCFF:  # surrogateescape's stand-in for the byte code - 0xDC00
+        return f"%{code - 0xDC00:02X}"
+    return f"%{code:02X}" if code < 0x100 else f"%u{code:04X}"
 
 
 # ---------------------------------------------------------------- ranges across windows

@@ -31,6 +31,8 @@ from typing import Any, TypeVar, overload
 import torch
 import wrapt
 
+from exporters._warn import warn as _warn
+
 from . import _torch, state
 from . import metrics as _metrics
 from .config import enabled_from_env
@@ -38,7 +40,7 @@ from .metrics import BATCH as _BATCH
 from .metrics import STEP
 from .metrics import record as _record
 
-__all__ = ["RANGE_NAMES", "profiled"]
+__all__ = ["RANGE_NAMES", "profiled", "range_name"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -464,9 +466,9 @@ def _wrap_module_class(cls: type, name: str | None, is_step: bool) -> type:
     the class unless a name is given) and the class itself is returned, so ``isinstance``,
     subclassing, ``state_dict`` and pickling are unchanged. A subclass that overrides
     ``forward`` without calling ``super().forward`` has no range of its own."""
-    range_name = name or cls.__qualname__
-    RANGE_NAMES.add(range_name)
-    cls.forward = _wrap(cls.forward, range_name, is_step)  # type: ignore[attr-defined]
+    safe = range_name(name or cls.__qualname__)
+    RANGE_NAMES.add(safe)
+    cls.forward = _wrap(cls.forward, safe, is_step)  # type: ignore[attr-defined]
     return cls
 
 
@@ -479,22 +481,53 @@ def _wrap(target: Any, name: str | None, is_step: bool) -> Any:
     if isinstance(target, type) and issubclass(target, torch.nn.Module):
         return _wrap_module_class(target, name, is_step)
     _check_target(target)
-    range_name = (
+    safe = range_name(
         name
         or getattr(target, "__qualname__", None)
         or getattr(target, "__name__", None)
         or type(target).__qualname__
     )
-    RANGE_NAMES.add(range_name)
+    RANGE_NAMES.add(safe)
     if inspect.isasyncgenfunction(target):
-        return _wrap_async_generator(target, range_name, is_step)
+        return _wrap_async_generator(target, safe, is_step)
     if inspect.iscoroutinefunction(target):
-        return _wrap_async(target, range_name, is_step)
+        return _wrap_async(target, safe, is_step)
     if inspect.isgeneratorfunction(target):
-        return _wrap_generator(target, range_name, is_step)
+        return _wrap_generator(target, safe, is_step)
     if inspect.isfunction(target) or inspect.ismethod(target):
-        return _wrap_sync(target, range_name, is_step)
-    return _wrap_callable_object(target, range_name, is_step)
+        return _wrap_sync(target, safe, is_step)
+    return _wrap_callable_object(target, safe, is_step)
+
+
+# ---------------------------------------------------------------- range names
+
+_renamed_told = False
+
+
+def range_name(name: str) -> str:
+    """``name`` as ranges record it (``_torch.safe_name``: surrogates and NUL escaped, a name
+    over ``_torch.MAX_NAME`` characters cut), where the name is given, never per call. The
+    first name changed in this process is told, once: torch would have raised from the
+    decorated call (surrogates) or recorded a name cut short (NUL)."""
+    global _renamed_told
+    safe = _torch.safe_name(name)
+    if safe is not name and not _renamed_told:
+        _renamed_told = True
+        why = (
+            f"it is longer than {_torch.MAX_NAME} characters"
+            if len(name) > _torch.MAX_NAME
+            else "it is not valid UTF-8 (a surrogate: a file name from os.listdir, say) or "
+            "holds a NUL"
+        )
+        shown = safe if len(safe) <= 80 else safe[:77] + "..."
+        _warn(
+            f"torch-profiled: a range name cannot be recorded as given ({why}): it is "
+            f"recorded as {shown!r}; names like it are changed the same way from now on "
+            "(surrogates and NUL become percent escapes like %FF, long names are cut and end "
+            "with a hash), and this is told once",
+            UserWarning,
+        )
+    return safe
 
 
 # ---------------------------------------------------------------- the public object
@@ -510,11 +543,12 @@ class _Profiled:
     __slots__ = ("name", "step", "enabled")
 
     def __init__(self, name: str | None, step: bool) -> None:
+        if name is not None:
+            name = range_name(name)
+            RANGE_NAMES.add(name)
         self.name = name
         self.step = step
         self.enabled = enabled_from_env()
-        if name is not None:
-            RANGE_NAMES.add(name)
         if step and self.enabled:
             state.declare_steps()
 

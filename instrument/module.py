@@ -33,7 +33,14 @@ import torch
 
 from . import _torch, decorator, state
 from .config import enabled_from_env
-from .decorator import _DEPTH, _compiled_step_returned, _enter, _exit, _step_if_counting
+from .decorator import (
+    _DEPTH,
+    _compiled_step_returned,
+    _enter,
+    _exit,
+    _step_if_counting,
+    range_name,
+)
 
 __all__ = ["ModuleHandle", "instrument_module"]
 
@@ -249,7 +256,7 @@ def _select(
     selected: list[tuple[torch.nn.Module, str, bool]] = []
     for path, module in model.named_modules():
         if not path:
-            selected.append((module, prefix or type(model).__name__, True))
+            selected.append((module, range_name(prefix or type(model).__name__), True))
             continue
         if depth is not None and path.count(".") + 1 > depth:
             continue
@@ -257,7 +264,7 @@ def _select(
             continue
         if exc is not None and _matches(path, module, exc):
             continue
-        selected.append((module, f"{prefix}.{path}" if prefix else path, False))
+        selected.append((module, range_name(f"{prefix}.{path}" if prefix else path), False))
     return selected
 
 
