@@ -251,6 +251,40 @@ def _call(
             sess._root_call_returned()
 
 
+# ---------------------------------------------------------------- tracebacks
+
+_OWN_MODULES = frozenset({__name__, _torch.__name__})
+"""The modules of a decorated call's path: their frames are left out of the program's
+tracebacks (``_hide_own_frames``)."""
+
+
+def _hide_own_frames(exc: BaseException) -> None:
+    """Leave the call path's frames (wrapper, ``_call``, ``_timed``, ``ranged_call``...) out of
+    ``exc``'s traceback as it leaves the SDK, so that a decorated function's traceback reads
+    as the undecorated one's: the same exception object, its ``__cause__`` and
+    ``__context__`` untouched; the traceback's entries relinked (``tb_next`` is writable).
+    Only for an exception raised in the program's code: one raised by the SDK itself (its
+    innermost frame is ours: a bug, a signal handler's exception landing in our code, a
+    call with arguments the function does not take) keeps every frame. Runs only when
+    something raised: the ``try`` around a call costs nothing in Python 3.11+."""
+    try:
+        tb = exc.__traceback__
+        kept = []
+        last = tb
+        while tb is not None:
+            if tb.tb_frame.f_globals.get("__name__") not in _OWN_MODULES:
+                kept.append(tb)
+            last, tb = tb, tb.tb_next
+        if not kept or kept[-1] is not last:
+            return
+        for outer, inner in zip(kept, kept[1:]):
+            if outer.tb_next is not inner:
+                outer.tb_next = inner
+        exc.__traceback__ = kept[0]
+    except Exception:  # noqa: BLE001 - never lose the program's exception over a traceback
+        pass
+
+
 # ---------------------------------------------------------------- wrappers per kind
 
 
@@ -268,31 +302,36 @@ def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...,
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if _COUNT_ONLY is not None and not _is_dynamo_compiling():
-            t0 = _now()  # metrics only (nothing else needs the call): timed inline
-            try:
+        try:
+            if _COUNT_ONLY is not None and not _is_dynamo_compiling():
+                t0 = _now()  # metrics only (nothing else needs the call): timed inline
+                try:
+                    return f(*args, **kwargs)
+                finally:
+                    # metrics.record inlined (tests/test_metrics.py checks both give the same
+                    # histograms)
+                    append((_now() - t0) * 1e9)
+                    if len(pending) >= _BATCH:
+                        fold(name)
+            if _IDLE:
+                if not _FLAG._is_profiler_enabled or _is_compiling():
+                    return f(*args, **kwargs)
+                # someone else's profiler records and no session counts steps: only the range
+                return _ranged(f, name, args, kwargs)
+            if _is_compiling():
+                if is_step:  # in compiled code the step still ends, right after the graph runs
+                    result = f(*args, **kwargs)
+                    _compiled_step_returned()
+                    return result
                 return f(*args, **kwargs)
-            finally:
-                # metrics.record inlined (tests/test_metrics.py checks both give the same
-                # histograms)
-                append((_now() - t0) * 1e9)
-                if len(pending) >= _BATCH:
-                    fold(name)
-        if _IDLE:
-            if not _FLAG._is_profiler_enabled or _is_compiling():
-                return f(*args, **kwargs)
-            # someone else's profiler records and no session counts steps: only the range
-            return _ranged(f, name, args, kwargs)
-        if _is_compiling():
-            if is_step:  # in compiled code the step still ends, right after the graph runs
-                result = f(*args, **kwargs)
-                _compiled_step_returned()
-                return result
-            return f(*args, **kwargs)
-        m = _METRICS
-        if m is not None:
-            return _timed(m, f, name, is_step, args, kwargs)
-        return _call(f, name, is_step, args, kwargs)
+            m = _METRICS
+            if m is not None:
+                return _timed(m, f, name, is_step, args, kwargs)
+            return _call(f, name, is_step, args, kwargs)
+
+        except BaseException as exc:  # the one place it leaves the SDK: without our frames
+            _hide_own_frames(exc)
+            raise
 
     return wrapper
 
@@ -300,13 +339,17 @@ def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...,
 def _wrap_async(f: Callable[..., Any], name: str, is_step: bool) -> Callable[..., Any]:
     @functools.wraps(f)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if _IDLE and not _FLAG._is_profiler_enabled:
-            return await f(*args, **kwargs)
-        state = _enter(name)
         try:
-            return await f(*args, **kwargs)
-        finally:
-            _exit(state, is_step)
+            if _IDLE and not _FLAG._is_profiler_enabled:
+                return await f(*args, **kwargs)
+            state = _enter(name)
+            try:
+                return await f(*args, **kwargs)
+            finally:
+                _exit(state, is_step)
+        except BaseException as exc:
+            _hide_own_frames(exc)
+            raise
 
     return wrapper
 
@@ -333,9 +376,10 @@ def _wrap_generator(f: Callable[..., Any], name: str, is_step: bool) -> Callable
                 elif is_step:
                     _step_if_counting()
                 return stop.value
-            except BaseException:
+            except BaseException as exc:
                 if state is not None:
                     _exit(state, False, False)
+                _hide_own_frames(exc)
                 raise
             if state is not None:
                 _exit(state, False, False)
@@ -374,9 +418,10 @@ def _wrap_async_generator(f: Callable[..., Any], name: str, is_step: bool) -> Ca
                     elif is_step:
                         _step_if_counting()
                     return
-                except BaseException:
+                except BaseException as exc:
                     if state is not None:
                         _exit(state, False, False)
+                    _hide_own_frames(exc)
                     raise
                 if state is not None:
                     _exit(state, False, False)
@@ -436,27 +481,36 @@ def _wrap_callable_object(obj: Any, name: str, is_step: bool) -> Any:
         inner = make(obj, name, is_step)
 
         def kind_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-            if wrapped is obj:
-                return inner(*args, **kwargs)
-            return make(wrapped, name, is_step)(*args, **kwargs)  # bound by a descriptor
+            try:
+                if wrapped is obj:
+                    return inner(*args, **kwargs)
+                return make(wrapped, name, is_step)(*args, **kwargs)  # bound by a descriptor
+            except BaseException as exc:
+                _hide_own_frames(exc)
+                raise
 
         return wrapt.FunctionWrapper(obj, kind_wrapper)
 
     def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        if _IDLE:
-            if not _FLAG._is_profiler_enabled or _is_compiling():
+        try:
+            if _IDLE:
+                if not _FLAG._is_profiler_enabled or _is_compiling():
+                    return wrapped(*args, **kwargs)
+                return _ranged(wrapped, name, args, kwargs)
+            if _is_compiling():
+                if is_step:
+                    result = wrapped(*args, **kwargs)
+                    _compiled_step_returned()
+                    return result
                 return wrapped(*args, **kwargs)
-            return _ranged(wrapped, name, args, kwargs)
-        if _is_compiling():
-            if is_step:
-                result = wrapped(*args, **kwargs)
-                _compiled_step_returned()
-                return result
-            return wrapped(*args, **kwargs)
-        m = _METRICS
-        if m is not None:
-            return _timed(m, wrapped, name, is_step, args, kwargs)
-        return _call(wrapped, name, is_step, args, kwargs)
+            m = _METRICS
+            if m is not None:
+                return _timed(m, wrapped, name, is_step, args, kwargs)
+            return _call(wrapped, name, is_step, args, kwargs)
+
+        except BaseException as exc:
+            _hide_own_frames(exc)
+            raise
 
     return wrapt.FunctionWrapper(obj, wrapper)
 
