@@ -586,6 +586,10 @@ def range_name(name: str) -> str:
 
 # ---------------------------------------------------------------- the public object
 
+_COMPILED_NAME = "(compiled)"
+"""The name of every context-form range made inside ``torch.compile``d code (``profiled``):
+none records there, and a run-time name must not become a guard."""
+
 
 class _Profiled:
     """What ``profiled("name", step=...)`` returns: a decorator and a context manager.
@@ -597,6 +601,12 @@ class _Profiled:
     __slots__ = ("name", "step", "enabled")
 
     def __init__(self, name: str | None, step: bool) -> None:
+        if _is_compiling():
+            # nothing global read or written in compiled code: Dynamo would guard on it (on
+            # RANGE_NAMES's contents: every compiled block recompiled at each new name
+            # anywhere); a step=True block's step still ends, which declares steps
+            self.name, self.step, self.enabled = _COMPILED_NAME, step, True
+            return
         if name is not None:
             name = range_name(name)
             RANGE_NAMES.add(name)
@@ -616,12 +626,14 @@ class _Profiled:
         return _wrap(target, self.name, self.step)
 
     def __enter__(self) -> _Profiled:
+        if _is_compiling():
+            # no range in compiled code (see _torch.is_compiling); no state kept; and the
+            # name is not read: a run-time name would be a guard, a recompile per name
+            return self
         if self.name is None:
             raise TypeError('the context form needs a name: use `with profiled("name"):`')
         if not self.enabled:
             return self
-        if _is_compiling():
-            return self  # no range in compiled code (see _torch.is_compiling); no state kept
         if _IDLE and not _FLAG._is_profiler_enabled:
             if not self.step:
                 # nothing records and no step can end: keep no entry (setting the context
@@ -662,6 +674,8 @@ class _Profiled:
         return self.__exit__(exc_type, exc, tb)
 
 
+
+
 def _check_target(target: Any) -> None:
     if isinstance(target, (classmethod, staticmethod)):
         target = target.__func__
@@ -689,6 +703,12 @@ def profiled(name_or_target: Any = None, /, *, step: bool = False) -> Any:
     """
     if not isinstance(step, bool):
         raise TypeError(f"step must be a bool, got {type(step).__name__} {step!r}")
+    if _is_compiling() and isinstance(name_or_target, str):
+        # ``with profiled(f"step{i}")`` in compiled code: no range there, and the name must
+        # stay out of the graph: read (checked, kept), each new name would be a guard, and
+        # the function would recompile per name until Dynamo's limit sends it back to eager.
+        # A new object all the same: Dynamo enters only context managers made in the graph
+        return _Profiled(_COMPILED_NAME, step)
     if name_or_target is None or isinstance(name_or_target, str):
         if isinstance(name_or_target, str) and not name_or_target.strip():
             raise ValueError("the range name must not be empty")
