@@ -19,13 +19,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import socket
+import sys
 import threading
 import warnings
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -173,6 +176,13 @@ _epoch = 0
 (``_profiler_changes``) and the program's (``_foreign_change``)."""
 _orphans: list[Any] = []
 """Ranges whose profiler ended before they did: freed once no profiler is on."""
+
+
+def switches() -> int:
+    """How many times any torch profiler (ours or the program's) started or stopped so far (a
+    count that moves at each; only its changes mean anything): a step in which it moved
+    holds a profiler's start-up or stop, kept out of the step statistics."""
+    return _epoch
 
 
 def range_enter(name: str) -> list[Any]:
@@ -526,7 +536,8 @@ class ProfilerWindow:
             # torch 2.11 warns that a new cycle clears the last one's events: each of our
             # windows is its own profiler, so there is nothing to keep
             warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
-            self._prof.prepare_trace()
+            with _inductor_left_alone():
+                self._prof.prepare_trace()
         self.prepared = True
 
     def start(self) -> bool:
@@ -593,7 +604,8 @@ class ProfilerWindow:
                 _changing_thread = threading.get_ident()
                 try:
                     clear = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-                    clear.start()
+                    with _inductor_left_alone():
+                        clear.start()
                     clear.stop()
                 except Exception:  # noqa: BLE001 - nothing better to do: windows go on
                     pass
@@ -689,6 +701,39 @@ class ProfilerWindow:
 
     def export_chrome_trace(self, path: str) -> None:
         self._prof.export_chrome_trace(path)
+
+
+@contextlib.contextmanager
+def _inductor_left_alone() -> Iterator[None]:
+    """torch's ``prepare_trace`` asks ``hasattr(torch, "_inductor")`` to read one setting
+    (``triton.cudagraphs``, for a CUPTI workaround): torch's lazy ``__getattr__`` imports
+    Inductor for that (sympy, mpmath...: 822 modules, 2.2-4.5 s on the busy 2-core box, in the
+    step that starts the first window). Where Inductor is not imported yet, nothing can have
+    set that setting but its environment variable, so the question gets torch's answer for a
+    missing module here, on this thread only (others see torch's ``__getattr__`` as ever),
+    and the program pays nothing: the first start costs ~10 ms, not seconds. Where Inductor
+    is loaded, or ``TORCHINDUCTOR_CUDAGRAPHS=1``, torch asks as it always does."""
+    lazy = torch.__dict__.get("__getattr__")
+    if (
+        lazy is None
+        or "torch._inductor" in sys.modules
+        or os.environ.get("TORCHINDUCTOR_CUDAGRAPHS") == "1"
+    ):
+        yield
+        return
+    me = threading.get_ident()
+
+    def without_inductor(name: str) -> Any:
+        if name == "_inductor" and threading.get_ident() == me:
+            raise AttributeError(f"module 'torch' has no attribute {name!r}")
+        return lazy(name)
+
+    torch.__getattr__ = without_inductor  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        if torch.__dict__.get("__getattr__") is without_inductor:
+            torch.__getattr__ = lazy  # type: ignore[attr-defined]
 
 
 def _cuda_in_use(use_device: Any) -> bool:

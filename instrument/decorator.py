@@ -123,13 +123,14 @@ _torch.on_switch(_profiler_switched)
 # ---------------------------------------------------------------- range enter/exit
 
 
-def _enter(name: str, timed: bool = True) -> tuple[Any, Any, int, Any, str, float, Any]:
+def _enter(name: str, timed: bool = True) -> tuple[Any, Any, int, Any, str, float, Any, int]:
     """Start a range: (fast range or None, depth token, depth before, session or None, name,
-    start time for the metrics or 0, device-time sample or None). ``timed``: counted in the
-    metrics while they are on."""
+    start time for the metrics or 0, device-time sample or None, profiler switches so far).
+    ``timed``: counted in the metrics while they are on."""
     sess = state.session_for_calls()
     depth = _DEPTH.get()
     token = _DEPTH.set(depth + 1)
+    switches = _torch.switches()  # before the first-call hook, which may start a window
     if _ON_FIRST_CALL is not None:
         _ON_FIRST_CALL()
     m = _METRICS if timed else None
@@ -139,18 +140,19 @@ def _enter(name: str, timed: bool = True) -> tuple[Any, Any, int, Any, str, floa
     if _FLAG._is_profiler_enabled:
         # last, and straight into the caller's state: nothing between the range's start and
         # its holder's safe keeping can raise and leave it live in a traceback's frame
-        return _range_enter(name), token, depth, sess, name, t0, sampled
-    return None, token, depth, sess, name, t0, sampled
+        return _range_enter(name), token, depth, sess, name, t0, sampled, switches
+    return None, token, depth, sess, name, t0, sampled, switches
 
 
 def _exit(state: tuple[Any, ...], is_step: bool, root_ends_step: bool = True) -> None:
-    rf, token, depth, sess, name, t0, sampled = state
+    rf, token, depth, sess, name, t0, sampled, switches = state
     _DEPTH.reset(token)
     if rf is not None:
         _range_exit(rf)
     m = _METRICS  # (read once: another thread may switch metrics off meanwhile)
     if t0 and m is not None:
-        _record(m, name, (_now() - t0) * 1e9, is_step)
+        # a step in which a profiler started or stopped is no step time (``_timed``)
+        _record(m, name, (_now() - t0) * 1e9, is_step and switches == _torch.switches())
     if sampled is not None:
         sampled[0].end(sampled)
     if sess is not None:
@@ -196,6 +198,7 @@ def _timed(
     ``_METRICS`` the caller saw (read once: another thread may switch metrics off)."""
     sampler = recorder.device  # (read once: metrics may be switched off meanwhile)
     sampled = sampler.start(name) if sampler is not None else None
+    switches = _torch.switches() if is_step else 0
     t0 = _now()
     try:
         if _SESSION is not None or (not _QUIET and state.session_for_calls() is not None):
@@ -206,6 +209,10 @@ def _timed(
             return _ranged_call(f, name, args, kwargs)
         return f(*args, **kwargs)
     finally:
+        # A step in which a profiler started or stopped (a window's start at its first call,
+        # its stop at its return) stays out of the step histogram: it holds torch's start-up
+        # or stop, not the program's step (the range's own histogram keeps the call).
+        is_step = is_step and switches == _torch.switches()
         _record(recorder, name, (_now() - t0) * 1e9, is_step)
         if sampled is not None:
             sampled[0].end(sampled)
