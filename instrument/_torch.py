@@ -728,12 +728,12 @@ def _inductor_left_alone() -> Iterator[None]:
             raise AttributeError(f"module 'torch' has no attribute {name!r}")
         return lazy(name)
 
-    torch.__getattr__ = without_inductor  # type: ignore[attr-defined]
+    setattr(torch, "__getattr__", without_inductor)  # noqa: B010 - torch's module __getattr__
     try:
         yield
     finally:
         if torch.__dict__.get("__getattr__") is without_inductor:
-            torch.__getattr__ = lazy  # type: ignore[attr-defined]
+            setattr(torch, "__getattr__", lazy)  # noqa: B010
 
 
 def _cuda_in_use(use_device: Any) -> bool:

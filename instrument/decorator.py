@@ -606,6 +606,7 @@ class _Profiled:
     """
 
     __slots__ = ("name", "step", "enabled")
+    name: str | None
 
     def __init__(self, name: str | None, step: bool) -> None:
         if _is_compiling():
@@ -679,8 +680,6 @@ class _Profiled:
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         return self.__exit__(exc_type, exc, tb)
-
-
 
 
 def _check_target(target: Any) -> None:

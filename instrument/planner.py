@@ -74,9 +74,10 @@ class SlowSteps:
     ``ended(step, now_ns, in_window)`` is called at every step boundary with one
     ``time.perf_counter_ns()``; the time from the previous boundary is the step's. Steps inside
     a window, those settling after one (``SLOW_SETTLE_STEPS``, ``SLOW_SETTLE_NS``) and those
-    in which a torch profiler started or stopped (the program's own too) are skipped; the others are judged against the median of the last ``SLOW_HISTORY`` judged
-    steps, once ``SLOW_WARMUP`` of them are in, then added to it (kept sorted as they come
-    and go: with the step's timing ~0.5 µs a step on the 2-core CPU box)."""
+    in which a torch profiler started or stopped (the program's own too) are skipped; the
+    others are judged against the median of the last ``SLOW_HISTORY`` judged steps, once
+    ``SLOW_WARMUP`` of them are in, then added to it (kept sorted as they come and go: with
+    the step's timing ~0.5 µs a step on the 2-core CPU box)."""
 
     def __init__(self, factor: float) -> None:
         self.factor = factor
@@ -239,9 +240,7 @@ class WindowPlanner:
         a window if the caps and ``min_interval_s`` allow."""
         if self.slow is None:
             return False
-        self.slow_pending = self.slow.ended(
-            step, now_ns, self.cycle_start is not None, switches
-        )
+        self.slow_pending = self.slow.ended(step, now_ns, self.cycle_start is not None, switches)
         return self.slow_pending is not None
 
     def window_ended(self) -> None:
