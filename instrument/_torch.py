@@ -19,11 +19,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import re
 import socket
+import sys
 import threading
 import warnings
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -53,6 +58,7 @@ __all__ = [
     "OURS",
     "profiler_on",
     "run_after_graph",
+    "safe_name",
 ]
 
 TORCH_VERSION = torch.__version__
@@ -108,6 +114,48 @@ except ImportError:  # pragma: no cover - old torch
     is_dynamo_compiling = is_compiling
 
 
+# ---------------------------------------------------------------- range names
+
+MAX_NAME = 1024
+"""Longest range name torch is given, in characters: a longer one is cut, with a hash of the
+whole (``safe_name``). Every event of a range carries its name: a 1 MB name called 1000 times
+in a window is a 1 GB trace."""
+
+_UNSAFE = re.compile("[\x00\ud800-\udfff]")
+
+
+def safe_name(name: str) -> str:
+    """``name`` as torch can record it, the same for the same name; ``name`` itself when it is
+    safe already (almost always, told by one ``isascii``/``in`` test for ASCII names).
+
+    torch hands a range's name to C++ as UTF-8: a name holding a surrogate (a file name from
+    ``os.listdir`` with ``surrogateescape``, a lone half of a pair) makes the range's start
+    raise ``RuntimeError: error unpacking string as utf-8``, and a NUL cuts the recorded name
+    short there. So each becomes a percent escape of what it stands for (URL style): the byte
+    ``%FF`` for ``os.fsdecode(b"\\xff")``'s ``\\udcff``, ``%uD800`` for a lone half, ``%00``
+    for NUL. Not a backslash escape: torch's trace writer turns every backslash into ``/``,
+    and the name in the trace would no longer be the range's. A name over ``MAX_NAME``
+    characters keeps its head and ends with ``...#`` and 12 hex digits of a BLAKE2 hash of the
+    whole. Called where a name is given (decoration, the context form's construction, module
+    paths), never per call."""
+    if len(name) <= MAX_NAME and (
+        ("\x00" not in name) if name.isascii() else _UNSAFE.search(name) is None
+    ):
+        return name
+    safe = _UNSAFE.sub(_escape, name)
+    if len(safe) > MAX_NAME:
+        digest = hashlib.blake2b(safe.encode("utf-8"), digest_size=6).hexdigest()
+        safe = f"{safe[: MAX_NAME - 16]}...#{digest}"
+    return safe
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if 0xDC80 <= code <= 0xDCFF:  # surrogateescape's stand-in for the byte code - 0xDC00
+        return f"%{code - 0xDC00:02X}"
+    return f"%{code:02X}" if code < 0x100 else f"%u{code:04X}"
+
+
 # ---------------------------------------------------------------- ranges across windows
 #
 # A ``_RecordFunctionFast`` keeps, from its ``__enter__``, a pointer into the state of the
@@ -128,6 +176,13 @@ _epoch = 0
 (``_profiler_changes``) and the program's (``_foreign_change``)."""
 _orphans: list[Any] = []
 """Ranges whose profiler ended before they did: freed once no profiler is on."""
+
+
+def switches() -> int:
+    """How many times any torch profiler (ours or the program's) started or stopped so far (a
+    count that moves at each; only its changes mean anything): a step in which it moved
+    holds a profiler's start-up or stop, kept out of the step statistics."""
+    return _epoch
 
 
 def range_enter(name: str) -> list[Any]:
@@ -481,7 +536,8 @@ class ProfilerWindow:
             # torch 2.11 warns that a new cycle clears the last one's events: each of our
             # windows is its own profiler, so there is nothing to keep
             warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
-            self._prof.prepare_trace()
+            with _inductor_left_alone():
+                self._prof.prepare_trace()
         self.prepared = True
 
     def start(self) -> bool:
@@ -548,7 +604,8 @@ class ProfilerWindow:
                 _changing_thread = threading.get_ident()
                 try:
                     clear = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-                    clear.start()
+                    with _inductor_left_alone():
+                        clear.start()
                     clear.stop()
                 except Exception:  # noqa: BLE001 - nothing better to do: windows go on
                     pass
@@ -644,6 +701,39 @@ class ProfilerWindow:
 
     def export_chrome_trace(self, path: str) -> None:
         self._prof.export_chrome_trace(path)
+
+
+@contextlib.contextmanager
+def _inductor_left_alone() -> Iterator[None]:
+    """torch's ``prepare_trace`` asks ``hasattr(torch, "_inductor")`` to read one setting
+    (``triton.cudagraphs``, for a CUPTI workaround): torch's lazy ``__getattr__`` imports
+    Inductor for that (sympy, mpmath...: 822 modules, 2.2-4.5 s on the busy 2-core box, in the
+    step that starts the first window). Where Inductor is not imported yet, nothing can have
+    set that setting but its environment variable, so the question gets torch's answer for a
+    missing module here, on this thread only (others see torch's ``__getattr__`` as ever),
+    and the program pays nothing: the first start costs ~10 ms, not seconds. Where Inductor
+    is loaded, or ``TORCHINDUCTOR_CUDAGRAPHS=1``, torch asks as it always does."""
+    lazy = torch.__dict__.get("__getattr__")
+    if (
+        lazy is None
+        or "torch._inductor" in sys.modules
+        or os.environ.get("TORCHINDUCTOR_CUDAGRAPHS") == "1"
+    ):
+        yield
+        return
+    me = threading.get_ident()
+
+    def without_inductor(name: str) -> Any:
+        if name == "_inductor" and threading.get_ident() == me:
+            raise AttributeError(f"module 'torch' has no attribute {name!r}")
+        return lazy(name)
+
+    setattr(torch, "__getattr__", without_inductor)  # noqa: B010 - torch's module __getattr__
+    try:
+        yield
+    finally:
+        if torch.__dict__.get("__getattr__") is without_inductor:
+            setattr(torch, "__getattr__", lazy)  # noqa: B010
 
 
 def _cuda_in_use(use_device: Any) -> bool:

@@ -31,6 +31,8 @@ from typing import Any, TypeVar, overload
 import torch
 import wrapt
 
+from exporters._warn import warn as _warn
+
 from . import _torch, state
 from . import metrics as _metrics
 from .config import enabled_from_env
@@ -38,7 +40,7 @@ from .metrics import BATCH as _BATCH
 from .metrics import STEP
 from .metrics import record as _record
 
-__all__ = ["RANGE_NAMES", "profiled"]
+__all__ = ["RANGE_NAMES", "profiled", "range_name"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -121,13 +123,14 @@ _torch.on_switch(_profiler_switched)
 # ---------------------------------------------------------------- range enter/exit
 
 
-def _enter(name: str, timed: bool = True) -> tuple[Any, Any, int, Any, str, float, Any]:
+def _enter(name: str, timed: bool = True) -> tuple[Any, Any, int, Any, str, float, Any, int]:
     """Start a range: (fast range or None, depth token, depth before, session or None, name,
-    start time for the metrics or 0, device-time sample or None). ``timed``: counted in the
-    metrics while they are on."""
+    start time for the metrics or 0, device-time sample or None, profiler switches so far).
+    ``timed``: counted in the metrics while they are on."""
     sess = state.session_for_calls()
     depth = _DEPTH.get()
     token = _DEPTH.set(depth + 1)
+    switches = _torch.switches()  # before the first-call hook, which may start a window
     if _ON_FIRST_CALL is not None:
         _ON_FIRST_CALL()
     m = _METRICS if timed else None
@@ -137,18 +140,19 @@ def _enter(name: str, timed: bool = True) -> tuple[Any, Any, int, Any, str, floa
     if _FLAG._is_profiler_enabled:
         # last, and straight into the caller's state: nothing between the range's start and
         # its holder's safe keeping can raise and leave it live in a traceback's frame
-        return _range_enter(name), token, depth, sess, name, t0, sampled
-    return None, token, depth, sess, name, t0, sampled
+        return _range_enter(name), token, depth, sess, name, t0, sampled, switches
+    return None, token, depth, sess, name, t0, sampled, switches
 
 
 def _exit(state: tuple[Any, ...], is_step: bool, root_ends_step: bool = True) -> None:
-    rf, token, depth, sess, name, t0, sampled = state
+    rf, token, depth, sess, name, t0, sampled, switches = state
     _DEPTH.reset(token)
     if rf is not None:
         _range_exit(rf)
     m = _METRICS  # (read once: another thread may switch metrics off meanwhile)
     if t0 and m is not None:
-        _record(m, name, (_now() - t0) * 1e9, is_step)
+        # a step in which a profiler started or stopped is no step time (``_timed``)
+        _record(m, name, (_now() - t0) * 1e9, is_step and switches == _torch.switches())
     if sampled is not None:
         sampled[0].end(sampled)
     if sess is not None:
@@ -194,6 +198,7 @@ def _timed(
     ``_METRICS`` the caller saw (read once: another thread may switch metrics off)."""
     sampler = recorder.device  # (read once: metrics may be switched off meanwhile)
     sampled = sampler.start(name) if sampler is not None else None
+    switches = _torch.switches() if is_step else 0
     t0 = _now()
     try:
         if _SESSION is not None or (not _QUIET and state.session_for_calls() is not None):
@@ -204,6 +209,10 @@ def _timed(
             return _ranged_call(f, name, args, kwargs)
         return f(*args, **kwargs)
     finally:
+        # A step in which a profiler started or stopped (a window's start at its first call,
+        # its stop at its return) stays out of the step histogram: it holds torch's start-up
+        # or stop, not the program's step (the range's own histogram keeps the call).
+        is_step = is_step and switches == _torch.switches()
         _record(recorder, name, (_now() - t0) * 1e9, is_step)
         if sampled is not None:
             sampled[0].end(sampled)
@@ -249,6 +258,40 @@ def _call(
             sess._root_call_returned()
 
 
+# ---------------------------------------------------------------- tracebacks
+
+_OWN_MODULES = frozenset({__name__, _torch.__name__})
+"""The modules of a decorated call's path: their frames are left out of the program's
+tracebacks (``_hide_own_frames``)."""
+
+
+def _hide_own_frames(exc: BaseException) -> None:
+    """Leave the call path's frames (wrapper, ``_call``, ``_timed``, ``ranged_call``...) out of
+    ``exc``'s traceback as it leaves the SDK, so that a decorated function's traceback reads
+    as the undecorated one's: the same exception object, its ``__cause__`` and
+    ``__context__`` untouched; the traceback's entries relinked (``tb_next`` is writable).
+    Only for an exception raised in the program's code: one raised by the SDK itself (its
+    innermost frame is ours: a bug, a signal handler's exception landing in our code, a
+    call with arguments the function does not take) keeps every frame. Runs only when
+    something raised: the ``try`` around a call costs nothing in Python 3.11+."""
+    try:
+        tb = exc.__traceback__
+        kept = []
+        last = tb
+        while tb is not None:
+            if tb.tb_frame.f_globals.get("__name__") not in _OWN_MODULES:
+                kept.append(tb)
+            last, tb = tb, tb.tb_next
+        if not kept or kept[-1] is not last:
+            return
+        for outer, inner in zip(kept, kept[1:]):
+            if outer.tb_next is not inner:
+                outer.tb_next = inner
+        exc.__traceback__ = kept[0]
+    except Exception:  # noqa: BLE001 - never lose the program's exception over a traceback
+        pass
+
+
 # ---------------------------------------------------------------- wrappers per kind
 
 
@@ -266,31 +309,36 @@ def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...,
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if _COUNT_ONLY is not None and not _is_dynamo_compiling():
-            t0 = _now()  # metrics only (nothing else needs the call): timed inline
-            try:
+        try:
+            if _COUNT_ONLY is not None and not _is_dynamo_compiling():
+                t0 = _now()  # metrics only (nothing else needs the call): timed inline
+                try:
+                    return f(*args, **kwargs)
+                finally:
+                    # metrics.record inlined (tests/test_metrics.py checks both give the same
+                    # histograms)
+                    append((_now() - t0) * 1e9)
+                    if len(pending) >= _BATCH:
+                        fold(name)
+            if _IDLE:
+                if not _FLAG._is_profiler_enabled or _is_compiling():
+                    return f(*args, **kwargs)
+                # someone else's profiler records and no session counts steps: only the range
+                return _ranged(f, name, args, kwargs)
+            if _is_compiling():
+                if is_step:  # in compiled code the step still ends, right after the graph runs
+                    result = f(*args, **kwargs)
+                    _compiled_step_returned()
+                    return result
                 return f(*args, **kwargs)
-            finally:
-                # metrics.record inlined (tests/test_metrics.py checks both give the same
-                # histograms)
-                append((_now() - t0) * 1e9)
-                if len(pending) >= _BATCH:
-                    fold(name)
-        if _IDLE:
-            if not _FLAG._is_profiler_enabled or _is_compiling():
-                return f(*args, **kwargs)
-            # someone else's profiler records and no session counts steps: only the range
-            return _ranged(f, name, args, kwargs)
-        if _is_compiling():
-            if is_step:  # in compiled code the step still ends, right after the graph runs
-                result = f(*args, **kwargs)
-                _compiled_step_returned()
-                return result
-            return f(*args, **kwargs)
-        m = _METRICS
-        if m is not None:
-            return _timed(m, f, name, is_step, args, kwargs)
-        return _call(f, name, is_step, args, kwargs)
+            m = _METRICS
+            if m is not None:
+                return _timed(m, f, name, is_step, args, kwargs)
+            return _call(f, name, is_step, args, kwargs)
+
+        except BaseException as exc:  # the one place it leaves the SDK: without our frames
+            _hide_own_frames(exc)
+            raise
 
     return wrapper
 
@@ -298,13 +346,17 @@ def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...,
 def _wrap_async(f: Callable[..., Any], name: str, is_step: bool) -> Callable[..., Any]:
     @functools.wraps(f)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if _IDLE and not _FLAG._is_profiler_enabled:
-            return await f(*args, **kwargs)
-        state = _enter(name)
         try:
-            return await f(*args, **kwargs)
-        finally:
-            _exit(state, is_step)
+            if _IDLE and not _FLAG._is_profiler_enabled:
+                return await f(*args, **kwargs)
+            state = _enter(name)
+            try:
+                return await f(*args, **kwargs)
+            finally:
+                _exit(state, is_step)
+        except BaseException as exc:
+            _hide_own_frames(exc)
+            raise
 
     return wrapper
 
@@ -331,9 +383,10 @@ def _wrap_generator(f: Callable[..., Any], name: str, is_step: bool) -> Callable
                 elif is_step:
                     _step_if_counting()
                 return stop.value
-            except BaseException:
+            except BaseException as exc:
                 if state is not None:
                     _exit(state, False, False)
+                _hide_own_frames(exc)
                 raise
             if state is not None:
                 _exit(state, False, False)
@@ -372,9 +425,10 @@ def _wrap_async_generator(f: Callable[..., Any], name: str, is_step: bool) -> Ca
                     elif is_step:
                         _step_if_counting()
                     return
-                except BaseException:
+                except BaseException as exc:
                     if state is not None:
                         _exit(state, False, False)
+                    _hide_own_frames(exc)
                     raise
                 if state is not None:
                     _exit(state, False, False)
@@ -434,27 +488,36 @@ def _wrap_callable_object(obj: Any, name: str, is_step: bool) -> Any:
         inner = make(obj, name, is_step)
 
         def kind_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-            if wrapped is obj:
-                return inner(*args, **kwargs)
-            return make(wrapped, name, is_step)(*args, **kwargs)  # bound by a descriptor
+            try:
+                if wrapped is obj:
+                    return inner(*args, **kwargs)
+                return make(wrapped, name, is_step)(*args, **kwargs)  # bound by a descriptor
+            except BaseException as exc:
+                _hide_own_frames(exc)
+                raise
 
         return wrapt.FunctionWrapper(obj, kind_wrapper)
 
     def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        if _IDLE:
-            if not _FLAG._is_profiler_enabled or _is_compiling():
+        try:
+            if _IDLE:
+                if not _FLAG._is_profiler_enabled or _is_compiling():
+                    return wrapped(*args, **kwargs)
+                return _ranged(wrapped, name, args, kwargs)
+            if _is_compiling():
+                if is_step:
+                    result = wrapped(*args, **kwargs)
+                    _compiled_step_returned()
+                    return result
                 return wrapped(*args, **kwargs)
-            return _ranged(wrapped, name, args, kwargs)
-        if _is_compiling():
-            if is_step:
-                result = wrapped(*args, **kwargs)
-                _compiled_step_returned()
-                return result
-            return wrapped(*args, **kwargs)
-        m = _METRICS
-        if m is not None:
-            return _timed(m, wrapped, name, is_step, args, kwargs)
-        return _call(wrapped, name, is_step, args, kwargs)
+            m = _METRICS
+            if m is not None:
+                return _timed(m, wrapped, name, is_step, args, kwargs)
+            return _call(wrapped, name, is_step, args, kwargs)
+
+        except BaseException as exc:
+            _hide_own_frames(exc)
+            raise
 
     return wrapt.FunctionWrapper(obj, wrapper)
 
@@ -464,9 +527,9 @@ def _wrap_module_class(cls: type, name: str | None, is_step: bool) -> type:
     the class unless a name is given) and the class itself is returned, so ``isinstance``,
     subclassing, ``state_dict`` and pickling are unchanged. A subclass that overrides
     ``forward`` without calling ``super().forward`` has no range of its own."""
-    range_name = name or cls.__qualname__
-    RANGE_NAMES.add(range_name)
-    cls.forward = _wrap(cls.forward, range_name, is_step)  # type: ignore[attr-defined]
+    safe = range_name(name or cls.__qualname__)
+    RANGE_NAMES.add(safe)
+    cls.forward = _wrap(cls.forward, safe, is_step)  # type: ignore[attr-defined]
     return cls
 
 
@@ -479,25 +542,60 @@ def _wrap(target: Any, name: str | None, is_step: bool) -> Any:
     if isinstance(target, type) and issubclass(target, torch.nn.Module):
         return _wrap_module_class(target, name, is_step)
     _check_target(target)
-    range_name = (
+    safe = range_name(
         name
         or getattr(target, "__qualname__", None)
         or getattr(target, "__name__", None)
         or type(target).__qualname__
     )
-    RANGE_NAMES.add(range_name)
+    RANGE_NAMES.add(safe)
     if inspect.isasyncgenfunction(target):
-        return _wrap_async_generator(target, range_name, is_step)
+        return _wrap_async_generator(target, safe, is_step)
     if inspect.iscoroutinefunction(target):
-        return _wrap_async(target, range_name, is_step)
+        return _wrap_async(target, safe, is_step)
     if inspect.isgeneratorfunction(target):
-        return _wrap_generator(target, range_name, is_step)
+        return _wrap_generator(target, safe, is_step)
     if inspect.isfunction(target) or inspect.ismethod(target):
-        return _wrap_sync(target, range_name, is_step)
-    return _wrap_callable_object(target, range_name, is_step)
+        return _wrap_sync(target, safe, is_step)
+    return _wrap_callable_object(target, safe, is_step)
+
+
+# ---------------------------------------------------------------- range names
+
+_renamed_told = False
+
+
+def range_name(name: str) -> str:
+    """``name`` as ranges record it (``_torch.safe_name``: surrogates and NUL escaped, a name
+    over ``_torch.MAX_NAME`` characters cut), where the name is given, never per call. The
+    first name changed in this process is told, once: torch would have raised from the
+    decorated call (surrogates) or recorded a name cut short (NUL)."""
+    global _renamed_told
+    safe = _torch.safe_name(name)
+    if safe is not name and not _renamed_told:
+        _renamed_told = True
+        why = (
+            f"it is longer than {_torch.MAX_NAME} characters"
+            if len(name) > _torch.MAX_NAME
+            else "it is not valid UTF-8 (a surrogate: a file name from os.listdir, say) or "
+            "holds a NUL"
+        )
+        shown = safe if len(safe) <= 80 else safe[:77] + "..."
+        _warn(
+            f"torch-profiled: a range name cannot be recorded as given ({why}): it is "
+            f"recorded as {shown!r}; names like it are changed the same way from now on "
+            "(surrogates and NUL become percent escapes like %FF, long names are cut and end "
+            "with a hash), and this is told once",
+            UserWarning,
+        )
+    return safe
 
 
 # ---------------------------------------------------------------- the public object
+
+_COMPILED_NAME = "(compiled)"
+"""The name of every context-form range made inside ``torch.compile``d code (``profiled``):
+none records there, and a run-time name must not become a guard."""
 
 
 class _Profiled:
@@ -508,13 +606,21 @@ class _Profiled:
     """
 
     __slots__ = ("name", "step", "enabled")
+    name: str | None
 
     def __init__(self, name: str | None, step: bool) -> None:
+        if _is_compiling():
+            # nothing global read or written in compiled code: Dynamo would guard on it (on
+            # RANGE_NAMES's contents: every compiled block recompiled at each new name
+            # anywhere); a step=True block's step still ends, which declares steps
+            self.name, self.step, self.enabled = _COMPILED_NAME, step, True
+            return
+        if name is not None:
+            name = range_name(name)
+            RANGE_NAMES.add(name)
         self.name = name
         self.step = step
         self.enabled = enabled_from_env()
-        if name is not None:
-            RANGE_NAMES.add(name)
         if step and self.enabled:
             state.declare_steps()
 
@@ -528,12 +634,14 @@ class _Profiled:
         return _wrap(target, self.name, self.step)
 
     def __enter__(self) -> _Profiled:
+        if _is_compiling():
+            # no range in compiled code (see _torch.is_compiling); no state kept; and the
+            # name is not read: a run-time name would be a guard, a recompile per name
+            return self
         if self.name is None:
             raise TypeError('the context form needs a name: use `with profiled("name"):`')
         if not self.enabled:
             return self
-        if _is_compiling():
-            return self  # no range in compiled code (see _torch.is_compiling); no state kept
         if _IDLE and not _FLAG._is_profiler_enabled:
             if not self.step:
                 # nothing records and no step can end: keep no entry (setting the context
@@ -601,6 +709,12 @@ def profiled(name_or_target: Any = None, /, *, step: bool = False) -> Any:
     """
     if not isinstance(step, bool):
         raise TypeError(f"step must be a bool, got {type(step).__name__} {step!r}")
+    if _is_compiling() and isinstance(name_or_target, str):
+        # ``with profiled(f"step{i}")`` in compiled code: no range there, and the name must
+        # stay out of the graph: read (checked, kept), each new name would be a guard, and
+        # the function would recompile per name until Dynamo's limit sends it back to eager.
+        # A new object all the same: Dynamo enters only context managers made in the graph
+        return _Profiled(_COMPILED_NAME, step)
     if name_or_target is None or isinstance(name_or_target, str):
         if isinstance(name_or_target, str) and not name_or_target.strip():
             raise ValueError("the range name must not be empty")

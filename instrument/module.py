@@ -33,11 +33,19 @@ import torch
 
 from . import _torch, decorator, state
 from .config import enabled_from_env
-from .decorator import _DEPTH, _compiled_step_returned, _enter, _exit, _step_if_counting
+from .decorator import (
+    _DEPTH,
+    _compiled_step_returned,
+    _enter,
+    _exit,
+    _step_if_counting,
+    range_name,
+)
 
 __all__ = ["ModuleHandle", "instrument_module"]
 
 _FLAG = _torch.PROFILER_FLAG
+_range_exit = _torch.range_exit
 _is_compiling = _torch.is_compiling
 
 # Open module ranges of this thread / asyncio task, innermost last: (hooks, decorator state).
@@ -108,10 +116,10 @@ def _close_stale(entries: tuple[tuple[Any, Any], ...]) -> None:
     their modules runs (or an enclosing module's hook does). A module that calls itself
     recursively is therefore one range, from its innermost call.
     """
-    for _, (rf, token, *_rest) in reversed(entries):
+    for _, (opened, token, *_rest) in reversed(entries):
+        if opened is not None:  # ``_torch.range_enter``'s holder, never a bare range: its
+            _range_exit(opened)  # profiler may have ended meanwhile (ended there: a segfault)
         try:
-            if rf is not None:
-                rf.__exit__(None, None, None)
             _DEPTH.reset(token)
         except (RuntimeError, ValueError):  # another context (a new notebook cell): let go
             pass
@@ -248,7 +256,7 @@ def _select(
     selected: list[tuple[torch.nn.Module, str, bool]] = []
     for path, module in model.named_modules():
         if not path:
-            selected.append((module, prefix or type(model).__name__, True))
+            selected.append((module, range_name(prefix or type(model).__name__), True))
             continue
         if depth is not None and path.count(".") + 1 > depth:
             continue
@@ -256,7 +264,7 @@ def _select(
             continue
         if exc is not None and _matches(path, module, exc):
             continue
-        selected.append((module, f"{prefix}.{path}" if prefix else path, False))
+        selected.append((module, range_name(f"{prefix}.{path}" if prefix else path), False))
     return selected
 
 

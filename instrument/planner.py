@@ -73,28 +73,40 @@ class SlowSteps:
 
     ``ended(step, now_ns, in_window)`` is called at every step boundary with one
     ``time.perf_counter_ns()``; the time from the previous boundary is the step's. Steps inside
-    a window and those settling after one (``SLOW_SETTLE_STEPS``, ``SLOW_SETTLE_NS``) are
-    skipped; the others are judged against the median of the last ``SLOW_HISTORY`` judged
-    steps, once ``SLOW_WARMUP`` of them are in, then added to it (kept sorted as they come
-    and go: with the step's timing ~0.5 µs a step on the 2-core CPU box)."""
+    a window, those settling after one (``SLOW_SETTLE_STEPS``, ``SLOW_SETTLE_NS``) and those
+    in which a torch profiler started or stopped (the program's own too) are skipped; the
+    others are judged against the median of the last ``SLOW_HISTORY`` judged steps, once
+    ``SLOW_WARMUP`` of them are in, then added to it (kept sorted as they come and go: with
+    the step's timing ~0.5 µs a step on the 2-core CPU box)."""
 
     def __init__(self, factor: float) -> None:
         self.factor = factor
         self.times: deque[int] = deque(maxlen=SLOW_HISTORY)
+        self.switched_steps = 0  # steps left out because a profiler started or stopped in them
         self.median: int | None = None
         self._sorted: list[int] = []  # ``times`` in order
         self._last_ns: int | None = None
+        self._last_switches = 0
         self._settle_left = 0
         self._settle_until_ns = 0
 
-    def ended(self, step: int, now_ns: int, in_window: bool) -> WindowReason | None:
-        """Step ``step`` ended at ``now_ns``: why it opens a window (it was slow), or None."""
+    def ended(
+        self, step: int, now_ns: int, in_window: bool, switches: int = 0
+    ) -> WindowReason | None:
+        """Step ``step`` ended at ``now_ns``: why it opens a window (it was slow), or None.
+        ``switches``: profiler starts and stops so far (``_torch.switches``, read with
+        ``now_ns``): a step in which it moved is neither judged nor counted (a profiler's
+        start-up, torch's first of a process above all, is no step time of the program's)."""
         last, self._last_ns = self._last_ns, now_ns
+        switched, self._last_switches = switches != self._last_switches, switches
         if in_window:
             self._settle_left = SLOW_SETTLE_STEPS
             self._settle_until_ns = now_ns + SLOW_SETTLE_NS
             return None
         if last is None:  # the first boundary: the step's start is unknown
+            return None
+        if switched:
+            self.switched_steps += 1
             return None
         if self._settle_left or now_ns < self._settle_until_ns:
             self._settle_left = max(0, self._settle_left - 1)
@@ -221,13 +233,14 @@ class WindowPlanner:
         """A trigger fired (signal handler or poll thread): a window opens at the next step."""
         self.trigger_pending = True
 
-    def step_ended(self, step: int, now_ns: int) -> bool:
+    def step_ended(self, step: int, now_ns: int, switches: int = 0) -> bool:
         """With ``slow_step``: step ``step`` ended at ``now_ns`` (``time.perf_counter_ns()``,
-        once per step boundary, before its work); True when it was slow, and then the plan of
-        the next step opens a window if the caps and ``min_interval_s`` allow."""
+        once per step boundary, before its work; ``switches`` read with it, see
+        ``SlowSteps.ended``); True when it was slow, and then the plan of the next step opens
+        a window if the caps and ``min_interval_s`` allow."""
         if self.slow is None:
             return False
-        self.slow_pending = self.slow.ended(step, now_ns, self.cycle_start is not None)
+        self.slow_pending = self.slow.ended(step, now_ns, self.cycle_start is not None, switches)
         return self.slow_pending is not None
 
     def window_ended(self) -> None:

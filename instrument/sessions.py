@@ -244,7 +244,7 @@ class Session:
                     if self.finished:
                         return
             if self._planner.slow is not None and self._planner.step_ended(
-                self.step_index, time.perf_counter_ns()
+                self.step_index, time.perf_counter_ns(), _torch.switches()
             ):
                 self._idle_until = 0  # a slow step: the next one may open a window
             if (

@@ -326,7 +326,9 @@ def test_the_json_exporter_gets_exact_counts_for_every_call(tmp_path):
     assert ranges["work"]["count"] == 300 + 8 * 2000
     assert ranges["train_step"]["count"] == 300
     assert ranges["data"]["count"] == 300
-    assert last["steps"]["count"] == 300
+    # the step histogram leaves out the steps whose call started or stopped the window's
+    # profiler (the default window: its first and last recorded steps), their time is torch's
+    assert last["steps"]["count"] == 300 - 2
     for r in ranges.values():
         assert 0 < r["min_s"] <= r["p50_s"] <= r["p90_s"] <= r["p99_s"] <= r["max_s"]
         assert r["sum_s"] >= r["count"] * r["min_s"]
