@@ -292,9 +292,11 @@ SETTINGS: tuple[Setting, ...] = (
         "PROFILED_TRIGGER",
         None,
         **kinds.trigger(),
-        doc="on-demand windows: `SIGUSR2` or `SIGUSR1` (no other signal), or a file path "
-        "(create it as a regular file of your own to open a window at the next step; "
-        "it is removed when taken; anything else there is left alone)",
+        doc="on-demand windows: `SIGUSR2` or `SIGUSR1` (no other signal; its handler is "
+        "installed at import, and the signal never ends the process), or a file path "
+        "(create an empty file of your own there to open a window at the next step; it is "
+        "removed when taken; what was there at start, files with content and anything else "
+        "are left alone)",
     ),
     Setting(
         "slow_step",
@@ -314,8 +316,9 @@ SETTINGS: tuple[Setting, ...] = (
         10.0,
         **number(0.0, MAX_EXPORT_TIMEOUT_S, low_open=True, note="seconds, at most one hour"),
         doc="how long the end of the sessions and the analysis helper together (and "
-        "interpreter exit) wait for queued reports before they go on and say what was "
-        "not exported (more than 0, at most 3600)",
+        "interpreter exit, and a SIGTERM's export) wait for queued reports before they go on "
+        "and say what was not exported; torch's own stop of a window still open is not "
+        "included (more than 0, at most 3600)",
     ),
     Setting(
         "analysis_process",

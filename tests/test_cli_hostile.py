@@ -365,9 +365,10 @@ def test_summarize_of_the_sdks_own_records_with_odd_names_in_a_utf8_locale(tmp_p
         _assert_clean(out.encode().decode("latin-1"), argv)
         if "--json" in argv:
             names = set(json.loads(out)["ranks"]["0"]["ranges"])
-            assert os.fsdecode(b"load-\xff.bin") in names and "nl\nforged" in names
+            # the decorator escapes a name torch cannot take where it is given
+            assert "load-%FF.bin" in names and "nl\nforged" in names
         else:
-            for shown in ("load-\\udcff.bin", "\\x1b[31mred\\x1b[0m", "nl\\nforged", "csi\\x9b2J"):
+            for shown in ("load-%FF.bin", "\\x1b[31mred\\x1b[0m", "nl\\nforged", "csi\\x9b2J"):
                 assert shown in out, (shown, out)
 
 
