@@ -293,7 +293,12 @@ class _Endpoint:
                     return
                 if exc.errno == errno.ECONNABORTED:
                     continue
-                raise
+                # Linux hands pending network errors of the new connection to accept()
+                # (EPROTO, ENETDOWN, EHOSTUNREACH, EPERM from a firewall...), to be retried
+                # like EAGAIN: one of them must never end /metrics for good. Retried after a
+                # pause, so a listening socket that keeps failing costs no busy loop.
+                self._pause_listening(_RETRY_ACCEPT_S)
+                return
             if len(self._open) >= MAX_CONNECTIONS:
                 self._close(next(c for c in self._open.values() if c.answer is None))
             sock.setblocking(False)

@@ -728,12 +728,26 @@ def _inductor_left_alone() -> Iterator[None]:
             raise AttributeError(f"module 'torch' has no attribute {name!r}")
         return lazy(name)
 
+    global _inductor_patch
+    _inductor_patch = (without_inductor, lazy)
     setattr(torch, "__getattr__", without_inductor)  # noqa: B010 - torch's module __getattr__
     try:
         yield
     finally:
-        if torch.__dict__.get("__getattr__") is without_inductor:
-            setattr(torch, "__getattr__", lazy)  # noqa: B010
+        _put_back_torch_getattr()
+
+
+_inductor_patch: tuple[Any, Any] | None = None  # (ours, torch's) while the question is ours
+
+
+def _put_back_torch_getattr() -> None:
+    """torch's lazy ``__getattr__`` back where ours stands (also in a child forked from
+    another thread meanwhile, where a thread of the same id would be told forever that
+    ``torch._inductor`` does not exist)."""
+    global _inductor_patch
+    patch, _inductor_patch = _inductor_patch, None
+    if patch is not None and torch.__dict__.get("__getattr__") is patch[0]:
+        setattr(torch, "__getattr__", patch[1])  # noqa: B010
 
 
 def _cuda_in_use(use_device: Any) -> bool:
@@ -842,6 +856,7 @@ def after_fork_in_child() -> None:
     _orphans = []
     _LIVE.clear()
     _changing_thread = None
+    _put_back_torch_getattr()
     if not isinstance(PROFILER_FLAG, _AlwaysCheck) and PROFILER_FLAG._is_profiler_enabled is OURS:
         _flag_off()
 

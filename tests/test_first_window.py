@@ -110,3 +110,28 @@ def test_a_step_that_starts_a_profiler_is_not_judged_slow_nor_counted():
     assert out["judged"] == 30 - 2  # the first boundary has no start, step 14 is left out
     assert out["switched_steps"] == 1
     assert out["histogram_steps"] == 29
+
+
+FORK_WHILE_ASKING = r"""
+import os, sys, torch
+import instrument
+from instrument import _torch
+before = torch.__dict__.get("__getattr__")
+assert before is not None and "torch._inductor" not in sys.modules
+with _torch._inductor_left_alone():
+    assert torch.__dict__["__getattr__"] is not before  # the question is ours here
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only where torch's own is back
+        os._exit(0 if torch.__dict__.get("__getattr__") is before else 3)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), torch.__dict__.get("__getattr__") is before)
+"""
+
+
+def test_a_child_forked_while_the_first_start_asks_gets_torchs_getattr_back(tmp_path):
+    """A child forked (from any thread) while a window's first start answers torch's
+    ``hasattr(torch, "_inductor")`` itself gets torch's own lazy ``__getattr__`` back: a
+    thread of the same id there would otherwise be told forever that Inductor is missing."""
+    done = _proc.run("-c", FORK_WHILE_ASKING, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["0", "True"]

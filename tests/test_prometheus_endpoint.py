@@ -417,3 +417,47 @@ def test_scrapes_while_threads_count_read_whole_growing_pages(tmp_path):
     assert len(counts) == 40 and counts == sorted(counts) and counts[-1] > counts[0]
     assert proc.returncode == 0 and out == "done\n", err
     assert "Warning" not in err and "Traceback" not in err
+
+
+class _FailingOnce:
+    """The listening socket, whose next ``accept`` fails as Linux's does when a connection's
+    network error is pending (accept(2): to be retried like EAGAIN)."""
+
+    def __init__(self, sock: socket.socket, errno_: int) -> None:
+        self._sock, self._errno, self.failed = sock, errno_, False
+
+    def accept(self):
+        if not self.failed:
+            self.failed = True
+            raise OSError(self._errno, os.strerror(self._errno))
+        return self._sock.accept()
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+@pytest.mark.parametrize("errno_name", ["EPROTO", "ENETDOWN", "EHOSTUNREACH", "EPERM"])
+def test_a_network_error_handed_to_accept_never_ends_the_endpoint(errno_name):
+    import errno
+
+    exporter = PrometheusExporter("127.0.0.1:0")
+    try:
+        server = exporter._server
+        assert server is not None
+        failing = _FailingOnce(server.sock, getattr(errno, errno_name))
+        server.sock = failing
+        url = f"http://127.0.0.1:{exporter.port}/metrics"
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            status = None
+            for _ in range(3):  # the first connection may be the one whose accept failed
+                try:
+                    status, _ = _get(url, timeout=10)
+                    break
+                except OSError:
+                    time.sleep(0.2)
+        assert failing.failed
+        assert status == 200  # still served (was: the serving thread ended, one warning)
+        assert not [w for w in caught if "prometheus" in str(w.message)], caught
+    finally:
+        exporter.shutdown()
