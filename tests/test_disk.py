@@ -459,7 +459,7 @@ def test_trace_dir_that_names_a_file_says_so(run_python, tmp_path, under):
         },
     )
     assert result.returncode == 0, result.stderr
-    assert result.stderr.count("ExporterWarning") == 1, result.stderr
+    assert result.stderr.count("ExporterWarning: ") == 1, result.stderr
     found = (
         f"{str(blocker)!r} on its path is a file, not a directory"
         if under
