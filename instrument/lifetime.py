@@ -494,6 +494,7 @@ inside an SDK start or stop, where the handler is held back on purpose, not coun
 _term_pid: int | None = None  # the process whose handler ours is (a forked child is not it)
 _term_pending: int | None = None  # a SIGTERM that came while shutdown() ran on the main thread
 _term_seen = False  # our handler has run (the watchdog stands down)
+_term_runs = 0  # ... how often
 _term_deadline: float | None = None  # the export's end (time.monotonic()), set by the first
 _deferred = False  # a thread waits for the main thread's locks to send the signal again
 _shutting_down = False  # shutdown() runs on the main thread
@@ -502,6 +503,7 @@ _exiting = False  # ... at the interpreter's exit
 _in_atexit = False  # ... run from atexit's functions (they must not be run again)
 _exitfuncs_ran = False
 _wakeup_w = -1  # the write end of the watchdog's pipe, while it is the signal wakeup fd
+_unset_for_fork = False  # ... unset by the fork in progress (put back after it)
 
 
 def _arm_sigterm() -> None:
@@ -561,8 +563,9 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     """SIGTERM: export within the deadline, then end by the signal (see above). Runs on the
     main thread, between two bytecodes; whatever happens meanwhile (Ctrl-C, a program's
     handler that raises), the process ends by the signal."""
-    global _term_pending, _term_seen, _term_deadline
+    global _term_pending, _term_seen, _term_deadline, _term_runs
     _term_seen = True
+    _term_runs += 1
     if not _installed(signum):
         return  # called by the program's own handler: its shutdown, its exit hook exports
     if os.getpid() != _term_pid or (state.shut_down and not _shutdowns):
@@ -620,8 +623,10 @@ def _export_before_end(sessions: list[Session], deadline: float, timeout: float)
 
 
 def _defer(signum: int, held: list[Any]) -> None:
-    """The main thread holds ``held`` (SDK locks): wait for them on another thread, then send
-    ``signum`` to the main thread again; past the deadline, end the process by it."""
+    """The main thread holds ``held`` (SDK locks): take them on another thread as soon as it
+    lets go, send ``signum`` to it again while holding them (so it meets the signal outside
+    them, or waiting for them), and let go once the handler ran; past the deadline, end the
+    process by the signal."""
     global _deferred
     if _deferred:
         return
@@ -631,20 +636,29 @@ def _defer(signum: int, held: list[Any]) -> None:
 
     def again() -> None:
         global _deferred
-        for lock in held:
-            left = deadline - time.monotonic()
-            if left <= 0 or not lock.acquire(timeout=left):
-                _kill_from_thread(
-                    signum,
-                    "the main thread held a torch-profiled lock past the export deadline "
-                    "(interrupted inside the SDK, or a program holding it): the open window "
-                    "and what was not exported are lost",
-                )
-                return
-            lock.release()
-        _deferred = False
-        if main is not None:
-            signal.pthread_kill(main, signum)
+        taken = []
+        try:
+            for lock in held:
+                left = deadline - time.monotonic()
+                if left <= 0 or not lock.acquire(timeout=left):
+                    _kill_from_thread(
+                        signum,
+                        "the main thread held a torch-profiled lock past the export deadline "
+                        "(interrupted inside the SDK, or a program holding it): the open "
+                        "window and what was not exported are lost",
+                    )
+                    return
+                taken.append(lock)
+            runs = _term_runs
+            _deferred = False
+            if main is not None:
+                signal.pthread_kill(main, signum)
+            until = min(deadline, time.monotonic() + 0.2)  # (held back by atomic(): later)
+            while _term_runs == runs and time.monotonic() < until:
+                time.sleep(0.002)
+        finally:
+            for lock in reversed(taken):
+                lock.release()
 
     threading.Thread(target=again, name="torch-profiled-sigterm-retry", daemon=True).start()
 
@@ -752,9 +766,35 @@ def _atomic_depth() -> int:
     return _atomic._depth
 
 
+def _unset_wakeup_before_fork() -> None:
+    """Before ``os.fork()``: no wakeup fd, so the child never has ours, not even before its
+    own fork hooks run (a SIGTERM to it then would wake our watchdog: ours, not the child's).
+    Only possible on the main thread; elsewhere the child's hook below unsets it."""
+    global _unset_for_fork
+    if _wakeup_w != -1 and threading.current_thread() is threading.main_thread():
+        try:
+            prev = signal.set_wakeup_fd(-1)
+            if prev != _wakeup_w:  # someone else's since (asyncio): theirs stays
+                signal.set_wakeup_fd(prev)
+            _unset_for_fork = prev == _wakeup_w
+        except (ValueError, OSError):
+            pass
+
+
+def _reset_wakeup_after_fork() -> None:
+    """In the parent after ``os.fork()``: the watchdog's wakeup fd again."""
+    global _unset_for_fork
+    if _unset_for_fork:
+        _unset_for_fork = False
+        try:
+            signal.set_wakeup_fd(_wakeup_w, warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            pass
+
+
 def _forget_watchdog_in_child() -> None:
-    """A forked child has no watchdog thread; Python's wakeup fd would still point at the
-    parent's pipe (a SIGTERM of the child would wake the parent's watchdog)."""
+    """A forked child has no watchdog thread; Python's wakeup fd must not point at the
+    parent's pipe there."""
     global _wakeup_w
     w, _wakeup_w = _wakeup_w, -1
     if w == -1:
@@ -770,7 +810,11 @@ def _forget_watchdog_in_child() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_watchdog_in_child)
+    os.register_at_fork(
+        before=_unset_wakeup_before_fork,
+        after_in_parent=_reset_wakeup_after_fork,
+        after_in_child=_forget_watchdog_in_child,
+    )
 
 
 def _end_windows_here(sessions: list[Any]) -> bool:
