@@ -575,8 +575,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     if _term_deadline is None:  # the first delivery: the deadline holds for the retries
         _term_deadline = max([time.monotonic() + timeout, *_shutdowns.values()])
     if not _shutting_down:
-        held = [lk for lk in [state.lock, _torch._range_lock, *(s._lock for s in sessions)]]
-        held = [lk for lk in held if lk._is_owned()]
+        held = [lk for lk in _sdk_locks(sessions) if lk._is_owned()]
         if held and time.monotonic() < _term_deadline:
             _defer(signum, held)  # the signal comes again once the main thread lets go
             return
@@ -620,6 +619,11 @@ def _export_before_end(sessions: list[Session], deadline: float, timeout: float)
     if not ended:
         return "the open window could not be stopped (SIGTERM came inside torch-profiled)"
     return ""
+
+
+def _sdk_locks(sessions: list[Session]) -> list[Any]:
+    """The re-entrant locks of ours a thread may hold while it runs Python code."""
+    return [state.lock, _torch._range_lock, *(s._lock for s in sessions)]
 
 
 def _defer(signum: int, held: list[Any]) -> None:
@@ -822,8 +826,7 @@ def _end_windows_here(sessions: list[Any]) -> bool:
     False where this thread holds an SDK lock (waiting for it would never end, ending the
     window inside would tear its state) or the flags' lock stays held: then the window is
     left to the shutdown thread, which cannot stop it, and is lost."""
-    locks = [state.lock, _torch._range_lock] + [s._lock for s in sessions]
-    if any(lock._is_owned() for lock in locks) or not _free(state.mirror_lock):
+    if any(lock._is_owned() for lock in _sdk_locks(sessions)) or not _free(state.mirror_lock):
         return False  # (held past the deadline: _on_sigterm waits for them until then)
     for sess in sessions:
         with atomic(), sess._lock:  # a signal held back meets no lock of ours
