@@ -496,7 +496,7 @@ _term_pending: int | None = None  # a SIGTERM that came while shutdown() ran on 
 _term_seen = False  # our handler has run (the watchdog stands down)
 _term_runs = 0  # ... how often
 _term_deadline: float | None = None  # the export's end (time.monotonic()), set by the first
-_deferred = False  # a thread waits for the main thread's locks to send the signal again
+_deferred = False  # a thread sends the signal again until the main thread meets it unlocked
 _shutting_down = False  # shutdown() runs on the main thread
 _shutdowns: dict[int, float] = {}  # shutdown() in progress: thread id -> its deadline
 _exiting = False  # ... at the interpreter's exit
@@ -504,6 +504,7 @@ _in_atexit = False  # ... run from atexit's functions (they must not be run agai
 _exitfuncs_ran = False
 _wakeup_w = -1  # the write end of the watchdog's pipe, while it is the signal wakeup fd
 _unset_for_fork = False  # ... unset by the fork in progress (put back after it)
+_watchdog: threading.Thread | None = None
 
 
 def _arm_sigterm() -> None:
@@ -563,7 +564,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     """SIGTERM: export within the deadline, then end by the signal (see above). Runs on the
     main thread, between two bytecodes; whatever happens meanwhile (Ctrl-C, a program's
     handler that raises), the process ends by the signal."""
-    global _term_pending, _term_seen, _term_deadline, _term_runs
+    global _term_pending, _term_seen, _term_deadline, _term_runs, _deferred
     _term_seen = True
     _term_runs += 1
     if not _installed(signum):
@@ -579,6 +580,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
         if held and time.monotonic() < _term_deadline:
             _defer(signum, held)  # the signal comes again once the main thread lets go
             return
+    _deferred = False
     try:
         signal.signal(signum, signal.SIG_DFL)  # a second SIGTERM ends the process at once
     except (ValueError, OSError):
@@ -627,42 +629,42 @@ def _sdk_locks(sessions: list[Session]) -> list[Any]:
 
 
 def _defer(signum: int, held: list[Any]) -> None:
-    """The main thread holds ``held`` (SDK locks): take them on another thread as soon as it
-    lets go, send ``signum`` to it again while holding them (so it meets the signal outside
-    them, or waiting for them), and let go once the handler ran; past the deadline, end the
-    process by the signal."""
+    """The main thread holds ``held`` (SDK locks): send ``signum`` to it again and again from
+    another thread until the handler finds it outside them, each time holding them first
+    where that thread lets go in time (it then meets the signal outside them, or waiting for
+    them); past the deadline, end the process by the signal."""
     global _deferred
     if _deferred:
-        return
+        return  # the thread that sends it again is running
     _deferred = True
     main = threading.main_thread().ident
     deadline = _term_deadline if _term_deadline is not None else time.monotonic()
 
     def again() -> None:
-        global _deferred
-        taken = []
-        try:
-            for lock in held:
-                left = deadline - time.monotonic()
-                if left <= 0 or not lock.acquire(timeout=left):
-                    _kill_from_thread(
-                        signum,
-                        "the main thread held a torch-profiled lock past the export deadline "
-                        "(interrupted inside the SDK, or a program holding it): the open "
-                        "window and what was not exported are lost",
-                    )
-                    return
-                taken.append(lock)
-            runs = _term_runs
-            _deferred = False
-            if main is not None:
+        while _deferred and main is not None:
+            if time.monotonic() >= deadline:
+                _kill_from_thread(
+                    signum,
+                    "the main thread held a torch-profiled lock past the export deadline "
+                    "(interrupted inside the SDK, or a program holding it): the open "
+                    "window and what was not exported are lost",
+                )
+                return
+            taken = []
+            try:
+                for lock in held:
+                    if not lock.acquire(timeout=0.005):
+                        break
+                    taken.append(lock)
+                runs = _term_runs
                 signal.pthread_kill(main, signum)
-            until = min(deadline, time.monotonic() + 0.2)  # (held back by atomic(): later)
-            while _term_runs == runs and time.monotonic() < until:
-                time.sleep(0.002)
-        finally:
-            for lock in reversed(taken):
-                lock.release()
+                until = time.monotonic() + (0.2 if len(taken) == len(held) else 0.005)
+                while _term_runs == runs and time.monotonic() < until:
+                    time.sleep(0.001)
+            finally:
+                for lock in reversed(taken):
+                    lock.release()
+            time.sleep(0.001)
 
     threading.Thread(target=again, name="torch-profiled-sigterm-retry", daemon=True).start()
 
@@ -711,11 +713,12 @@ def _start_watchdog() -> None:
         os.close(r)
         os.close(w)
         return
+    global _watchdog
     _wakeup_w = w
-    thread = threading.Thread(
+    _watchdog = threading.Thread(
         target=_watch, args=(r,), name="torch-profiled-sigterm-watchdog", daemon=True
     )
-    thread.start()
+    _watchdog.start()
 
 
 def _stop_watchdog() -> None:
@@ -732,6 +735,8 @@ def _stop_watchdog() -> None:
     except (ValueError, OSError):
         pass
     os.close(w)
+    if _watchdog is not None:  # it reads the end of the pipe and leaves: gone on return
+        _watchdog.join(1.0)
 
 
 def _watch(r: int) -> None:
@@ -740,6 +745,9 @@ def _watch(r: int) -> None:
     main thread is stuck in native code; end the process by the signal."""
     sigterm = int(signal.SIGTERM)
     try:
+        # no signal is delivered to this thread: the main thread's blocking calls stay
+        # interrupted by them as before (a process-directed signal goes to any thread)
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         while True:
             data = os.read(r, 512)
             if not data:
