@@ -16,8 +16,8 @@ from exporters import ExporterWarning, check_exporter_names, resolve_exporters
 from exporters._settings import quote, reason
 from exporters._warn import warn
 
-from . import _torch, analysis_process, metrics, state
-from ._atomic import atomic
+from . import _torch, analysis_process, metrics, state, triggers
+from ._atomic import _StandIn, atomic
 from .config import Config, _reject_unknown, _reset_warnings
 from .sampling import Schedule
 from .sessions import Session
@@ -88,6 +88,13 @@ def session_for_calls() -> Session | None:
 
 
 def _make_ambient() -> Session | None:
+    sess = _build_ambient()
+    if sess is not None and sess.ambient and sess.config.enabled:
+        _arm_sigterm()  # outside the lock: a SIGTERM may come as soon as it is armed
+    return sess
+
+
+def _build_ambient() -> Session | None:
     with state.lock:
         if state.current is not None:
             return state.current
@@ -128,14 +135,13 @@ def _make_ambient() -> Session | None:
             if sess.metrics is not None:
                 state.set_metrics(True, config.metrics_modules, config.metrics_device_every)
         _register_atexit()
-        if config.enabled:
-            _arm_sigterm()
         state.refresh_idle()
         return sess
 
 
 def enter_explicit(sess: Session) -> None:
-    with state.lock:
+    # atomic() outside the locks: a signal held back by it comes when they are free
+    with atomic(), state.lock:
         if state.explicit is not None:
             raise RuntimeError(
                 "a torch-profiled session is already open; sessions do not nest "
@@ -145,7 +151,7 @@ def enter_explicit(sess: Session) -> None:
             raise RuntimeError("this session has ended; create a new one with session(...)")
         amb = state.ambient
         if amb is not None:
-            with amb._lock, atomic():
+            with amb._lock:
                 if amb._windows.window is not None:
                     if not amb._windows.steps:
                         amb._skip_reason = (
@@ -157,9 +163,9 @@ def enter_explicit(sess: Session) -> None:
         state.cpu_ops.resume_here()  # a stop the timer ended left this thread paused
         state.explicit = state.current = sess
         _register_atexit()
-        _arm_sigterm()
-        sess._start()
-        state.refresh_idle()
+    _arm_sigterm()
+    sess._start()  # outside atomic(): it may arm a trigger (see Session._start)
+    state.refresh_idle()
 
 
 def exit_explicit(sess: Session) -> None:
@@ -294,6 +300,8 @@ def shutdown() -> None:
     global _shutting_down, _term_pending
     main = threading.current_thread() is threading.main_thread()
     _shutting_down = _shutting_down or main  # a SIGTERM now waits for its end (_on_sigterm)
+    me = threading.get_ident()
+    _shutdowns[me] = time.monotonic() + Config().export_timeout_s  # (_close_sessions: its own)
     try:
         deadline = _close_sessions()
         if state.PENDING:  # windows this thread started (or whose thread has ended)
@@ -302,6 +310,7 @@ def shutdown() -> None:
         state.resume_idle_thread()
         analysis_process.close_shared(max(0.0, deadline - time.monotonic()))
     finally:
+        _shutdowns.pop(me, None)
         if main:
             _shutting_down = False
             _disarm_sigterm()
@@ -321,6 +330,8 @@ def _close_sessions() -> float:
     _closing = sessions
     timeout = max((s.config.export_timeout_s for s in sessions), default=Config().export_timeout_s)
     deadline = time.monotonic() + timeout
+    if threading.get_ident() in _shutdowns:  # a SIGTERM meanwhile waits for it until then
+        _shutdowns[threading.get_ident()] = deadline
     for sess in sessions:  # a window stopped past the deadline is not analysed
         sess._pipeline.close_by(deadline)
     _stop_other_threads_windows(sessions, time.monotonic() + OWNER_WAIT_SHARE * timeout)
@@ -348,7 +359,7 @@ def _stop_other_threads_windows(sessions: list[Session], until: float) -> None:
         window = sess._windows.window
         if window is None or window.stoppable_here():
             continue  # none, or this thread's: close() stops it
-        with sess._lock, atomic():
+        with atomic(), sess._lock:  # a signal held back meets no lock of ours
             if sess._windows.window is not None:
                 sess._windows.end(partial=True)
         if sess._stops.pending is not None:
@@ -396,7 +407,13 @@ def _register_atexit() -> None:
             return
         except RuntimeError:  # already shutting down
             pass
-    atexit.register(_at_exit)
+    atexit.register(_at_exit_in_atexit)
+
+
+def _at_exit_in_atexit() -> None:
+    global _in_atexit
+    _in_atexit = True
+    _exit_shutdown()
 
 
 def _at_exit() -> None:
@@ -409,15 +426,23 @@ def _at_exit() -> None:
         if t is not threading.main_thread() and not t.daemon and t.is_alive()
     ]
     if others:
-        atexit.register(_exit_shutdown)
+        atexit.register(_exit_shutdown_in_atexit)
         return
+    _exit_shutdown()
+
+
+def _exit_shutdown_in_atexit() -> None:
+    global _in_atexit
+    _in_atexit = True
     _exit_shutdown()
 
 
 def _exit_shutdown() -> None:
     """``shutdown()`` at the interpreter's exit. Ctrl-C meanwhile (a slow exporter) abandons
     what is still being exported, with one line that says so, and the process then ends as
-    an interrupted one (SIGINT, exit status 130 / -2), as it would have without us. A SIGTERM
+    an interrupted one (SIGINT, exit status 130 / -2), as it would have without us (run from
+    atexit itself, the program's other exit functions run on after the line, as Python
+    does for an interrupted exit function). A SIGTERM
     meanwhile lets the export finish within its deadline, then ends the process by that
     signal (``shutdown``)."""
     global _exiting
@@ -430,7 +455,8 @@ def _exit_shutdown() -> None:
             "torch-profiled: interrupted (Ctrl-C) while exporting at exit: "
             + (f"abandoned {lost} window report(s) not yet exported" if lost else "nothing lost")
         )
-        _end_by(signal.SIGINT, run_atexit=True)
+        if not _in_atexit:
+            _end_by(signal.SIGINT, run_atexit=True)
     finally:
         _exiting = False
 
@@ -447,17 +473,44 @@ def _exit_shutdown() -> None:
 # left alone: its graceful exit runs our exit hook. A C handler (one Python's getsignal
 # reports as the default) is kept too: the handler is installed only where the process's
 # real disposition is the default.
+#
+# - A program that installs its handler over ours later and calls ours from it (PyTorch
+#   Lightning's signal connector, submitit: "chain to the previous handler") is shutting
+#   down on its own terms: ours, called that way, does nothing, as such code expects of
+#   SIG_DFL. Its exit runs our exit hook, which exports.
+# - A Python handler runs only between two bytecodes of the main thread. Where that thread
+#   holds a lock of ours (a SIGTERM that lands inside the SDK, or handed over by ``atomic()``
+#   as a start or stop ends), the handler waits for the lock on another thread and has the
+#   signal sent again once it is free: stopping the window needs it. Where the main thread
+#   sits in native code (a collective that hangs, a long C call), no Python handler runs at
+#   all: a watchdog thread, woken by Python's signal wakeup fd (only where nobody else uses
+#   it, asyncio for one), ends the process by the signal when our handler has not started
+#   within ``WATCHDOG_GRACE_S`` (what was not exported is lost, as without us).
+
+WATCHDOG_GRACE_S = 1.0
+"""How long the watchdog lets a SIGTERM wait for the main thread to reach Python code (time
+inside an SDK start or stop, where the handler is held back on purpose, not counted)."""
 
 _term_pid: int | None = None  # the process whose handler ours is (a forked child is not it)
 _term_pending: int | None = None  # a SIGTERM that came while shutdown() ran on the main thread
+_term_seen = False  # our handler has run (the watchdog stands down)
+_term_runs = 0  # ... how often
+_term_deadline: float | None = None  # the export's end (time.monotonic()), set by the first
+_deferred = False  # a thread sends the signal again until the main thread meets it unlocked
 _shutting_down = False  # shutdown() runs on the main thread
+_shutdowns: dict[int, float] = {}  # shutdown() in progress: thread id -> its deadline
 _exiting = False  # ... at the interpreter's exit
+_in_atexit = False  # ... run from atexit's functions (they must not be run again)
+_exitfuncs_ran = False
+_wakeup_w = -1  # the write end of the watchdog's pipe, while it is the signal wakeup fd
+_unset_for_fork = False  # ... unset by the fork in progress (put back after it)
+_watchdog: threading.Thread | None = None
 
 
 def _arm_sigterm() -> None:
     """Install ``_on_sigterm`` for SIGTERM: on the main thread, where its handler is the
-    default (else the program's: left alone), once per process."""
-    global _term_pid
+    default (else the program's: left alone), once per process; and its watchdog."""
+    global _term_pid, _term_seen, _term_deadline
     sigterm = getattr(signal, "SIGTERM", None)
     if (
         sigterm is None
@@ -472,6 +525,9 @@ def _arm_sigterm() -> None:
     except (ValueError, OSError):  # not the main interpreter, or no such signal here
         return
     _term_pid = os.getpid()
+    _term_seen = False
+    _term_deadline = None
+    _start_watchdog()
 
 
 def _disarm_sigterm() -> None:
@@ -480,6 +536,7 @@ def _disarm_sigterm() -> None:
     if _term_pid is None or threading.current_thread() is not threading.main_thread():
         return
     _term_pid = None
+    _stop_watchdog()
     try:
         if signal.getsignal(signal.SIGTERM) is _on_sigterm:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -489,28 +546,41 @@ def _disarm_sigterm() -> None:
 
 def _c_default(signum: int) -> bool:
     """The process's real disposition of ``signum`` is the default: no C library (an MPI
-    runtime, ``faulthandler``) installed a handler that Python's table does not show. Read
-    with ``sigaction`` on Linux (the handler is the first field of glibc's and musl's struct
-    sigaction); elsewhere Python's own view is taken."""
-    if not sys.platform.startswith("linux"):
-        return True
-    try:
-        import ctypes
+    runtime, ``faulthandler``) installed a handler that Python's table does not show (where
+    the system cannot be asked, Python's own view is taken)."""
+    return triggers._system_handler(signum) in (None, 0)
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        buf = ctypes.create_string_buffer(256)  # larger than any struct sigaction
-        if libc.sigaction(signum, None, buf) != 0:
-            return True
-        return ctypes.c_void_p.from_buffer(buf).value in (None, 0)
-    except Exception:  # noqa: BLE001 - no libc to ask: Python's view
-        return True
+
+def _installed(signum: int) -> bool:
+    """Ours is the handler of ``signum`` (or ``atomic()``'s stand-in for it), not a handler
+    the program put over it that calls ours."""
+    handler = signal.getsignal(signum)
+    if isinstance(handler, _StandIn):
+        handler = handler.original
+    return handler is _on_sigterm
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     """SIGTERM: export within the deadline, then end by the signal (see above). Runs on the
-    main thread, between two bytecodes: never inside an SDK start or stop (``atomic`` holds
-    it back until those end)."""
-    global _term_pending
+    main thread, between two bytecodes; whatever happens meanwhile (Ctrl-C, a program's
+    handler that raises), the process ends by the signal."""
+    global _term_pending, _term_seen, _term_deadline, _term_runs, _deferred
+    _term_seen = True
+    _term_runs += 1
+    if not _installed(signum):
+        return  # called by the program's own handler: its shutdown, its exit hook exports
+    if os.getpid() != _term_pid or (state.shut_down and not _shutdowns):
+        _end_by(signum)  # a forked child, or nothing left to export
+    sessions = [s for s in (state.explicit, state.ambient) if s is not None]
+    timeout = max((s.config.export_timeout_s for s in sessions), default=0.0)
+    if _term_deadline is None:  # the first delivery: the deadline holds for the retries
+        _term_deadline = max([time.monotonic() + timeout, *_shutdowns.values()])
+    if not _shutting_down:
+        held = [lk for lk in _sdk_locks(sessions) if lk._is_owned()]
+        if held and time.monotonic() < _term_deadline:
+            _defer(signum, held)  # the signal comes again once the main thread lets go
+            return
+    _deferred = False
     try:
         signal.signal(signum, signal.SIG_DFL)  # a second SIGTERM ends the process at once
     except (ValueError, OSError):
@@ -518,38 +588,256 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     if _shutting_down and os.getpid() == _term_pid:
         _term_pending = signum  # shutdown() (the exit's) runs: it ends by the signal after
         return
-    if os.getpid() != _term_pid or state.shut_down:
-        _end_by(signum)  # a forked child, or nothing left to export
-    sessions = [s for s in (state.explicit, state.ambient) if s is not None]
-    timeout = max((s.config.export_timeout_s for s in sessions), default=0.0)
-    deadline = time.monotonic() + timeout
+    what = ""
+    try:
+        what = _export_before_end(sessions, _term_deadline, timeout)
+    except BaseException as exc:  # noqa: BLE001 - Ctrl-C, a program's handler: we end anyway
+        kind = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else type(exc).__name__
+        what = f"interrupted ({kind}) while exporting: what was not exported is lost"
+    finally:
+        if what:
+            _say(f"torch-profiled: SIGTERM: {what}; the process ends by the signal")
+        _end_by(signum)
+
+
+def _export_before_end(sessions: list[Session], deadline: float, timeout: float) -> str:
+    """Stop the open windows here, export on another thread by ``deadline`` (and wait for a
+    ``shutdown()`` another thread runs); what went wrong, or ""."""
+    others = set(_shutdowns)
     for sess in sessions:  # a window whose stop outlasts the deadline is not analysed
         sess._pipeline.close_by(deadline)
     ended = _end_windows_here(sessions)
     worker = threading.Thread(target=_quiet_shutdown, name="torch-profiled-sigterm", daemon=True)
     worker.start()
-    worker.join(max(0.0, deadline - time.monotonic()))
-    if worker.is_alive() or not ended:
-        what = "the open window could not be stopped (SIGTERM came inside torch-profiled)"
-        if worker.is_alive():
-            what = (
-                f"the export did not finish within PROFILED_EXPORT_TIMEOUT_S={timeout:g}s: "
-                "what it had not exported is lost"
-            )
-        _say(f"torch-profiled: SIGTERM: {what}; the process ends by the signal")
-    _end_by(signum)
+    while (worker.is_alive() or others & set(_shutdowns)) and time.monotonic() < deadline:
+        if state.PENDING:  # a shutdown elsewhere waits for this thread to stop its window
+            state.run_pending_stops()
+        worker.join(min(0.05, max(0.0, deadline - time.monotonic())))
+    if worker.is_alive() or others & set(_shutdowns):
+        return (
+            f"the export did not finish within PROFILED_EXPORT_TIMEOUT_S={timeout:g}s: "
+            "what it had not exported is lost"
+        )
+    if not ended:
+        return "the open window could not be stopped (SIGTERM came inside torch-profiled)"
+    return ""
+
+
+def _sdk_locks(sessions: list[Session]) -> list[Any]:
+    """The re-entrant locks of ours a thread may hold while it runs Python code."""
+    return [state.lock, _torch._range_lock, *(s._lock for s in sessions)]
+
+
+def _defer(signum: int, held: list[Any]) -> None:
+    """The main thread holds ``held`` (SDK locks): send ``signum`` to it again and again from
+    another thread until the handler finds it outside them, each time holding them first
+    where that thread lets go in time (it then meets the signal outside them, or waiting for
+    them); past the deadline, end the process by the signal."""
+    global _deferred
+    if _deferred:
+        return  # the thread that sends it again is running
+    _deferred = True
+    main = threading.main_thread().ident
+    deadline = _term_deadline if _term_deadline is not None else time.monotonic()
+
+    def again() -> None:
+        while _deferred and main is not None:
+            if time.monotonic() >= deadline:
+                _kill_from_thread(
+                    signum,
+                    "the main thread held a torch-profiled lock past the export deadline "
+                    "(interrupted inside the SDK, or a program holding it): the open "
+                    "window and what was not exported are lost",
+                )
+                return
+            taken = []
+            try:
+                for lock in held:
+                    if not lock.acquire(timeout=0.005):
+                        break
+                    taken.append(lock)
+                runs = _term_runs
+                signal.pthread_kill(main, signum)
+                until = time.monotonic() + (0.2 if len(taken) == len(held) else 0.005)
+                while _term_runs == runs and time.monotonic() < until:
+                    time.sleep(0.001)
+            finally:
+                for lock in reversed(taken):
+                    lock.release()
+            time.sleep(0.001)
+
+    threading.Thread(target=again, name="torch-profiled-sigterm-retry", daemon=True).start()
+
+
+def _kill_from_thread(signum: int, what: str) -> None:
+    """End the process by ``signum`` from a thread other than the main one (which cannot run
+    Python now): the system's default action put back behind Python's back (``signal.signal``
+    works on the main thread only), then the signal; ``os._exit`` where that fails. Streams
+    are not flushed: the main thread may hold their locks."""
+    try:
+        os.write(2, f"torch-profiled: SIGTERM: {what}; the process ends by the signal\n".encode())
+    except OSError:
+        pass
+    libc = triggers._sigaction()
+    if libc is not None:
+        import ctypes
+
+        default = ctypes.create_string_buffer(triggers._SIGACTION_SIZE)  # SIG_DFL, no flags
+        if libc.sigaction(int(signum), default, None) == 0:
+            os.kill(os.getpid(), signum)
+            time.sleep(5)  # the signal ends the process meanwhile
+    os._exit(128 + signum)
+
+
+def _start_watchdog() -> None:
+    """Point Python's signal wakeup fd at a pipe a daemon thread reads: its C-level handler
+    writes there even while the main thread runs native code. Only where no one else set
+    the wakeup fd (asyncio's event loops use it): theirs is put back and there is no
+    watchdog. POSIX only."""
+    global _wakeup_w
+    if os.name != "posix" or _wakeup_w != -1:
+        return
+    r, w = os.pipe()
+    try:
+        os.set_blocking(w, False)
+        prev = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        os.close(r)
+        os.close(w)
+        return
+    if prev != -1:  # somebody's: theirs stays
+        try:
+            signal.set_wakeup_fd(prev)
+        except (ValueError, OSError):
+            pass
+        os.close(r)
+        os.close(w)
+        return
+    global _watchdog
+    _wakeup_w = w
+    _watchdog = threading.Thread(
+        target=_watch, args=(r,), name="torch-profiled-sigterm-watchdog", daemon=True
+    )
+    _watchdog.start()
+
+
+def _stop_watchdog() -> None:
+    """The wakeup fd back to none (where it is still ours) and the pipe closed: the watchdog
+    thread reads its end and leaves."""
+    global _wakeup_w
+    w, _wakeup_w = _wakeup_w, -1
+    if w == -1:
+        return
+    try:
+        now = signal.set_wakeup_fd(-1)
+        if now not in (-1, w):  # set by someone else since: theirs stays
+            signal.set_wakeup_fd(now)
+    except (ValueError, OSError):
+        pass
+    os.close(w)
+    if _watchdog is not None:  # it reads the end of the pipe and leaves: gone on return
+        _watchdog.join(1.0)
+
+
+def _watch(r: int) -> None:
+    """The watchdog thread: a SIGTERM byte while ours is the handler, and our handler has not
+    started within ``WATCHDOG_GRACE_S`` of the main thread's time outside SDK blocks: the
+    main thread is stuck in native code; end the process by the signal."""
+    sigterm = int(signal.SIGTERM)
+    try:
+        # no signal is delivered to this thread: the main thread's blocking calls stay
+        # interrupted by them as before (a process-directed signal goes to any thread)
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        while True:
+            data = os.read(r, 512)
+            if not data:
+                return  # disarmed
+            if sigterm not in data or _term_seen or not _installed(sigterm):
+                continue
+            waited = 0.0
+            while not _term_seen and waited < WATCHDOG_GRACE_S:
+                time.sleep(0.02)
+                if not _atomic_depth():  # inside an SDK start or stop: held back on purpose
+                    waited += 0.02
+            if not _term_seen and _installed(sigterm):
+                _kill_from_thread(
+                    sigterm,
+                    f"the main thread did not reach Python code within {WATCHDOG_GRACE_S:g}s "
+                    "(it runs native code: a collective that hangs, a long C call); the open "
+                    "window and the last metrics are not exported",
+                )
+    except OSError:
+        return
+    finally:
+        os.close(r)
+
+
+def _atomic_depth() -> int:
+    from . import _atomic
+
+    return _atomic._depth
+
+
+def _unset_wakeup_before_fork() -> None:
+    """Before ``os.fork()``: no wakeup fd, so the child never has ours, not even before its
+    own fork hooks run (a SIGTERM to it then would wake our watchdog: ours, not the child's).
+    Only possible on the main thread; elsewhere the child's hook below unsets it."""
+    global _unset_for_fork
+    if _wakeup_w != -1 and threading.current_thread() is threading.main_thread():
+        try:
+            prev = signal.set_wakeup_fd(-1)
+            if prev != _wakeup_w:  # someone else's since (asyncio): theirs stays
+                signal.set_wakeup_fd(prev)
+            _unset_for_fork = prev == _wakeup_w
+        except (ValueError, OSError):
+            pass
+
+
+def _reset_wakeup_after_fork() -> None:
+    """In the parent after ``os.fork()``: the watchdog's wakeup fd again."""
+    global _unset_for_fork
+    if _unset_for_fork:
+        _unset_for_fork = False
+        try:
+            signal.set_wakeup_fd(_wakeup_w, warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            pass
+
+
+def _forget_watchdog_in_child() -> None:
+    """A forked child has no watchdog thread; Python's wakeup fd must not point at the
+    parent's pipe there."""
+    global _wakeup_w
+    w, _wakeup_w = _wakeup_w, -1
+    if w == -1:
+        return
+    try:
+        signal.set_wakeup_fd(-1)  # the forking thread is the child's main thread
+    except (ValueError, OSError):
+        pass
+    try:
+        os.close(w)
+    except OSError:
+        pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_unset_wakeup_before_fork,
+        after_in_parent=_reset_wakeup_after_fork,
+        after_in_child=_forget_watchdog_in_child,
+    )
 
 
 def _end_windows_here(sessions: list[Any]) -> bool:
     """Stop the sessions' open windows on this (the main) thread, which owns their profilers;
-    False where this thread was interrupted holding an SDK lock (waiting for it would never
-    end, ending the window inside would tear its state): then the window is left to the
-    shutdown thread, which cannot stop it, and is lost."""
-    locks = [state.lock, _torch._range_lock] + [s._lock for s in sessions]
-    if any(lock._is_owned() for lock in locks) or not _free(state.mirror_lock):
-        return False
+    False where this thread holds an SDK lock (waiting for it would never end, ending the
+    window inside would tear its state) or the flags' lock stays held: then the window is
+    left to the shutdown thread, which cannot stop it, and is lost."""
+    if any(lock._is_owned() for lock in _sdk_locks(sessions)) or not _free(state.mirror_lock):
+        return False  # (held past the deadline: _on_sigterm waits for them until then)
     for sess in sessions:
-        with sess._lock, atomic():
+        with atomic(), sess._lock:  # a signal held back meets no lock of ours
             if sess._windows.window is not None:
                 sess._windows.end(partial=True)
             sess._stops.finish_drain(force=True)
@@ -599,8 +887,11 @@ def _end_by(signum: int, *, run_atexit: bool = False) -> None:
     """End the process by ``signum`` at its default action (the status a launcher expects),
     standard streams flushed; ``os._exit(128 + signum)`` where the signal could not end it.
     ``run_atexit`` (at the exit, as Python itself does before it ends an interrupted
-    program by SIGINT): the program's ``atexit`` functions run first."""
-    if run_atexit:
+    program by SIGINT): the program's ``atexit`` functions run first, once, and never from
+    inside atexit's own run of them (that would run them all again, ours included)."""
+    global _exitfuncs_ran
+    if run_atexit and not _in_atexit and not _exitfuncs_ran:
+        _exitfuncs_ran = True
         try:
             atexit._run_exitfuncs()
         except BaseException:  # noqa: BLE001 - they report their own errors; we end anyway

@@ -161,7 +161,7 @@ class Session:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every window that ended so far has been exported (False on timeout)."""
-        with self._lock, atomic():
+        with atomic(), self._lock:
             self._stops.finish_drain(force=True)
             self._stops.run_pending()
             self._stops.resume_cpu_ops()
@@ -196,7 +196,7 @@ class Session:
             self._advance()
 
     def _run_pending_stop(self) -> None:
-        with self._lock, atomic():
+        with atomic(), self._lock:
             self._stops.run_pending()
 
     # ------------------------------------------------------------ stepping
