@@ -352,7 +352,7 @@ def test_a_handler_installed_by_c_code_is_never_dropped(tmp_path, name, where):
         PROFILED_SCHEDULE="warmup=0,active=1",
     )
     result = _proc.run("-c", C_HANDLER, env=env, cwd=tmp_path, timeout=120)
-    dumps = result.stderr.count("most recent call first")
+    dumps = result.stderr.count("Current thread")  # one per dump, whatever the threads
     assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
     assert dumps == 2, result.stderr[-3000:]  # the stack dump, as the session runs and after
     assert result.stdout.strip() == "0"  # the signal never opened a window
