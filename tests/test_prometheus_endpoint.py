@@ -393,7 +393,7 @@ def test_scrapes_while_threads_count_read_whole_growing_pages(tmp_path):
         tmp_path,
         COUNTING_PROGRAM,
         PROFILED_PROMETHEUS_ADDR=f"127.0.0.1:{port}",
-        PROFILED_METRICS_INTERVAL_S="0.1"  # the floor,
+        PROFILED_METRICS_INTERVAL_S="0.1",  # the floor
     )
     counts: list[float] = []
     try:
