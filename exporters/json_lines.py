@@ -29,6 +29,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from ._base import Exporter, ExporterWarning, ExportResult
+from ._files import kind_of
 from ._warn import warn
 
 if TYPE_CHECKING:
@@ -112,19 +113,6 @@ class _Refused(Exception):
     """Something other than a regular file is at the path; the message says what."""
 
 
-def _kind(mode: int) -> str:
-    for test, what in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a named pipe (FIFO)"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    ):
-        if test(mode):
-            return what
-    return "not a regular file"
-
-
 def _what_is_at(path: str) -> str | None:
     """What non-regular thing is at ``path`` (``lstat``), or None (nothing, or a file)."""
     try:
@@ -137,7 +125,7 @@ def _what_is_at(path: str) -> str | None:
         except OSError:
             return "a symbolic link"
         return f"a symbolic link (to {target!r})"
-    return None if stat.S_ISREG(st.st_mode) else _kind(st.st_mode)
+    return None if stat.S_ISREG(st.st_mode) else kind_of(st.st_mode)
 
 
 def _append(fd: int, data: bytes) -> None:
@@ -254,7 +242,7 @@ class JsonLinesExporter(Exporter):
             raise
         if not stat.S_ISREG(mode):  # a FIFO someone reads, a device: not a report file
             os.close(fd)
-            raise _Refused(_kind(mode))
+            raise _Refused(kind_of(mode))
         return fd
 
     def _warn_once(self, key: str, message: str) -> None:

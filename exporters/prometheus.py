@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._base import Exporter, ExporterWarning, ExportResult
 from ._settings import DEFAULT_PROMETHEUS_ADDR as DEFAULT_ADDR
-from ._settings import parse_addr
+from ._settings import addr_family, parse_addr
 from ._warn import warn
 from .json_lines import valid_text
 
@@ -206,8 +206,7 @@ class _Endpoint:
     """
 
     def __init__(self, host: str, port: int, page: Callable[[], bytes]) -> None:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock = socket.socket(addr_family(host), socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((host, port))
