@@ -18,7 +18,7 @@ from exporters._warn import warn
 
 from . import _torch, analysis_process, metrics, state, triggers
 from ._atomic import _StandIn, atomic
-from .config import Config, _reject_unknown, _reset_warnings
+from .config import Config, _reject_unknown, _reset_warnings, enabled_from_env
 from .sampling import Schedule
 from .sessions import Session
 
@@ -910,3 +910,32 @@ def _end_by(signum: int, *, run_atexit: bool = False) -> None:
 
 
 state.bind(calls=session_for_calls, explicit=(enter_explicit, exit_explicit))
+
+
+def _trigger_idle_reason(name: str) -> str | None:
+    """Why the trigger signal ``name``, arriving while no session has armed the trigger, opens
+    no window (None: the next session that arms it opens one at its first step). Runs inside
+    the signal handler: reads, never blocks."""
+    enabled = state.overrides.get("enabled")
+    if not (enabled_from_env() if enabled is None else enabled):
+        return (
+            "profiling is off in this process (PROFILED_ENABLED=0, configure(enabled=False), "
+            "or a child of a profiled process)"
+        )
+    if state.shut_down:
+        return (
+            "profiling has ended in this process (after shutdown(), at exit, or in a forked child)"
+        )
+    cur = state.current
+    if cur is not None and cur._started:
+        if cur.config.trigger != name:
+            return f"the profiling session's trigger is {cur.config.trigger or 'unset'}"
+        if cur.finished:
+            return "the profiling session opens no windows"
+    return None
+
+
+def install_trigger_signal() -> None:
+    """``PROFILED_TRIGGER=SIGUSR2``: our handler goes on the signal as the SDK is imported, so
+    that the signal never ends the process, profiling on or off (``triggers``)."""
+    triggers.install_from_env(os.environ, _trigger_idle_reason)
