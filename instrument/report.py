@@ -23,6 +23,9 @@ from .verdict import CPU_ONLY, Verdict
 __all__ = [
     "DETAILS",
     "FrozenMap",
+    "HEALTH_STATUSES",
+    "Health",
+    "HealthReason",
     "KernelCall",
     "KernelStats",
     "MetricsReport",
@@ -308,6 +311,41 @@ class WindowReason:
         return f"{self.kind}: {self.detail}" if self.detail else self.kind
 
 
+HEALTH_STATUSES: tuple[str, ...] = ("complete", "partial", "device-missing")
+"""A window's ``Health.status``: ``complete`` (nothing found missing), ``partial`` (device
+events recorded for some of its work but not all of it), ``device-missing`` (its ranges ran
+device operators and the window holds no device work at all)."""
+
+
+@dataclass(frozen=True)
+class HealthReason:
+    """One sign that a window lost events: ``kind`` (a short stable key, e.g.
+    ``launch-without-kernel``), ``detail`` (one sentence for people, with the numbers) and
+    ``count`` (how many events, launches or steps it concerns; 0 where not countable)."""
+
+    kind: str
+    detail: str
+    count: int = 0
+
+
+@dataclass(frozen=True)
+class Health:
+    """Whether a window's numbers can be stood behind: ``status`` (one of
+    ``HEALTH_STATUSES``) and the reasons found (empty when complete)."""
+
+    status: str = "complete"
+    reasons: tuple[HealthReason, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        return self.status == "complete"
+
+    def __str__(self) -> str:
+        if self.complete:
+            return self.status
+        return f"{self.status}: " + "; ".join(r.detail for r in self.reasons)
+
+
 @dataclass(frozen=True)
 class WindowReport:
     """What one profiler window measured."""
@@ -350,6 +388,8 @@ class WindowReport:
     # the verdict's wall time: first recorded event to the later of the last one's end and the
     # last kernel's end, the profiler's own work taken out (``duration_us`` is the recording's)
     wall_time_us: float = 0.0
+    # whether the window recorded all it should have (lost device events, ``Health``)
+    health: Health = field(default_factory=Health)
 
     @property
     def duration_us(self) -> float:
