@@ -232,6 +232,7 @@
   Timeline.prototype.drawRow = function (ctx, row, scale) {
     var v0 = this.v0, v1 = this.v1, n = row.s.length, right = this.width, pixel = 1 / scale;
     var i = firstEndingAfter(row.m, v0), visible = 0, rects = 0;
+    var wide = row.longest[1] >= pixel;  // any event of the row a pixel wide or more
     while (i < n) {
       var s = row.s[i];
       if (s >= v1) break;
@@ -250,7 +251,7 @@
         ctx.fillRect(px, row.y + 1, 1, ROW_H - 2);
         visible += j - i;
         rects++;
-        for (var l = firstAtLeast(row, i + 1, j, pixel); l < j; ) {
+        for (var l = wide ? firstAtLeast(row, i + 1, j, pixel) : j; l < j; ) {
           var l0 = LABEL_W + (row.s[l] - v0) * scale, l1 = LABEL_W + (row.e[l] - v0) * scale;
           this.drawEvent(ctx, row, l, Math.max(l0, LABEL_W), Math.min(l1, right));
           rects++;
