@@ -21,7 +21,12 @@ import os
 import pytest
 
 from instrument import html_report
-from tests.test_html_report import CHROMIUM, Opened, browser, opened  # noqa: F401 (fixtures)
+from tests import test_html_report as pages
+from tests.test_html_report import CHROMIUM, Opened
+
+# the page tests' fixtures: one headless Chromium per module, pages closed after each test
+browser = pages.browser
+opened = pages.opened
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists(CHROMIUM), reason="needs Chromium (apt-get install chromium)"
@@ -147,9 +152,7 @@ def _check_bar(o: Opened, ev, label: bool) -> None:
     assert len({tuple(p) for p in seen}) == 1, (where, seen)  # by one bar
     if label:  # the label starts 3 px into the bar, 3 px below the row's top
         spots = [
-            p
-            for dy in (6.5, 8.5, 10.5)
-            for p in _pixels(o, lane, row, [a], dx=range(4, 40), dy=dy)
+            p for dy in (6.5, 8.5, 10.5) for p in _pixels(o, lane, row, [a], dx=range(4, 40), dy=dy)
         ]
         assert any(min(p[:3]) >= 235 for p in spots), (where, sorted(spots)[-5:])
 
