@@ -2,20 +2,36 @@
 
 Per range, one figure per call (``--metric``): ``cpu`` (inclusive CPU time per call), ``device``
 (device time per call) or ``flops`` (achieved FLOP/s: the range's FLOPs over its device time,
-or over its CPU time where a side ran none on a device). A side's value is pooled over its
-windows (all time over all calls), so one window compares fairly with three.
+or over its CPU time where a side ran none on a device). Each window gives one value (its time
+over its calls); a side's figure is the median of its windows' values, so one window compares
+fairly with three and one descheduled window does not decide.
 
-The rule: a range regresses when its figure got worse (time up; for ``flops`` FLOP/s down)
-by more than the threshold AND by more than the windows' spread. A side's spread is
-(max - min) / median of its per-window per-call values (0 with one window); the larger of the
-two sides' spreads is the noise. With one window per side only the threshold applies.
+The rule, three outcomes. The windows are the samples: every pair (a window before, a window
+after) gives a ratio after/before, and the rank (Mann-Whitney) confidence bounds on the change
+are order statistics of those ratios (Hodges-Lehmann; exact for up to 40 windows a side, the
+normal approximation above): at 95% confidence, one-sided each, the change is at least ``low``
+and at most ``high``. Then a range is a *regression* when even ``low`` is worse than the
+threshold, a *pass* when even ``high`` is within it, and *inconclusive* otherwise: the windows
+cannot tell, and the verdict says about how many windows a side would settle it (from the
+spread of the windows' values and the change's distance to the threshold). A bound must also
+leave out at least as many extreme pairs as one window forms (``max(n, m)``), so one outlier
+window cannot move it; with fewer windows than that (one a side: always) the range is
+inconclusive. Why not pooled means against a max-min spread, as before: on a shared runner one
+descheduled window (75x slower) decided both ways, failing identical runs and passing a 4x
+regression.
 
 Not comparable (a failure unless ``allow_mismatch``, then skipped): the sides ran on
 different devices or world sizes, or a range's operators saw different input shapes (only
 checked where both sides recorded shapes; otherwise the verdict says so), or a range named
-with ``--range`` exists on one side only. A range on one side only, not named, is listed as
-skipped. Bad input (``GateError``): a bad threshold, a ``--range`` on neither side, no range on
-both sides, no device time (``device``) or no FLOPs (``flops``) in either.
+with ``--range`` exists on one side only, or a side has no window whose ``report.health`` is
+complete (a window that lost events is left out, with a note naming it, unless
+``allow_partial``). A range on one side only, not named, is listed as skipped. Bad input
+(``GateError``): a bad threshold, a ``--range`` on neither side, no range on both sides, no
+device time (``device``) or no FLOPs (``flops``) in either.
+
+Exit status: 0 pass, 1 a regression or a range not comparable, 3 inconclusive (no regression,
+nothing not comparable, and at least one range the windows cannot settle); the CLI's 2 is bad
+input.
 
 No torch imports and nothing from ``instrument.cli``.
 """
@@ -27,7 +43,9 @@ import re
 import socket
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from statistics import NormalDist
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
@@ -37,17 +55,27 @@ from .diff import Side, per_call, side_doc
 from .traces import printable
 
 __all__ = [
+    "CONFIDENCE",
+    "EXIT_INCONCLUSIVE",
     "METRICS",
     "GateError",
     "GateOptions",
     "format_gate",
     "gate",
+    "interval",
     "junit_xml",
     "parse_threshold",
+    "fewest_windows",
+    "windows_to_settle",
 ]
 
 METRICS = ("cpu", "device", "flops")
 PASS, REGRESSION, NOT_COMPARABLE, SKIPPED = "pass", "regression", "not comparable", "skipped"
+INCONCLUSIVE = "inconclusive"
+EXIT_INCONCLUSIVE = 3  # 0 pass, 1 regression or not comparable, 2 bad input (the CLI's)
+CONFIDENCE = 0.95  # each bound, one-sided: a 90% interval
+EXACT_UP_TO = 40  # windows a side: the rank statistic's exact distribution; above, the normal
+SETTLE_MAX = 100  # windows a side: beyond this the change sits at the threshold
 SUITE = "torch-profiled diff"
 _PCT = re.compile(r"\s*(-?)([0-9]+(?:\.[0-9]+)?)\s*%?\s*")
 
@@ -78,33 +106,34 @@ class GateOptions:
     metric: str = "cpu"
     names: tuple[str, ...] = ()  # --range: only these (all ranges on both sides when empty)
     allow_mismatch: bool = False
+    allow_partial: bool = False  # --allow-partial: gate windows whose health is not complete
 
 
 # ---------------------------------------------------------------- figures
 
 
 def _figure(side: Side, name: str, metric: str, basis: str) -> dict[str, Any] | None:
-    """A side's figure for one range: the pooled value, each window's value and the spread."""
+    """A side's figure for one range: the median of its windows' values (what is compared),
+    each window's value, the pooled value (all time over all calls) and the spread."""
     if metric == "flops":
         values, calls, pooled = _flops(side, name, basis)
     else:
         values, calls, pooled = per_call(side, name, metric)
     if not calls:
         return None
-    spread = 0.0
-    if len(values) > 1:
-        mid = _median(values)
-        spread = (max(values) - min(values)) / mid if mid > 0 else 0.0
+    mid = _median(values)
+    spread = (max(values) - min(values)) / mid if len(values) > 1 and mid > 0 else 0.0
     # per step (ProfilerStep#N spans; none in a trace without a schedule): calls and time
     steps = sum(len(w.report.steps) for w in side.windows if name in w.report.ranges)
     return {
-        "value": pooled,
+        "value": mid,
         "windows": values,
+        "pooled": pooled,
         "calls": calls,
         "spread": spread,
         "steps": steps,
         "calls_per_step": calls / steps if steps else None,
-        "per_step": pooled * calls / steps if steps and metric != "flops" else None,
+        "per_step": mid * calls / steps if steps and metric != "flops" else None,
     }
 
 
@@ -135,6 +164,105 @@ def _flops_basis(before: Side, after: Side, name: str) -> str:
     stats = [w.report.ranges.get(name) for s in (before, after) for w in s.windows]
     ran = [r for r in stats if r is not None]
     return "device" if ran and all(r.device_time_us > 0 for r in ran) else "cpu"
+
+
+# ---------------------------------------------------------------- the statistic
+
+_Z = NormalDist().inv_cdf(CONFIDENCE)
+
+
+def _u_counts(n: int, m: int) -> list[int]:
+    """How many of the C(n+m, n) orders of n windows before and m after give each value
+    0..n*m of the Mann-Whitney U: the coefficients of the Gaussian binomial [n+m, n]_q,
+    prod_{i=1..n} (1 - q^(m+i)) / (1 - q^i), computed as power series cut at degree n*m."""
+    size = n * m + 1
+    poly = [1] + [0] * (size - 1)
+    for i in range(1, n + 1):
+        for u in range(size - 1, m + i - 1, -1):  # times (1 - q^(m+i))
+            poly[u] -= poly[u - m - i]
+        for u in range(i, size):  # over (1 - q^i)
+            poly[u] += poly[u - i]
+    return poly
+
+
+@lru_cache(maxsize=256)
+def _excluded(n: int, m: int) -> int | None:
+    """How many of the n*m pairwise ratios a one-sided bound at ``CONFIDENCE`` leaves out at
+    each end: the largest c with P(U <= c) <= 1 - CONFIDENCE (exact up to ``EXACT_UP_TO``
+    windows a side, then the normal approximation); None when no bound is that sure."""
+    alpha = 1.0 - CONFIDENCE
+    if max(n, m) > EXACT_UP_TO:
+        sd = math.sqrt(n * m * (n + m + 1) / 12)
+        c = math.floor(n * m / 2 - _Z * sd - 0.5)
+        return c if c >= 0 else None
+    counts = _u_counts(min(n, m), max(n, m))
+    total = math.comb(n + m, n)
+    found, cum = None, 0
+    for u, k in enumerate(counts):
+        cum += k
+        if cum > alpha * total:
+            break
+        found = u
+    return found
+
+
+def _pair_ratio(after: float, before: float) -> float:
+    if before > 0:
+        return after / before
+    return math.inf if after > 0 else 1.0
+
+
+def interval(before: Sequence[float], after: Sequence[float]) -> tuple[float, float] | None:
+    """The bounds on after/before from the windows' values: each holds with ``CONFIDENCE``
+    (Mann-Whitney/Hodges-Lehmann: order statistics of the pairwise ratios). None when the
+    windows are too few for bounds that one window cannot move: a bound must leave out at
+    least the ``max(n, m)`` pairs one window forms (one window a side: never)."""
+    n, m = len(before), len(after)
+    c = _excluded(n, m) if n and m else None
+    if c is None or c < max(n, m):
+        return None
+    ratios = sorted(_pair_ratio(a, b) for b in before for a in after)
+    return ratios[c], ratios[n * m - 1 - c]
+
+
+@lru_cache(maxsize=1)
+def fewest_windows() -> int:
+    """The fewest windows a side (equal sides) that give bounds one window cannot move."""
+    n = 1
+    while interval([1.0] * n, [1.0] * n) is None:
+        n += 1
+    return n
+
+
+def _log_sd(values: Sequence[float]) -> float | None:
+    """A robust standard deviation of log(values): 1.4826 x the median absolute deviation."""
+    logs = [math.log(v) for v in values if v > 0]
+    if len(logs) < 2:
+        return None
+    mid = _median(logs)
+    return 1.4826 * _median([abs(x - mid) for x in logs])
+
+
+def windows_to_settle(before: Sequence[float], after: Sequence[float], bar: float) -> int | None:
+    """About how many windows a side would put both bounds on one side of ``bar`` (the ratio
+    after/before at the threshold), judged from the windows' spread (robust, on the log
+    scale) and how far the change (ratio of medians) is from ``bar``; at least
+    ``fewest_windows()`` and more than the shorter side has (only that where no side has two
+    windows to judge the spread from). None: more than ``SETTLE_MAX`` (the change sits about
+    at the threshold)."""
+    sds = [sd for sd in (_log_sd(before), _log_sd(after)) if sd is not None]
+    floor = max(fewest_windows(), min(len(before), len(after)) + 1)
+    mb, ma = _median(before), _median(after)
+    if not sds or mb <= 0 or ma <= 0 or bar <= 0:
+        return floor
+    sigma = math.sqrt(sum(sd * sd for sd in sds) / len(sds))
+    delta = abs(math.log(ma / mb) - math.log(bar))
+    if delta == 0:
+        return None
+    # two samples of n: the difference's standard error is sigma * sqrt(2 / n); Hodges-
+    # Lehmann is ~95% as efficient as the mean on normal data
+    need = math.ceil(2 * (_Z * sigma / delta) ** 2 / 0.95)
+    return max(floor, need) if need <= SETTLE_MAX else None
 
 
 # ---------------------------------------------------------------- comparability
@@ -219,13 +347,17 @@ def _check_input(before: Side, after: Side, opts: GateOptions) -> list[str]:
 
 
 def _verdict(
-    before: Side, after: Side, name: str, opts: GateOptions, problems: list[str]
+    before: Side, after: Side, name: str, opts: GateOptions, problems: list[str], lost: str | None
 ) -> dict[str, Any]:
+    """One range's verdict over the windows gated (``lost``: why its windows on a side were all
+    left out, their health not complete)."""
     basis = _flops_basis(before, after, name) if opts.metric == "flops" else opts.metric
     b = _figure(before, name, opts.metric, basis)
     a = _figure(after, name, opts.metric, basis)
     out: dict[str, Any] = {"name": name, "metric": opts.metric, "before": b, "after": a}
     out["basis"] = basis
+    if lost:
+        return _mismatch(out, [lost], opts)
     if b is None or a is None:
         where = "after" if b is None else "before"
         reason = f"only {where}: not on the other side"
@@ -264,28 +396,63 @@ def _mismatch(out: dict[str, Any], reasons: list[str], opts: GateOptions) -> dic
 def _judge(
     out: dict[str, Any], b: dict[str, Any], a: dict[str, Any], opts: GateOptions
 ) -> dict[str, Any]:
+    """Regression, pass or inconclusive, from the bounds on the change (after/before - 1).
+    Worse is up for time, down for FLOP/s: the threshold's bar is 1 + PCT or 1 - PCT."""
     bv, av = b["value"], a["value"]
-    if bv > 0:
-        change = (av - bv) / bv
-    else:
-        change = math.inf if av > 0 else 0.0
-    worse = -change if opts.metric == "flops" else change
-    noise = max(b["spread"], a["spread"])
-    bar = max(opts.threshold, noise)
-    regressed = worse > opts.threshold and worse > noise
-    out.update(change=_finite(change), worse_by=_finite(worse), noise=noise, bar=bar)
-    what = "FLOP/s" if opts.metric == "flops" else f"{opts.metric} time per call"
-    told = f"{what} {_fmt(bv, opts.metric)} -> {_fmt(av, opts.metric)} ({_pct(change)})"
-    if regressed:
-        why = f"worse by {_pct(worse, sign=False)}, over the "
-        why += f"{_pct(opts.threshold, sign=False)} threshold"
-        why += f" and the windows' spread {_pct(noise, sign=False)}" if noise else ""
+    change = (av - bv) / bv if bv > 0 else (math.inf if av > 0 else 0.0)
+    flops = opts.metric == "flops"
+    worse = -change if flops else change
+    bar = 1.0 - opts.threshold if flops else 1.0 + opts.threshold
+    bounds = interval(b["windows"], a["windows"])
+    low, high = (None, None) if bounds is None else (bounds[0] - 1.0, bounds[1] - 1.0)
+    out.update(
+        change=_finite(change),
+        worse_by=_finite(worse),
+        low=_finite(low) if low is not None else None,
+        high=_finite(high) if high is not None else None,
+        confidence=CONFIDENCE,
+    )
+    n, m = len(b["windows"]), len(a["windows"])
+    what = "FLOP/s" if flops else f"{opts.metric} time per call"
+    told = (
+        f"{what} {_fmt(bv, opts.metric)} -> {_fmt(av, opts.metric)} ({_pct(change)}; medians"
+        f" of {n} and {m} window{'s' if m != 1 else ''})"
+    )
+    pct = _pct(-opts.threshold if flops else opts.threshold)
+    sure = f"{CONFIDENCE * 100:g}% bound"
+    if low is None or high is None:
+        why = (
+            f"too few windows for bounds that one window cannot move (the "
+            f"fewest: {fewest_windows()} a side)"
+        )
+    elif (high < -opts.threshold) if flops else (low > opts.threshold):
+        edge = high if flops else low
+        side = "at most" if flops else "at least"
+        why = f"{side} {_pct(edge)} ({sure}), past the {pct} threshold"
         return dict(out, status=REGRESSION, reason=f"{told}: {why}")
-    if worse > opts.threshold:
-        why = f"within the windows' spread {_pct(noise, sign=False)} (noise)"
+    elif (low >= -opts.threshold) if flops else (high <= opts.threshold):
+        edge = low if flops else high
+        side = "at least" if flops else "at most"
+        why = f"{side} {_pct(edge)} ({sure}), within the {pct} threshold"
+        return dict(out, status=PASS, reason=f"{told}: {why}")
     else:
-        why = f"within the {_pct(opts.threshold, sign=False)} threshold"
-    return dict(out, status=PASS, reason=f"{told}: {why}")
+        interval_pct = round(100 - 2 * (100 - CONFIDENCE * 100))
+        why = (
+            f"between {_pct(low)} and {_pct(high)} ({interval_pct}% interval), "
+            f"the {pct} threshold inside"
+        )
+    settle = windows_to_settle(b["windows"], a["windows"], bar)
+    out["settle_windows"] = settle
+    if settle is None:
+        why += (
+            f"; the change sits about at the threshold: over {SETTLE_MAX} windows a side "
+            "would settle it"
+        )
+    elif max(n, m) < 2:
+        why += f"; at least {settle} windows a side would settle it (one shows no spread)"
+    else:
+        why += f"; about {settle} windows a side would settle it"
+    return dict(out, status=INCONCLUSIVE, reason=f"{told}: {why}")
 
 
 def _finite(x: float) -> float | None:
@@ -307,30 +474,96 @@ def _fmt(value: float, metric: str) -> str:
     return format_time_us(value)
 
 
+def _health_split(side: Side, allow: bool) -> tuple[Side, list[dict[str, Any]]]:
+    """The windows to gate and those whose health is not complete (left out unless
+    ``allow``): each as its trace, status and reasons."""
+    traces = side.traces if len(side.traces) == len(side.windows) else ()
+    named = [(traces[i] if traces else f"window {i}", w) for i, w in enumerate(side.windows)]
+    sick = [
+        {"trace": t, "health": w.report.health.status, "why": str(w.report.health)}
+        for t, w in named
+        if not w.report.health.complete
+    ]
+    if not sick or allow:
+        return side, sick
+    keep = [(t, w) for t, w in named if w.report.health.complete]
+    kept = replace(
+        side,
+        traces=tuple(t for t, _ in keep) if traces else side.traces,
+        windows=tuple(w for _, w in keep),
+    )
+    return kept, sick
+
+
+def _health_notes(label: str, sick: list[dict[str, Any]], allow: bool) -> list[str]:
+    if not sick:
+        return []
+    what = "gated anyway (--allow-partial)" if allow else "left out, not comparable"
+    n = len(sick)
+    items = "; ".join(f"{s['trace']} ({s['why']})" for s in sick)
+    return [f"{label}: {n} window{'s' if n != 1 else ''} not complete, {what}: {items}"]
+
+
+def _lost(full: Side, kept: Side, label: str, name: str) -> str | None:
+    """Why ``name`` has no window left on a side: every window holding it lost events."""
+    if name not in full.range_names() or name in kept.range_names():
+        return None
+    return (
+        f"every window {label} holding it is not complete (health), left out; "
+        "--allow-partial gates them anyway"
+    )
+
+
 def gate(before: Side, after: Side, opts: GateOptions) -> dict[str, Any]:
-    """The verdicts: one per range, and whether the gate passes (``exit_status`` 0 or 1)."""
+    """The verdicts: one per range, and the outcome (``exit_status`` 0 pass, 1 a regression
+    or a range not comparable, ``EXIT_INCONCLUSIVE`` when the rest is pass and at least one
+    range is inconclusive)."""
     names = _check_input(before, after, opts)
     problems = _side_problems(before, after)
-    verdicts = [_verdict(before, after, n, opts, problems) for n in names]
-    order = {REGRESSION: 0, NOT_COMPARABLE: 1, PASS: 2, SKIPPED: 3}
+    b_kept, b_sick = _health_split(before, opts.allow_partial)
+    a_kept, a_sick = _health_split(after, opts.allow_partial)
+    verdicts = []
+    for n in names:
+        lost = _lost(before, b_kept, "before", n) or _lost(after, a_kept, "after", n)
+        verdicts.append(_verdict(b_kept, a_kept, n, opts, problems, lost))
+    order = {REGRESSION: 0, NOT_COMPARABLE: 1, INCONCLUSIVE: 2, PASS: 3, SKIPPED: 4}
     verdicts.sort(key=lambda v: (order[v["status"]], -(v.get("worse_by") or 0.0), v["name"]))
     counts = {s: sum(v["status"] == s for v in verdicts) for s in order}
-    failed = counts[REGRESSION] + counts[NOT_COMPARABLE]
+    if counts[REGRESSION] or counts[NOT_COMPARABLE]:
+        status = 1
+        outcome = REGRESSION if counts[REGRESSION] else NOT_COMPARABLE
+    elif counts[INCONCLUSIVE]:
+        status, outcome = EXIT_INCONCLUSIVE, INCONCLUSIVE
+    else:
+        status, outcome = 0, PASS
+    notes = _shape_notes(before, after)
+    notes += _health_notes("before", b_sick, opts.allow_partial)
+    notes += _health_notes("after", a_sick, opts.allow_partial)
     return {
         "metric": opts.metric,
         "fail_over": opts.threshold,
         "allow_mismatch": opts.allow_mismatch,
-        "rule": "regression: worse by more than fail_over and than the larger side's spread "
-        "((max - min) / median of per-window per-call values)",
-        "before": _side_summary(before),
-        "after": _side_summary(after),
+        "allow_partial": opts.allow_partial,
+        "confidence": CONFIDENCE,
+        "rule": RULE,
+        "before": dict(_side_summary(before), not_complete=b_sick),
+        "after": dict(_side_summary(after), not_complete=a_sick),
         "problems": problems,
-        "notes": _shape_notes(before, after),
+        "notes": notes,
         "verdicts": verdicts,
         "counts": {k.replace(" ", "_"): n for k, n in counts.items()},
-        "passed": not failed,
-        "exit_status": 1 if failed else 0,
+        "outcome": outcome,
+        "passed": status == 0,
+        "exit_status": status,
     }
+
+
+RULE = (
+    "per window, the range's figure per call; per pair of windows (before, after) the ratio; "
+    f"the change's {CONFIDENCE * 100:g}% rank bounds (Mann-Whitney/Hodges-Lehmann, leaving out "
+    "at least the pairs one window forms): regression when even the lower bound is past the "
+    "threshold, pass when even the upper bound is within it, inconclusive otherwise"
+)
 
 
 def _side_summary(side: Side) -> dict[str, Any]:
@@ -346,7 +579,7 @@ def format_gate(g: dict[str, Any]) -> str:
     c = g["counts"]
     head = (
         f"torch-profiled diff --fail-over {g['fail_over'] * 100:g}% | metric {g['metric']} "
-        f"| per call, pooled over windows"
+        f"| per call: medians of windows, {g['confidence'] * 100:g}% rank bounds"
     )
     lines = [fit(head, WIDTH)]
     for label in ("before", "after"):
@@ -361,10 +594,10 @@ def format_gate(g: dict[str, Any]) -> str:
         lines.append(f"{v['status'].upper():<15} {v['name']}")
         lines += _wrap(v["reason"], "    ")
     lines.append("-" * WIDTH)
-    outcome = "FAILED" if g["exit_status"] else "passed"
+    outcome = {0: "passed", EXIT_INCONCLUSIVE: "INCONCLUSIVE"}.get(g["exit_status"], "FAILED")
     lines.append(
         f"{outcome}: {c['regression']} regression(s), {c['not_comparable']} not comparable, "
-        f"{c['pass']} passed, {c['skipped']} skipped"
+        f"{c['inconclusive']} inconclusive, {c['pass']} passed, {c['skipped']} skipped"
     )
     return "\n".join(lines) + "\n"
 
@@ -378,7 +611,9 @@ def _wrap(text: str, indent: str) -> list[str]:
 def junit_xml(g: dict[str, Any], text: str = "") -> bytes:
     """The verdicts as JUnit XML (Jenkins, GitLab, GitHub test reporters): one testsuite
     ``torch-profiled diff``, one testcase per gated range; a regression is a ``failure``, a
-    range not comparable an ``error`` (``skipped`` with ``allow_mismatch``).
+    range not comparable an ``error`` (``skipped`` with ``allow_mismatch``), an inconclusive
+    range ``skipped`` with a message that starts ``inconclusive:`` (JUnit has no third
+    outcome; the suite's ``outcome`` and ``exit_status`` properties say it for the run).
 
     Valid XML 1.0 whatever the names hold: characters XML cannot carry at all (controls such
     as ESC, lone surrogates) are written as their escapes (``\\x1b``, ``\\udcff``;
@@ -392,14 +627,18 @@ def junit_xml(g: dict[str, Any], text: str = "") -> bytes:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
     host = quoteattr(socket.gethostname() or "localhost")
     out = ['<?xml version="1.0" encoding="UTF-8"?>', f"<testsuites {attrs}>"]
-    out.append(
-        f'  <testsuite {attrs} skipped="{c["skipped"]}" timestamp="{stamp}" hostname={host}>'
-    )
+    skipped = c["skipped"] + c["inconclusive"]  # JUnit's nearest: neither passed nor failed
+    out.append(f'  <testsuite {attrs} skipped="{skipped}" timestamp="{stamp}" hostname={host}>')
     out.append("    <properties>")
     props = {
         "metric": g["metric"],
         "fail_over": f"{g['fail_over'] * 100:g}%",
         "allow_mismatch": str(g["allow_mismatch"]).lower(),
+        "allow_partial": str(g["allow_partial"]).lower(),
+        "confidence": f"{g['confidence']:g}",
+        "outcome": g["outcome"],
+        "exit_status": str(g["exit_status"]),
+        "inconclusive": str(c["inconclusive"]),
     }
     for key, value in props.items():
         out.append(f"      <property name={quoteattr(key)} value={quoteattr(value)}/>")
@@ -431,6 +670,9 @@ def _testcase(v: dict[str, Any], metric: str) -> str:
         body = f'<error message={reason} type="not comparable">{body_text}</error>'
     elif v["status"] == SKIPPED:
         body = f"<skipped message={reason}/>"
+    elif v["status"] == INCONCLUSIVE:
+        said = "inconclusive: " + v["reason"]
+        body = f"<skipped message={_attr(said)}>{escape(printable(said))}</skipped>"
     else:
         return head + "/>"
     return f"{head}>{body}</testcase>"
