@@ -462,18 +462,18 @@ def _summarize_parser(sub: Any) -> None:
 
 DIFF_EPILOG = """\
 The gate (--fail-over PCT): per range, the figure --metric picks, per call: each window gives
-one value (its time over its calls), and every pair of windows (one before, one after) a ratio.
-The change's 95% bounds (one-sided each: Mann-Whitney/Hodges-Lehmann rank bounds over those
-pairs, leaving out at least the pairs one window forms, so one outlier window cannot move
-them) decide: a range REGRESSES when even the lower bound is worse than PCT (time up; for
-flops, FLOP/s down), PASSES when even the upper bound is within PCT, and is INCONCLUSIVE
-otherwise, or with too few windows for such bounds (fewer than 6 a side; one a side, always);
-its line says about how many windows a side would settle it. The figure shown is each side's
-median. Not comparable: different devices or world sizes, a range's operators saw different
-input shapes (checked where both sides recorded shapes), or no window left on a side whose
-health is complete (windows that lost events are left out, named in a note, unless
---allow-partial); it fails the gate unless --allow-mismatch (then skipped). A range on one
-side only is skipped (not comparable if named with --range).
+one value (its time over its calls). A shared runner only adds time, so each side's noise
+floor lies between its best and its second-best window (flops: the highest FLOP/s), and the
+change between best after / second-best before and second-best after / best before. A range
+REGRESSES when even the lower bound is worse than PCT (time up; for flops, FLOP/s down), PASSES
+when even the upper bound is within PCT, and is INCONCLUSIVE otherwise or with fewer than 5
+windows a side (one a side: always); its line says about how many windows a side would settle
+it (record 8). One slow window never moves a floor. Not comparable: different devices or
+world sizes, a range's operators saw different input shapes (checked where both sides
+recorded shapes), or no window left on a side whose health is complete (windows that lost
+events are left out, named in a note, unless --allow-partial); it fails the gate unless
+--allow-mismatch (then skipped). A range on one side only is skipped (not comparable if named
+with --range).
 Exit status: 0 pass, 1 a regression or a range not comparable, 2 bad input or usage, 3
 inconclusive (no regression, nothing not comparable, at least one range inconclusive: record
 more windows). --junit PATH: a file (replaced atomically), a link to one (its target

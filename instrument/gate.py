@@ -3,22 +3,22 @@
 Per range, one figure per call (``--metric``): ``cpu`` (inclusive CPU time per call), ``device``
 (device time per call) or ``flops`` (achieved FLOP/s: the range's FLOPs over its device time,
 or over its CPU time where a side ran none on a device). Each window gives one value (its time
-over its calls); a side's figure is the median of its windows' values, so one window compares
-fairly with three and one descheduled window does not decide.
+over its calls), so one window compares fairly with three.
 
-The rule, three outcomes. The windows are the samples: every pair (a window before, a window
-after) gives a ratio after/before, and the rank (Mann-Whitney) confidence bounds on the change
-are order statistics of those ratios (Hodges-Lehmann; exact for up to 40 windows a side, the
-normal approximation above): at 95% confidence, one-sided each, the change is at least ``low``
-and at most ``high``. Then a range is a *regression* when even ``low`` is worse than the
-threshold, a *pass* when even ``high`` is within it, and *inconclusive* otherwise: the windows
-cannot tell, and the verdict says about how many windows a side would settle it (from the
-spread of the windows' values and the change's distance to the threshold). A bound must also
-leave out at least as many extreme pairs as one window forms (``max(n, m)``), so one outlier
-window cannot move it; with fewer windows than that (one a side: always) the range is
-inconclusive. Why not pooled means against a max-min spread, as before: on a shared runner one
-descheduled window (75x slower) decided both ways, failing identical runs and passing a 4x
-regression.
+The rule, three outcomes, on the noise floor. A shared runner only ever adds time (a
+descheduled thread, a neighbour's burst): its windows spread upward, never below what the code
+costs. So each side's floor lies between its best and its second-best window (for FLOP/s, the
+highest), and the change lies between best after / second-best before (``low``) and second-best
+after / best before (``high``). A range is a *regression* when even ``low`` is worse than the
+threshold, a *pass* when even ``high`` is within it, and *inconclusive* otherwise, or with
+fewer than ``MIN_WINDOWS`` windows a side (one a side: always); an inconclusive verdict says
+about how many windows a side would settle it. One slow window (descheduled, 75x) never
+touches a floor; one window alone never sets it (a lone fast one widens the bounds, so it can
+turn a verdict inconclusive, never into its opposite). Why not pooled means against a max-min
+spread, as before: on a shared runner one descheduled window decided both ways, failing
+identical runs and passing a 4x regression. What this cannot see: a side whose every window
+ran slowed (the whole baseline on a busier runner) has a floor too high; record both sides in
+one job where that matters.
 
 Not comparable (a failure unless ``allow_mismatch``, then skipped): the sides ran on
 different devices or world sizes, or a range's operators saw different input shapes (only
@@ -44,8 +44,6 @@ import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from functools import lru_cache
-from statistics import NormalDist
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
@@ -55,17 +53,16 @@ from .diff import Side, per_call, side_doc
 from .traces import printable
 
 __all__ = [
-    "CONFIDENCE",
     "EXIT_INCONCLUSIVE",
     "METRICS",
+    "MIN_WINDOWS",
     "GateError",
     "GateOptions",
     "format_gate",
     "gate",
-    "interval",
+    "floor_bounds",
     "junit_xml",
     "parse_threshold",
-    "fewest_windows",
     "windows_to_settle",
 ]
 
@@ -73,9 +70,9 @@ METRICS = ("cpu", "device", "flops")
 PASS, REGRESSION, NOT_COMPARABLE, SKIPPED = "pass", "regression", "not comparable", "skipped"
 INCONCLUSIVE = "inconclusive"
 EXIT_INCONCLUSIVE = 3  # 0 pass, 1 regression or not comparable, 2 bad input (the CLI's)
-CONFIDENCE = 0.95  # each bound, one-sided: a 90% interval
-EXACT_UP_TO = 40  # windows a side: the rank statistic's exact distribution; above, the normal
-SETTLE_MAX = 100  # windows a side: beyond this the change sits at the threshold
+MIN_WINDOWS = 5  # a side: fewer claim nothing (inconclusive)
+RECOMMENDED_WINDOWS = 8  # a side: what the README's CI recipe records
+SETTLE_MAX = 100  # windows a side: more than this is no advice
 SUITE = "torch-profiled diff"
 _PCT = re.compile(r"\s*(-?)([0-9]+(?:\.[0-9]+)?)\s*%?\s*")
 
@@ -113,8 +110,9 @@ class GateOptions:
 
 
 def _figure(side: Side, name: str, metric: str, basis: str) -> dict[str, Any] | None:
-    """A side's figure for one range: the median of its windows' values (what is compared),
-    each window's value, the pooled value (all time over all calls) and the spread."""
+    """A side's figure for one range: its floor (the second-best window's value, what is
+    compared; the only one's with one window), the best, the median, each window's value,
+    the pooled value (all time over all calls) and the spread ((max - min) / median)."""
     if metric == "flops":
         values, calls, pooled = _flops(side, name, basis)
     else:
@@ -123,17 +121,21 @@ def _figure(side: Side, name: str, metric: str, basis: str) -> dict[str, Any] | 
         return None
     mid = _median(values)
     spread = (max(values) - min(values)) / mid if len(values) > 1 and mid > 0 else 0.0
+    best_first = sorted(values, reverse=metric == "flops")
+    floor = best_first[1] if len(values) > 1 else best_first[0]
     # per step (ProfilerStep#N spans; none in a trace without a schedule): calls and time
     steps = sum(len(w.report.steps) for w in side.windows if name in w.report.ranges)
     return {
-        "value": mid,
+        "value": floor,
+        "best": best_first[0],
+        "median": mid,
         "windows": values,
         "pooled": pooled,
         "calls": calls,
         "spread": spread,
         "steps": steps,
         "calls_per_step": calls / steps if steps else None,
-        "per_step": mid * calls / steps if steps and metric != "flops" else None,
+        "per_step": floor * calls / steps if steps and metric != "flops" else None,
     }
 
 
@@ -168,101 +170,45 @@ def _flops_basis(before: Side, after: Side, name: str) -> str:
 
 # ---------------------------------------------------------------- the statistic
 
-_Z = NormalDist().inv_cdf(CONFIDENCE)
 
-
-def _u_counts(n: int, m: int) -> list[int]:
-    """How many of the C(n+m, n) orders of n windows before and m after give each value
-    0..n*m of the Mann-Whitney U: the coefficients of the Gaussian binomial [n+m, n]_q,
-    prod_{i=1..n} (1 - q^(m+i)) / (1 - q^i), computed as power series cut at degree n*m."""
-    size = n * m + 1
-    poly = [1] + [0] * (size - 1)
-    for i in range(1, n + 1):
-        for u in range(size - 1, m + i - 1, -1):  # times (1 - q^(m+i))
-            poly[u] -= poly[u - m - i]
-        for u in range(i, size):  # over (1 - q^i)
-            poly[u] += poly[u - i]
-    return poly
-
-
-@lru_cache(maxsize=256)
-def _excluded(n: int, m: int) -> int | None:
-    """How many of the n*m pairwise ratios a one-sided bound at ``CONFIDENCE`` leaves out at
-    each end: the largest c with P(U <= c) <= 1 - CONFIDENCE (exact up to ``EXACT_UP_TO``
-    windows a side, then the normal approximation); None when no bound is that sure."""
-    alpha = 1.0 - CONFIDENCE
-    if max(n, m) > EXACT_UP_TO:
-        sd = math.sqrt(n * m * (n + m + 1) / 12)
-        c = math.floor(n * m / 2 - _Z * sd - 0.5)
-        return c if c >= 0 else None
-    counts = _u_counts(min(n, m), max(n, m))
-    total = math.comb(n + m, n)
-    found, cum = None, 0
-    for u, k in enumerate(counts):
-        cum += k
-        if cum > alpha * total:
-            break
-        found = u
-    return found
-
-
-def _pair_ratio(after: float, before: float) -> float:
+def _ratio(after: float, before: float) -> float:
     if before > 0:
         return after / before
     return math.inf if after > 0 else 1.0
 
 
-def interval(before: Sequence[float], after: Sequence[float]) -> tuple[float, float] | None:
-    """The bounds on after/before from the windows' values: each holds with ``CONFIDENCE``
-    (Mann-Whitney/Hodges-Lehmann: order statistics of the pairwise ratios). None when the
-    windows are too few for bounds that one window cannot move: a bound must leave out at
-    least the ``max(n, m)`` pairs one window forms (one window a side: never)."""
-    n, m = len(before), len(after)
-    c = _excluded(n, m) if n and m else None
-    if c is None or c < max(n, m):
-        return None
-    ratios = sorted(_pair_ratio(a, b) for b in before for a in after)
-    return ratios[c], ratios[n * m - 1 - c]
-
-
-@lru_cache(maxsize=1)
-def fewest_windows() -> int:
-    """The fewest windows a side (equal sides) that give bounds one window cannot move."""
-    n = 1
-    while interval([1.0] * n, [1.0] * n) is None:
-        n += 1
-    return n
-
-
-def _log_sd(values: Sequence[float]) -> float | None:
-    """A robust standard deviation of log(values): 1.4826 x the median absolute deviation."""
-    logs = [math.log(v) for v in values if v > 0]
-    if len(logs) < 2:
-        return None
-    mid = _median(logs)
-    return 1.4826 * _median([abs(x - mid) for x in logs])
+def floor_bounds(before: Sequence[float], after: Sequence[float]) -> tuple[float, float, float]:
+    """(estimate, low, high) of the change of the noise floor, as the ratio after/before of
+    costs (per-call times; lower is better). Each side's floor lies between its best and its
+    second-best window: a shared runner only adds time, so the best windows are the least
+    disturbed, and the second-best means no window alone sets the floor. The estimate is
+    the ratio of the second-best windows; ``low`` = best after / second-best before, ``high``
+    = second-best after / best before. Needs two windows a side."""
+    b, a = sorted(before)[:2], sorted(after)[:2]
+    return _ratio(a[1], b[1]), _ratio(a[0], b[1]), _ratio(a[1], b[0])
 
 
 def windows_to_settle(before: Sequence[float], after: Sequence[float], bar: float) -> int | None:
-    """About how many windows a side would put both bounds on one side of ``bar`` (the ratio
-    after/before at the threshold), judged from the windows' spread (robust, on the log
-    scale) and how far the change (ratio of medians) is from ``bar``; at least
-    ``fewest_windows()`` and more than the shorter side has (only that where no side has two
-    windows to judge the spread from). None: more than ``SETTLE_MAX`` (the change sits about
-    at the threshold)."""
-    sds = [sd for sd in (_log_sd(before), _log_sd(after)) if sd is not None]
-    floor = max(fewest_windows(), min(len(before), len(after)) + 1)
-    mb, ma = _median(before), _median(after)
-    if not sds or mb <= 0 or ma <= 0 or bar <= 0:
-        return floor
-    sigma = math.sqrt(sum(sd * sd for sd in sds) / len(sds))
-    delta = abs(math.log(ma / mb) - math.log(bar))
-    if delta == 0:
+    """About how many windows a side would settle a range the windows left inconclusive
+    (``bar``: the cost ratio at the threshold). With fewer than ``MIN_WINDOWS``, that many.
+    Else a side whose second-best window is not near its best (within half the threshold)
+    had too few undisturbed windows: enough windows that about three of them would be
+    (``3 / share``, the share of its windows near its best so far). None when both sides
+    already have their floor pinned: the change sits about at the threshold, and more windows
+    would not move it off (nor past ``SETTLE_MAX``)."""
+    n = min(len(before), len(after))
+    if n < MIN_WINDOWS:
+        return MIN_WINDOWS
+    near = 1.0 + (bar - 1.0) / 2 if math.isfinite(bar) else 2.0
+    need = 0
+    for side in (before, after):
+        best = min(side)
+        k = sum(v <= best * near for v in side)
+        if k < 2:
+            need = max(need, math.ceil(3 * len(side) / k))
+    if not need or need > SETTLE_MAX:
         return None
-    # two samples of n: the difference's standard error is sigma * sqrt(2 / n); Hodges-
-    # Lehmann is ~95% as efficient as the mean on normal data
-    need = math.ceil(2 * (_Z * sigma / delta) ** 2 / 0.95)
-    return max(floor, need) if need <= SETTLE_MAX else None
+    return max(need, n + 1)
 
 
 # ---------------------------------------------------------------- comparability
@@ -396,63 +342,65 @@ def _mismatch(out: dict[str, Any], reasons: list[str], opts: GateOptions) -> dic
 def _judge(
     out: dict[str, Any], b: dict[str, Any], a: dict[str, Any], opts: GateOptions
 ) -> dict[str, Any]:
-    """Regression, pass or inconclusive, from the bounds on the change (after/before - 1).
-    Worse is up for time, down for FLOP/s: the threshold's bar is 1 + PCT or 1 - PCT."""
+    """Regression, pass or inconclusive, from the bounds on the change of the noise floor.
+    Judged on costs (time per call; for FLOP/s, its inverse, time per FLOP), so worse is up
+    and the threshold's bar is 1 + PCT (for FLOP/s a drop past PCT: 1 / (1 - PCT))."""
+    flops = opts.metric == "flops"
     bv, av = b["value"], a["value"]
     change = (av - bv) / bv if bv > 0 else (math.inf if av > 0 else 0.0)
-    flops = opts.metric == "flops"
-    worse = -change if flops else change
-    bar = 1.0 - opts.threshold if flops else 1.0 + opts.threshold
-    bounds = interval(b["windows"], a["windows"])
-    low, high = (None, None) if bounds is None else (bounds[0] - 1.0, bounds[1] - 1.0)
-    out.update(
-        change=_finite(change),
-        worse_by=_finite(worse),
-        low=_finite(low) if low is not None else None,
-        high=_finite(high) if high is not None else None,
-        confidence=CONFIDENCE,
-    )
+    t = opts.threshold
+    bar = (1.0 / (1.0 - t) if t < 1.0 else math.inf) if flops else 1.0 + t
     n, m = len(b["windows"]), len(a["windows"])
     what = "FLOP/s" if flops else f"{opts.metric} time per call"
     told = (
-        f"{what} {_fmt(bv, opts.metric)} -> {_fmt(av, opts.metric)} ({_pct(change)}; medians"
-        f" of {n} and {m} window{'s' if m != 1 else ''})"
+        f"{what} {_fmt(bv, opts.metric)} -> {_fmt(av, opts.metric)} ({_pct(change)}; floors: "
+        f"the 2nd-best of {n} and {m} window{'s' if m != 1 else ''})"
     )
-    pct = _pct(-opts.threshold if flops else opts.threshold)
-    sure = f"{CONFIDENCE * 100:g}% bound"
-    if low is None or high is None:
-        why = (
-            f"too few windows for bounds that one window cannot move (the "
-            f"fewest: {fewest_windows()} a side)"
-        )
-    elif (high < -opts.threshold) if flops else (low > opts.threshold):
-        edge = high if flops else low
-        side = "at most" if flops else "at least"
-        why = f"{side} {_pct(edge)} ({sure}), past the {pct} threshold"
-        return dict(out, status=REGRESSION, reason=f"{told}: {why}")
-    elif (low >= -opts.threshold) if flops else (high <= opts.threshold):
-        edge = low if flops else high
-        side = "at least" if flops else "at most"
-        why = f"{side} {_pct(edge)} ({sure}), within the {pct} threshold"
-        return dict(out, status=PASS, reason=f"{told}: {why}")
+    out.update(change=_finite(change), worse_by=_finite(-change if flops else change))
+    out.update(low=None, high=None, settle_windows=None)
+    pct = _pct(-t if flops else t)
+    status = INCONCLUSIVE
+    if min(n, m) < MIN_WINDOWS:
+        why = f"too few windows to claim anything (the gate needs {MIN_WINDOWS} a side)"
     else:
-        interval_pct = round(100 - 2 * (100 - CONFIDENCE * 100))
-        why = (
-            f"between {_pct(low)} and {_pct(high)} ({interval_pct}% interval), "
-            f"the {pct} threshold inside"
-        )
-    settle = windows_to_settle(b["windows"], a["windows"], bar)
+        _est, lo, hi = floor_bounds(_costs(b["windows"], flops), _costs(a["windows"], flops))
+        # the same bounds in the metric's own terms (FLOP/s: the inverse of the cost ratio)
+        low, high = (_inv(hi) - 1.0, _inv(lo) - 1.0) if flops else (lo - 1.0, hi - 1.0)
+        out.update(low=_finite(low), high=_finite(high))
+        span = f"between {_pct(low)} and {_pct(high)} (the floors' bounds)"
+        if lo > bar:
+            status, why = REGRESSION, f"{span}, past the {pct} threshold"
+        elif hi <= bar:
+            status, why = PASS, f"{span}, within the {pct} threshold"
+        else:
+            why = f"{span}, the {pct} threshold inside"
+    if status != INCONCLUSIVE:
+        return dict(out, status=status, reason=f"{told}: {why}")
+    b_costs, a_costs = _costs(b["windows"], flops), _costs(a["windows"], flops)
+    settle = windows_to_settle(b_costs, a_costs, bar)
     out["settle_windows"] = settle
     if settle is None:
         why += (
-            f"; the change sits about at the threshold: over {SETTLE_MAX} windows a side "
-            "would settle it"
+            "; the change sits about at the threshold: more windows would not settle it, "
+            "a threshold further from it would"
         )
-    elif max(n, m) < 2:
-        why += f"; at least {settle} windows a side would settle it (one shows no spread)"
+    elif min(n, m) < MIN_WINDOWS:
+        why += (
+            f"; at least {settle} windows a side would settle it ({RECOMMENDED_WINDOWS} "
+            "recommended)"
+        )
     else:
         why += f"; about {settle} windows a side would settle it"
     return dict(out, status=INCONCLUSIVE, reason=f"{told}: {why}")
+
+
+def _costs(values: Sequence[float], flops: bool) -> list[float]:
+    """Lower is better: times as they are, FLOP/s inverted (0 FLOP/s costs infinity)."""
+    return [_inv(v) for v in values] if flops else list(values)
+
+
+def _inv(x: float) -> float:
+    return 1.0 / x if x > 0 else math.inf
 
 
 def _finite(x: float) -> float | None:
@@ -544,7 +492,7 @@ def gate(before: Side, after: Side, opts: GateOptions) -> dict[str, Any]:
         "fail_over": opts.threshold,
         "allow_mismatch": opts.allow_mismatch,
         "allow_partial": opts.allow_partial,
-        "confidence": CONFIDENCE,
+        "min_windows": MIN_WINDOWS,
         "rule": RULE,
         "before": dict(_side_summary(before), not_complete=b_sick),
         "after": dict(_side_summary(after), not_complete=a_sick),
@@ -559,10 +507,11 @@ def gate(before: Side, after: Side, opts: GateOptions) -> dict[str, Any]:
 
 
 RULE = (
-    "per window, the range's figure per call; per pair of windows (before, after) the ratio; "
-    f"the change's {CONFIDENCE * 100:g}% rank bounds (Mann-Whitney/Hodges-Lehmann, leaving out "
-    "at least the pairs one window forms): regression when even the lower bound is past the "
-    "threshold, pass when even the upper bound is within it, inconclusive otherwise"
+    "per window, the range's figure per call; per side, the floor between its best and its "
+    "second-best window; regression when even the lowest ratio of floors (best after over "
+    "second-best before) is worse than fail_over, pass when even the highest (second-best "
+    "after over best before) is within it, inconclusive otherwise or with fewer than "
+    f"{MIN_WINDOWS} windows a side"
 )
 
 
@@ -579,7 +528,7 @@ def format_gate(g: dict[str, Any]) -> str:
     c = g["counts"]
     head = (
         f"torch-profiled diff --fail-over {g['fail_over'] * 100:g}% | metric {g['metric']} "
-        f"| per call: medians of windows, {g['confidence'] * 100:g}% rank bounds"
+        "| per call: each side's floor (its best windows)"
     )
     lines = [fit(head, WIDTH)]
     for label in ("before", "after"):
@@ -635,7 +584,7 @@ def junit_xml(g: dict[str, Any], text: str = "") -> bytes:
         "fail_over": f"{g['fail_over'] * 100:g}%",
         "allow_mismatch": str(g["allow_mismatch"]).lower(),
         "allow_partial": str(g["allow_partial"]).lower(),
-        "confidence": f"{g['confidence']:g}",
+        "min_windows": str(g["min_windows"]),
         "outcome": g["outcome"],
         "exit_status": str(g["exit_status"]),
         "inconclusive": str(c["inconclusive"]),
