@@ -537,7 +537,8 @@ def format_gate(g: dict[str, Any]) -> str:
             f"{label + ':':<8}{s['path']} ({s['windows']} window{'s' if s['windows'] != 1 else ''}"
             f", {', '.join(s['devices'])})"
         )
-    lines += [f"note: {n}" for n in g["notes"]]
+    for note in g["notes"]:
+        lines += _wrap(f"note: {note}", "")
     lines.append("-" * WIDTH)
     for v in g["verdicts"]:
         lines.append(f"{v['status'].upper():<15} {v['name']}")
