@@ -37,8 +37,8 @@ def _side(values_ms, path="side", health=None):
 
 
 def _judge(before, after, threshold=0.10, **opts):
-    opts = gate.GateOptions(threshold, **opts)
-    g = gate.gate(_side(before, "before"), _side(after, "after"), opts)
+    options = gate.GateOptions(threshold, **opts)
+    g = gate.gate(_side(before, "before"), _side(after, "after"), options)
     (v,) = g["verdicts"]
     return g, v
 
