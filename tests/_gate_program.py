@@ -3,13 +3,14 @@ program: ``python tests/_gate_program.py OUT:WINDOWS:SLEEP_MS:SIZE:SHAPES[:DEVIC
 ...``, one run (one directory of traces, OUT) per argument, one after the other; DEVICE is
 ``cpu`` (the default) or ``cuda``, REPEAT the matmuls per call (1).
 
-Each step calls the ``train_step`` range five times: a ``SIZE x SIZE`` matmul, then a sleep of
-the window's SLEEP_MS (``2`` or, window by window and cycled, ``2/6/10``). The sleep makes a
-call's time predictable on a busy machine (a regression is a longer sleep, noise a spread of
-sleeps across windows); the matmul's shapes (and FLOPs) are what SHAPES=1 records
-(``record_shapes``). Each window is a session of its own (``Schedule(wait=0, warmup=1,
-active=1)``: two steps) that writes one trace into OUT; the program waits for that export
-before the next window records.
+The recorded step calls the ``train_step`` range five times (the warm-up step before it once):
+a ``SIZE x SIZE`` matmul, then a sleep of the window's SLEEP_MS (``20`` or, window by window
+and cycled, ``2/6/10``). The sleep makes a call's time predictable on a busy machine (a
+regression is a longer sleep: ``24`` against ``20`` is 1.2x per call, ``40`` 2x); what the
+machine's load adds is late wake-ups, which only ever add time. The matmul's shapes (and
+FLOPs) are what SHAPES=1 records (``record_shapes``). Each window is a session of its own
+(``Schedule(wait=0, warmup=1, active=1)``: two steps) that writes one trace into OUT; the
+program waits for that export before the next window records.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ def run(
         with session(
             exporters=exporters, schedule=schedule, record_shapes=shapes, activities=activities
         ) as s:
-            for _step in range(2):
-                for _ in range(CALLS):
+            for step in range(2):  # warm-up (not recorded: one call will do), then recorded
+                for _ in range(CALLS if step else 1):
                     train_step(sleep_s)
                 s.step()
         if device == "cuda":
