@@ -353,8 +353,8 @@ def _judge(
     n, m = len(b["windows"]), len(a["windows"])
     what = "FLOP/s" if flops else f"{opts.metric} time per call"
     told = (
-        f"{what} {_fmt(bv, opts.metric)} -> {_fmt(av, opts.metric)} ({_pct(change)}; floors: "
-        f"the 2nd-best of {n} and {m} window{'s' if m != 1 else ''})"
+        f"{what} {_fmt(bv, opts.metric)} -> {_fmt(av, opts.metric)} ({_pct(change)}; the "
+        f"floors of {n} and {m} window{'s' if m != 1 else ''})"
     )
     out.update(change=_finite(change), worse_by=_finite(-change if flops else change))
     out.update(low=None, high=None, settle_windows=None)
@@ -410,7 +410,8 @@ def _finite(x: float) -> float | None:
 def _pct(x: float, sign: bool = True) -> str:
     if not math.isfinite(x):
         return "new"
-    return f"{x * 100:+.1f}%" if sign else f"{x * 100:.1f}%"
+    pct = round(x * 100, 1) + 0.0  # never "-0.0%"
+    return f"{pct:+.1f}%" if sign else f"{pct:.1f}%"
 
 
 def _fmt(value: float, metric: str) -> str:
