@@ -149,7 +149,8 @@ def test_a_2x_regression_fails_with_exit_1(runs, capsys):
     rc, doc = _gate(capsys, runs["base"], runs["slow"], "--fail-over", "10%")
     v = _verdict(doc)
     assert rc == 1 and v["status"] == "regression" and not doc["passed"]
-    assert 0.7 < v["change"] < 1.2 and v["low"] > 0.5  # 20 ms became 40 ms: about +100%
+    # 20 ms became 40 ms: about +100% (a margin for the windows the neighbour slowed)
+    assert 0.5 < v["change"] < 1.6 and v["low"] > 0.5
     # per step too: one recorded step a window (ProfilerStep#N), five calls in it
     assert v["before"]["calls_per_step"] == v["after"]["calls_per_step"] == 5
     assert v["after"]["per_step"] == pytest.approx(5 * v["after"]["value"])
@@ -186,7 +187,7 @@ def test_one_window_a_side_is_inconclusive_exit_3(runs, capsys):
     rc, doc = _gate(capsys, runs["one"], runs["one_slow12"], "--fail-over", "10%")
     v = _verdict(doc)
     assert rc == 3 and doc["outcome"] == "inconclusive" and not doc["passed"]
-    assert v["settle_windows"] == 5 and 0.1 < v["change"] < 0.5
+    assert v["settle_windows"] == 5 and v["low"] is None and v["high"] is None
     # three against eight: still fewer than five a side
     rc, doc = _gate(capsys, runs["three"], runs["slow"], "--fail-over", "10%")
     assert rc == 3 and _verdict(doc)["status"] == "inconclusive"
