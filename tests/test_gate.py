@@ -2,12 +2,14 @@
 
 The traces come from a real program (``tests/_gate_program.py``) run with the SDK in two
 processes, one after the other (at once, on two cores, a window's calls wait for the other's),
-beside a busy-loop neighbour started here (a shared CI runner: issue 30 item 2): the same
-program twice with the README's eight windows a side (A/A), 1.2x and 2x per call, other matrix
-sizes, no shapes recorded; a window and three are the first traces of the eight. A range's
-time is a 20 ms sleep plus a small matmul, so the figures compared are known but for what the
-box's load adds (late wake-ups: only ever more time), while the code under test reads them as
-it reads any trace. The statistic itself, on hand-made windows: ``tests/test_gate_floor.py``.
+beside a busy-loop neighbour started here (a shared CI runner: issue 30 item 2). The first
+process records the same program twice with the README's eight windows a side (A/A) and 1.2x
+per call, its runs taking turns window by window as the README's recipe records a baseline
+and a candidate; the second 2x per call. Other matrix sizes and no shapes recorded: a window
+each; a window and three are the first traces of the eight. A range's time is a 20 ms sleep
+plus a small matmul, so the figures compared are known but for what the box's load adds (late
+wake-ups: only ever more time), while the code under test reads them as it reads any trace.
+The statistic itself, on hand-made windows: ``tests/test_gate_floor.py``.
 """
 
 from __future__ import annotations
@@ -32,15 +34,17 @@ JUNIT_XSDS = tuple(  # Jenkins' schema and a stricter one (tests/data/junit/READ
 WINDOWS = gate.RECOMMENDED_WINDOWS  # the README's CI recipe: 8 windows a side
 RECIPE = ("--fail-over", "15%")  # and its threshold for a shared runner
 
-# name -> (windows, sleep ms per call, matrix size, record shapes); one process per group
+# name -> (windows, sleep ms per call, matrix size, record shapes); one process per group, the
+# runs of a group taking turns window by window (as the README's recipe records a baseline and
+# a candidate: a burst of load then slows windows of both, not every window of one)
 RUNS_A = {
     "base": (WINDOWS, "20", 64, 1),
+    "again": (WINDOWS, "20", 64, 1),  # the same program again: A/A
     "slow12": (WINDOWS, "24", 64, 1),  # 1.2x per call
     "big": (1, "20", 128, 1),
 }
 RUNS_B = {
-    "again": (WINDOWS, "20", 64, 1),  # the same program again: A/A
-    "slow": (WINDOWS, "40", 64, 1),  # 2x per call
+    "slow": (WINDOWS, "40", 64, 1),  # 2x per call, in a process of its own
     "no_shapes": (1, "20", 64, 0),
 }
 FIRST = {"one": ("base", 1), "three": ("base", 3), "one_slow12": ("slow12", 1)}
