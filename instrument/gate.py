@@ -73,7 +73,7 @@ EXIT_INCONCLUSIVE = 3  # 0 pass, 1 regression or not comparable, 2 bad input (th
 # a side: with fewer, the two best windows of a side are too likely to have been slowed too
 # (under load on the 2-core box, a run of eight had one undisturbed window): inconclusive
 MIN_WINDOWS = 5
-RECOMMENDED_WINDOWS = 8  # a side: what the README's CI recipe records (with --fail-over 15%)
+RECOMMENDED_WINDOWS = 8  # a side: the README's CI recipe (baseline and candidate taking turns)
 SETTLE_MAX = 100  # windows a side: more than this is no advice
 SUITE = "torch-profiled diff"
 _PCT = re.compile(r"\s*(-?)([0-9]+(?:\.[0-9]+)?)\s*%?\s*")

@@ -32,7 +32,7 @@ JUNIT_XSDS = tuple(  # Jenkins' schema and a stricter one (tests/data/junit/READ
     os.path.join(HERE, "data", "junit", name) for name in ("junit-10.xsd", "strict.xsd")
 )
 WINDOWS = gate.RECOMMENDED_WINDOWS  # the README's CI recipe: 8 windows a side
-RECIPE = ("--fail-over", "15%")  # and its threshold for a shared runner
+RECIPE = ("--fail-over", "10%")  # and its threshold
 
 # name -> (windows, sleep ms per call, matrix size, record shapes); one process per group, the
 # runs of a group taking turns window by window (as the README's recipe records a baseline and
@@ -131,8 +131,9 @@ def test_one_window_against_three_compares_per_call(runs, capsys):
 def test_a_a_passes_with_the_recommended_windows_beside_a_busy_neighbour(runs, capsys):
     """The issue: the same script twice on the 2-core box under load failed 4 of 7 ranges
     with five windows a side (pooled means against a max-min spread). The README's recipe
-    (eight windows a side, 15%) passes it: beside the neighbour and the box's other work, a
-    run had one window of eight at the floor and the rest 10-28% above it (measured)."""
+    (eight windows a side, taking turns, 10%) passes it: beside the neighbour and the box's
+    other work, half a run's windows or more were 5-25% slow, each side kept two at the floor
+    (measured: the upper bound within +2%)."""
     rc, out, err = _main(capsys, "diff", runs["base"], runs["again"], *RECIPE)
     assert rc == 0, out + err
     assert "PASS            train_step" in out and out.rstrip().endswith("0 skipped")
@@ -140,7 +141,7 @@ def test_a_a_passes_with_the_recommended_windows_beside_a_busy_neighbour(runs, c
     rc, doc = _gate(capsys, runs["base"], runs["again"], *RECIPE)
     v = _verdict(doc)
     assert rc == 0 and doc["passed"] and v["status"] == "pass" and doc["outcome"] == "pass"
-    assert v["low"] <= v["change"] <= v["high"] <= 0.15
+    assert v["low"] <= v["change"] <= v["high"] <= 0.10
     assert len(v["before"]["windows"]) == len(v["after"]["windows"]) == WINDOWS
 
 
@@ -166,7 +167,7 @@ def test_a_2x_regression_fails_with_exit_1(runs, capsys):
 
 
 def test_a_1_2x_regression_is_caught_or_inconclusive_never_passed(runs, capsys):
-    for threshold in ("10%", RECIPE[1]):
+    for threshold in ("10%", "15%"):
         rc, doc = _gate(capsys, runs["base"], runs["slow12"], "--fail-over", threshold)
         v = _verdict(doc)
         windows = (sorted(v["before"]["windows"]), sorted(v["after"]["windows"]))
@@ -387,7 +388,7 @@ def test_junit_file_validates_against_the_junit_schema(runs, capsys, tmp_path):
     schemas = [etree.XMLSchema(etree.parse(xsd)) for xsd in JUNIT_XSDS]
     cases = {
         "regression": (runs["base"], runs["slow"], ()),
-        "pass": (runs["base"], runs["again"], ()),  # A/A at the recipe's 15%
+        "pass": (runs["base"], runs["again"], ()),  # A/A
         "error": (runs["one"], runs["big"], ()),
         "skipped": (runs["one"], runs["big"], ("--allow-mismatch",)),
         "inconclusive": (runs["one"], runs["one_slow12"], ()),
