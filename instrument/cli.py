@@ -36,8 +36,10 @@ of only whitespace, a trace larger than ``--max-mb``, a metrics record line larg
 ``torch-profiled: error: PATH: what was wrong; expected ...``, and exit status 2, as do usage
 errors, an output path that cannot take a file, and a ``--range`` that names no range in the
 traces (that line lists the ranges there and the closest name). Exit status 1 means a
-regression (``diff --fail-over``) and nothing else: an error nobody foresaw also ends with one
-line and status 2, and after a broken pipe (``| head``) the status is the command's own.
+regression or a range not comparable (``diff --fail-over``) and nothing else, 3 that the gate
+is inconclusive (its windows cannot tell; more would settle it): an error nobody foresaw
+also ends with one line and status 2, and after a broken pipe (``| head``) the status is the
+command's own.
 
 Names and paths read from files are printed with control characters, bidirectional overrides
 and lone surrogates escaped (``\\x1b``, ``\\n``, ``\\udcff``; ``traces.printable``): an ESC
@@ -370,13 +372,14 @@ def _summarize(args: argparse.Namespace) -> str:
 
 def _diff(args: argparse.Namespace) -> str | tuple[str, int]:
     """``diff``: the per-call table, or with ``--fail-over`` the gate (exit status 1 on a
-    regression or a range not comparable)."""
+    regression or a range not comparable, 3 when inconclusive)."""
     from . import diff, gate
 
     if args.fail_over is None:
         for flag, given in (
             ("--junit", args.junit),
             ("--allow-mismatch", args.allow_mismatch),
+            ("--allow-partial", args.allow_partial),
             ("--metric", args.metric),
         ):
             if given:
@@ -399,7 +402,9 @@ def _diff(args: argparse.Namespace) -> str | tuple[str, int]:
     if threshold is None:
         d = diff.diff_sides(before, after, args.rows, names or None)
         return json.dumps(d, indent=2) + "\n" if args.json else diff.format_diff(printable_data(d))
-    opts = gate.GateOptions(threshold, args.metric or "cpu", tuple(names), args.allow_mismatch)
+    opts = gate.GateOptions(
+        threshold, args.metric or "cpu", tuple(names), args.allow_mismatch, args.allow_partial
+    )
     try:
         g = gate.gate(before, after, opts)
     except gate.GateError as exc:
@@ -456,18 +461,25 @@ def _summarize_parser(sub: Any) -> None:
 
 
 DIFF_EPILOG = """\
-The gate (--fail-over PCT): per range, the figure --metric picks, per call and pooled over each
-side's windows (all time over all calls: one window compares fairly with three). A range
-regresses when it got worse (time up; for flops, FLOP/s down) by more than PCT AND by more than
-the windows' spread: per side, (max - min) / median of its per-window per-call values; the
-larger side's spread is the noise (0 with one window per side: then only PCT applies). Not
-comparable: different devices or world sizes, or a range's operators saw different input
-shapes (checked where both sides recorded shapes); it fails the gate unless --allow-mismatch
-(then skipped). A range on one side only is skipped (not comparable if named with --range).
-Exit status: 0 no regression, 1 a regression or a range not comparable, 2 bad input or usage
-(1 means nothing else). --junit PATH: a file (replaced atomically), a link to one (its target
+The gate (--fail-over PCT): per range, the figure --metric picks, per call: each window gives
+one value (its time over its calls). A shared runner only adds time, so each side's noise
+floor lies between its best and its second-best window (flops: the highest FLOP/s), and the
+change between best after / second-best before and second-best after / best before. A range
+REGRESSES when even the lower bound is worse than PCT (time up; for flops, FLOP/s down), PASSES
+when even the upper bound is within PCT, and is INCONCLUSIVE otherwise or with fewer than 5
+windows a side (one a side: always); its line says about how many windows a side would settle
+it (record 8). One slow window never moves a floor. Not comparable: different devices or
+world sizes, a range's operators saw different input shapes (checked where both sides
+recorded shapes), or no window left on a side whose health is complete (windows that lost
+events are left out, named in a note, unless --allow-partial); it fails the gate unless
+--allow-mismatch (then skipped). A range on one side only is skipped (not comparable if named
+with --range).
+Exit status: 0 pass, 1 a regression or a range not comparable, 2 bad input or usage, 3
+inconclusive (no regression, nothing not comparable, at least one range inconclusive: record
+more windows). --junit PATH: a file (replaced atomically), a link to one (its target
 replaced), or a device or named pipe written in place (/dev/stdout: the verdicts then print on
-standard error).
+standard error); an inconclusive range is a <skipped> testcase whose message starts
+'inconclusive:', and the suite's 'outcome' property names the run's outcome.
 """
 
 
@@ -498,7 +510,8 @@ def _diff_parser(sub: Any) -> None:
     d.add_argument(
         "--fail-over",
         metavar="PCT",
-        help="gate: exit 1 when a range got worse by more than PCT (10%% or 10) and the spread",
+        help="gate: exit 1 when a range got worse by more than PCT (10%% or 10) beyond the "
+        "windows' noise, 3 when the windows cannot tell",
     )
     d.add_argument(
         "--metric",
@@ -513,6 +526,12 @@ def _diff_parser(sub: Any) -> None:
         help="gate: skip ranges that are not comparable (device, world size, input shapes) "
         "instead of failing",
     )
+    d.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="gate: also judge windows whose health is not complete (they lost events: "
+        "partial, device-missing), which are otherwise left out",
+    )
     _max_mb_option(d)
     d.set_defaults(func=_diff)
 
@@ -524,8 +543,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Summarize and compare torch.profiler traces (Chrome/Kineto JSON, "
         ".json or .json.gz), from torch-profiled or from any torch.profiler user.",
-        epilog="Exit status: 0 ok, 1 a regression (diff --fail-over) and nothing else, 2 bad "
-        "input, usage, or an error nobody foresaw. See 'torch-profiled COMMAND -h'.",
+        epilog="Exit status: 0 ok, 1 a regression or a range not comparable (diff --fail-over) "
+        "and nothing else, 2 bad input, usage, or an error nobody foresaw, 3 the gate is "
+        "inconclusive (more windows would settle it). See 'torch-profiled COMMAND -h'.",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -2,20 +2,36 @@
 
 Per range, one figure per call (``--metric``): ``cpu`` (inclusive CPU time per call), ``device``
 (device time per call) or ``flops`` (achieved FLOP/s: the range's FLOPs over its device time,
-or over its CPU time where a side ran none on a device). A side's value is pooled over its
-windows (all time over all calls), so one window compares fairly with three.
+or over its CPU time where a side ran none on a device). Each window gives one value (its time
+over its calls), so one window compares fairly with three.
 
-The rule: a range regresses when its figure got worse (time up; for ``flops`` FLOP/s down)
-by more than the threshold AND by more than the windows' spread. A side's spread is
-(max - min) / median of its per-window per-call values (0 with one window); the larger of the
-two sides' spreads is the noise. With one window per side only the threshold applies.
+The rule, three outcomes, on the noise floor. A shared runner only ever adds time (a
+descheduled thread, a neighbour's burst): its windows spread upward, never below what the code
+costs. So each side's floor lies between its best and its second-best window (for FLOP/s, the
+highest), and the change lies between best after / second-best before (``low``) and second-best
+after / best before (``high``). A range is a *regression* when even ``low`` is worse than the
+threshold, a *pass* when even ``high`` is within it, and *inconclusive* otherwise, or with
+fewer than ``MIN_WINDOWS`` windows a side (one a side: always); an inconclusive verdict says
+about how many windows a side would settle it. One slow window (descheduled, 75x) never
+touches a floor; one window alone never sets it (a lone fast one widens the bounds, so it can
+turn a verdict inconclusive, never into its opposite). Why not pooled means against a max-min
+spread, as before: on a shared runner one descheduled window decided both ways, failing
+identical runs and passing a 4x regression. What this cannot see: a side whose every window
+ran slowed (the whole baseline on a busier runner) has a floor too high; record both sides in
+one job where that matters.
 
 Not comparable (a failure unless ``allow_mismatch``, then skipped): the sides ran on
 different devices or world sizes, or a range's operators saw different input shapes (only
 checked where both sides recorded shapes; otherwise the verdict says so), or a range named
-with ``--range`` exists on one side only. A range on one side only, not named, is listed as
-skipped. Bad input (``GateError``): a bad threshold, a ``--range`` on neither side, no range on
-both sides, no device time (``device``) or no FLOPs (``flops``) in either.
+with ``--range`` exists on one side only, or a side has no window whose ``report.health`` is
+complete (a window that lost events is left out, with a note naming it, unless
+``allow_partial``). A range on one side only, not named, is listed as skipped. Bad input
+(``GateError``): a bad threshold, a ``--range`` on neither side, no range on both sides, no
+device time (``device``) or no FLOPs (``flops``) in either.
+
+Exit status: 0 pass, 1 a regression or a range not comparable, 3 inconclusive (no regression,
+nothing not comparable, and at least one range the windows cannot settle); the CLI's 2 is bad
+input.
 
 No torch imports and nothing from ``instrument.cli``.
 """
@@ -27,7 +43,7 @@ import re
 import socket
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
@@ -37,17 +53,28 @@ from .diff import Side, per_call, side_doc
 from .traces import printable
 
 __all__ = [
+    "EXIT_INCONCLUSIVE",
     "METRICS",
+    "MIN_WINDOWS",
     "GateError",
     "GateOptions",
     "format_gate",
     "gate",
+    "floor_bounds",
     "junit_xml",
     "parse_threshold",
+    "windows_to_settle",
 ]
 
 METRICS = ("cpu", "device", "flops")
 PASS, REGRESSION, NOT_COMPARABLE, SKIPPED = "pass", "regression", "not comparable", "skipped"
+INCONCLUSIVE = "inconclusive"
+EXIT_INCONCLUSIVE = 3  # 0 pass, 1 regression or not comparable, 2 bad input (the CLI's)
+# a side: with fewer, the two best windows of a side are too likely to have been slowed too
+# (under load on the 2-core box, a run of eight had one undisturbed window): inconclusive
+MIN_WINDOWS = 5
+RECOMMENDED_WINDOWS = 8  # a side: the README's CI recipe (baseline and candidate taking turns)
+SETTLE_MAX = 100  # windows a side: more than this is no advice
 SUITE = "torch-profiled diff"
 _PCT = re.compile(r"\s*(-?)([0-9]+(?:\.[0-9]+)?)\s*%?\s*")
 
@@ -78,33 +105,39 @@ class GateOptions:
     metric: str = "cpu"
     names: tuple[str, ...] = ()  # --range: only these (all ranges on both sides when empty)
     allow_mismatch: bool = False
+    allow_partial: bool = False  # --allow-partial: gate windows whose health is not complete
 
 
 # ---------------------------------------------------------------- figures
 
 
 def _figure(side: Side, name: str, metric: str, basis: str) -> dict[str, Any] | None:
-    """A side's figure for one range: the pooled value, each window's value and the spread."""
+    """A side's figure for one range: its floor (the second-best window's value, what is
+    compared; the only one's with one window), the best, the median, each window's value,
+    the pooled value (all time over all calls) and the spread ((max - min) / median)."""
     if metric == "flops":
         values, calls, pooled = _flops(side, name, basis)
     else:
         values, calls, pooled = per_call(side, name, metric)
     if not calls:
         return None
-    spread = 0.0
-    if len(values) > 1:
-        mid = _median(values)
-        spread = (max(values) - min(values)) / mid if mid > 0 else 0.0
+    mid = _median(values)
+    spread = (max(values) - min(values)) / mid if len(values) > 1 and mid > 0 else 0.0
+    best_first = sorted(values, reverse=metric == "flops")
+    floor = best_first[1] if len(values) > 1 else best_first[0]
     # per step (ProfilerStep#N spans; none in a trace without a schedule): calls and time
     steps = sum(len(w.report.steps) for w in side.windows if name in w.report.ranges)
     return {
-        "value": pooled,
+        "value": floor,
+        "best": best_first[0],
+        "median": mid,
         "windows": values,
+        "pooled": pooled,
         "calls": calls,
         "spread": spread,
         "steps": steps,
         "calls_per_step": calls / steps if steps else None,
-        "per_step": pooled * calls / steps if steps and metric != "flops" else None,
+        "per_step": floor * calls / steps if steps and metric != "flops" else None,
     }
 
 
@@ -135,6 +168,49 @@ def _flops_basis(before: Side, after: Side, name: str) -> str:
     stats = [w.report.ranges.get(name) for s in (before, after) for w in s.windows]
     ran = [r for r in stats if r is not None]
     return "device" if ran and all(r.device_time_us > 0 for r in ran) else "cpu"
+
+
+# ---------------------------------------------------------------- the statistic
+
+
+def _ratio(after: float, before: float) -> float:
+    if before > 0:
+        return after / before
+    return math.inf if after > 0 else 1.0
+
+
+def floor_bounds(before: Sequence[float], after: Sequence[float]) -> tuple[float, float, float]:
+    """(estimate, low, high) of the change of the noise floor, as the ratio after/before of
+    costs (per-call times; lower is better). Each side's floor lies between its best and its
+    second-best window: a shared runner only adds time, so the best windows are the least
+    disturbed, and the second-best means no window alone sets the floor. The estimate is
+    the ratio of the second-best windows; ``low`` = best after / second-best before, ``high``
+    = second-best after / best before. Needs two windows a side."""
+    b, a = sorted(before)[:2], sorted(after)[:2]
+    return _ratio(a[1], b[1]), _ratio(a[0], b[1]), _ratio(a[1], b[0])
+
+
+def windows_to_settle(before: Sequence[float], after: Sequence[float], bar: float) -> int | None:
+    """About how many windows a side would settle a range the windows left inconclusive
+    (``bar``: the cost ratio at the threshold). With fewer than ``MIN_WINDOWS``, that many.
+    Else a side whose second-best window is not near its best (within half the threshold)
+    had too few undisturbed windows: enough windows that about three of them would be
+    (``3 / share``, the share of its windows near its best so far). None when both sides
+    already have their floor pinned: the change sits about at the threshold, and more windows
+    would not move it off (nor past ``SETTLE_MAX``)."""
+    n = min(len(before), len(after))
+    if n < MIN_WINDOWS:
+        return MIN_WINDOWS
+    near = 1.0 + (bar - 1.0) / 2 if math.isfinite(bar) else 2.0
+    need = 0
+    for side in (before, after):
+        best = min(side)
+        k = sum(v <= best * near for v in side)
+        if k < 2:
+            need = max(need, math.ceil(3 * len(side) / k))
+    if not need or need > SETTLE_MAX:
+        return None
+    return max(need, n + 1)
 
 
 # ---------------------------------------------------------------- comparability
@@ -219,13 +295,17 @@ def _check_input(before: Side, after: Side, opts: GateOptions) -> list[str]:
 
 
 def _verdict(
-    before: Side, after: Side, name: str, opts: GateOptions, problems: list[str]
+    before: Side, after: Side, name: str, opts: GateOptions, problems: list[str], lost: str | None
 ) -> dict[str, Any]:
+    """One range's verdict over the windows gated (``lost``: why its windows on a side were all
+    left out, their health not complete)."""
     basis = _flops_basis(before, after, name) if opts.metric == "flops" else opts.metric
     b = _figure(before, name, opts.metric, basis)
     a = _figure(after, name, opts.metric, basis)
     out: dict[str, Any] = {"name": name, "metric": opts.metric, "before": b, "after": a}
     out["basis"] = basis
+    if lost:
+        return _mismatch(out, [lost], opts)
     if b is None or a is None:
         where = "after" if b is None else "before"
         reason = f"only {where}: not on the other side"
@@ -264,28 +344,65 @@ def _mismatch(out: dict[str, Any], reasons: list[str], opts: GateOptions) -> dic
 def _judge(
     out: dict[str, Any], b: dict[str, Any], a: dict[str, Any], opts: GateOptions
 ) -> dict[str, Any]:
+    """Regression, pass or inconclusive, from the bounds on the change of the noise floor.
+    Judged on costs (time per call; for FLOP/s, its inverse, time per FLOP), so worse is up
+    and the threshold's bar is 1 + PCT (for FLOP/s a drop past PCT: 1 / (1 - PCT))."""
+    flops = opts.metric == "flops"
     bv, av = b["value"], a["value"]
-    if bv > 0:
-        change = (av - bv) / bv
+    change = (av - bv) / bv if bv > 0 else (math.inf if av > 0 else 0.0)
+    t = opts.threshold
+    bar = (1.0 / (1.0 - t) if t < 1.0 else math.inf) if flops else 1.0 + t
+    n, m = len(b["windows"]), len(a["windows"])
+    what = "FLOP/s" if flops else f"{opts.metric} time per call"
+    told = (
+        f"{what} {_fmt(bv, opts.metric)} -> {_fmt(av, opts.metric)} ({_pct(change)}; the "
+        f"floors of {n} and {m} window{'s' if m != 1 else ''})"
+    )
+    out.update(change=_finite(change), worse_by=_finite(-change if flops else change))
+    out.update(low=None, high=None, settle_windows=None)
+    pct = _pct(-t if flops else t)
+    status = INCONCLUSIVE
+    if min(n, m) < MIN_WINDOWS:
+        why = f"too few windows to claim anything (the gate needs {MIN_WINDOWS} a side)"
     else:
-        change = math.inf if av > 0 else 0.0
-    worse = -change if opts.metric == "flops" else change
-    noise = max(b["spread"], a["spread"])
-    bar = max(opts.threshold, noise)
-    regressed = worse > opts.threshold and worse > noise
-    out.update(change=_finite(change), worse_by=_finite(worse), noise=noise, bar=bar)
-    what = "FLOP/s" if opts.metric == "flops" else f"{opts.metric} time per call"
-    told = f"{what} {_fmt(bv, opts.metric)} -> {_fmt(av, opts.metric)} ({_pct(change)})"
-    if regressed:
-        why = f"worse by {_pct(worse, sign=False)}, over the "
-        why += f"{_pct(opts.threshold, sign=False)} threshold"
-        why += f" and the windows' spread {_pct(noise, sign=False)}" if noise else ""
-        return dict(out, status=REGRESSION, reason=f"{told}: {why}")
-    if worse > opts.threshold:
-        why = f"within the windows' spread {_pct(noise, sign=False)} (noise)"
+        _est, lo, hi = floor_bounds(_costs(b["windows"], flops), _costs(a["windows"], flops))
+        # the same bounds in the metric's own terms (FLOP/s: the inverse of the cost ratio)
+        low, high = (_inv(hi) - 1.0, _inv(lo) - 1.0) if flops else (lo - 1.0, hi - 1.0)
+        out.update(low=_finite(low), high=_finite(high))
+        span = f"between {_pct(low)} and {_pct(high)} (the floors' bounds)"
+        if lo > bar:
+            status, why = REGRESSION, f"{span}, past the {pct} threshold"
+        elif hi <= bar:
+            status, why = PASS, f"{span}, within the {pct} threshold"
+        else:
+            why = f"{span}, the {pct} threshold inside"
+    if status != INCONCLUSIVE:
+        return dict(out, status=status, reason=f"{told}: {why}")
+    b_costs, a_costs = _costs(b["windows"], flops), _costs(a["windows"], flops)
+    settle = windows_to_settle(b_costs, a_costs, bar)
+    out["settle_windows"] = settle
+    if settle is None:
+        why += (
+            "; the change sits about at the threshold: more windows would not settle it, "
+            "a threshold further from it would"
+        )
+    elif min(n, m) < MIN_WINDOWS:
+        why += (
+            f"; at least {settle} windows a side would settle it ({RECOMMENDED_WINDOWS} "
+            "recommended)"
+        )
     else:
-        why = f"within the {_pct(opts.threshold, sign=False)} threshold"
-    return dict(out, status=PASS, reason=f"{told}: {why}")
+        why += f"; about {settle} windows a side would settle it"
+    return dict(out, status=INCONCLUSIVE, reason=f"{told}: {why}")
+
+
+def _costs(values: Sequence[float], flops: bool) -> list[float]:
+    """Lower is better: times as they are, FLOP/s inverted (0 FLOP/s costs infinity)."""
+    return [_inv(v) for v in values] if flops else list(values)
+
+
+def _inv(x: float) -> float:
+    return 1.0 / x if x > 0 else math.inf
 
 
 def _finite(x: float) -> float | None:
@@ -295,7 +412,8 @@ def _finite(x: float) -> float | None:
 def _pct(x: float, sign: bool = True) -> str:
     if not math.isfinite(x):
         return "new"
-    return f"{x * 100:+.1f}%" if sign else f"{x * 100:.1f}%"
+    pct = round(x * 100, 1) + 0.0  # never "-0.0%"
+    return f"{pct:+.1f}%" if sign else f"{pct:.1f}%"
 
 
 def _fmt(value: float, metric: str) -> str:
@@ -307,30 +425,97 @@ def _fmt(value: float, metric: str) -> str:
     return format_time_us(value)
 
 
+def _health_split(side: Side, allow: bool) -> tuple[Side, list[dict[str, Any]]]:
+    """The windows to gate and those whose health is not complete (left out unless
+    ``allow``): each as its trace, status and reasons."""
+    traces = side.traces if len(side.traces) == len(side.windows) else ()
+    named = [(traces[i] if traces else f"window {i}", w) for i, w in enumerate(side.windows)]
+    sick = [
+        {"trace": t, "health": w.report.health.status, "why": str(w.report.health)}
+        for t, w in named
+        if not w.report.health.complete
+    ]
+    if not sick or allow:
+        return side, sick
+    keep = [(t, w) for t, w in named if w.report.health.complete]
+    kept = replace(
+        side,
+        traces=tuple(t for t, _ in keep) if traces else side.traces,
+        windows=tuple(w for _, w in keep),
+    )
+    return kept, sick
+
+
+def _health_notes(label: str, sick: list[dict[str, Any]], allow: bool) -> list[str]:
+    if not sick:
+        return []
+    what = "gated anyway (--allow-partial)" if allow else "left out, not comparable"
+    n = len(sick)
+    items = "; ".join(f"{s['trace']} ({s['why']})" for s in sick)
+    return [f"{label}: {n} window{'s' if n != 1 else ''} not complete, {what}: {items}"]
+
+
+def _lost(full: Side, kept: Side, label: str, name: str) -> str | None:
+    """Why ``name`` has no window left on a side: every window holding it lost events."""
+    if name not in full.range_names() or name in kept.range_names():
+        return None
+    return (
+        f"every window {label} holding it is not complete (health), left out; "
+        "--allow-partial gates them anyway"
+    )
+
+
 def gate(before: Side, after: Side, opts: GateOptions) -> dict[str, Any]:
-    """The verdicts: one per range, and whether the gate passes (``exit_status`` 0 or 1)."""
+    """The verdicts: one per range, and the outcome (``exit_status`` 0 pass, 1 a regression
+    or a range not comparable, ``EXIT_INCONCLUSIVE`` when the rest is pass and at least one
+    range is inconclusive)."""
     names = _check_input(before, after, opts)
     problems = _side_problems(before, after)
-    verdicts = [_verdict(before, after, n, opts, problems) for n in names]
-    order = {REGRESSION: 0, NOT_COMPARABLE: 1, PASS: 2, SKIPPED: 3}
+    b_kept, b_sick = _health_split(before, opts.allow_partial)
+    a_kept, a_sick = _health_split(after, opts.allow_partial)
+    verdicts = []
+    for n in names:
+        lost = _lost(before, b_kept, "before", n) or _lost(after, a_kept, "after", n)
+        verdicts.append(_verdict(b_kept, a_kept, n, opts, problems, lost))
+    order = {REGRESSION: 0, NOT_COMPARABLE: 1, INCONCLUSIVE: 2, PASS: 3, SKIPPED: 4}
     verdicts.sort(key=lambda v: (order[v["status"]], -(v.get("worse_by") or 0.0), v["name"]))
     counts = {s: sum(v["status"] == s for v in verdicts) for s in order}
-    failed = counts[REGRESSION] + counts[NOT_COMPARABLE]
+    if counts[REGRESSION] or counts[NOT_COMPARABLE]:
+        status = 1
+        outcome = REGRESSION if counts[REGRESSION] else NOT_COMPARABLE
+    elif counts[INCONCLUSIVE]:
+        status, outcome = EXIT_INCONCLUSIVE, INCONCLUSIVE
+    else:
+        status, outcome = 0, PASS
+    notes = _shape_notes(before, after)
+    notes += _health_notes("before", b_sick, opts.allow_partial)
+    notes += _health_notes("after", a_sick, opts.allow_partial)
     return {
         "metric": opts.metric,
         "fail_over": opts.threshold,
         "allow_mismatch": opts.allow_mismatch,
-        "rule": "regression: worse by more than fail_over and than the larger side's spread "
-        "((max - min) / median of per-window per-call values)",
-        "before": _side_summary(before),
-        "after": _side_summary(after),
+        "allow_partial": opts.allow_partial,
+        "min_windows": MIN_WINDOWS,
+        "rule": RULE,
+        "before": dict(_side_summary(before), not_complete=b_sick),
+        "after": dict(_side_summary(after), not_complete=a_sick),
         "problems": problems,
-        "notes": _shape_notes(before, after),
+        "notes": notes,
         "verdicts": verdicts,
         "counts": {k.replace(" ", "_"): n for k, n in counts.items()},
-        "passed": not failed,
-        "exit_status": 1 if failed else 0,
+        "outcome": outcome,
+        "passed": status == 0,
+        "exit_status": status,
     }
+
+
+RULE = (
+    "per window, the range's figure per call; per side, the floor between its best and its "
+    "second-best window; regression when even the lowest ratio of floors (best after over "
+    "second-best before) is worse than fail_over, pass when even the highest (second-best "
+    "after over best before) is within it, inconclusive otherwise or with fewer than "
+    f"{MIN_WINDOWS} windows a side"
+)
 
 
 def _side_summary(side: Side) -> dict[str, Any]:
@@ -346,7 +531,7 @@ def format_gate(g: dict[str, Any]) -> str:
     c = g["counts"]
     head = (
         f"torch-profiled diff --fail-over {g['fail_over'] * 100:g}% | metric {g['metric']} "
-        f"| per call, pooled over windows"
+        "| per call: each side's floor (its best windows)"
     )
     lines = [fit(head, WIDTH)]
     for label in ("before", "after"):
@@ -355,16 +540,17 @@ def format_gate(g: dict[str, Any]) -> str:
             f"{label + ':':<8}{s['path']} ({s['windows']} window{'s' if s['windows'] != 1 else ''}"
             f", {', '.join(s['devices'])})"
         )
-    lines += [f"note: {n}" for n in g["notes"]]
+    for note in g["notes"]:
+        lines += _wrap(f"note: {note}", "")
     lines.append("-" * WIDTH)
     for v in g["verdicts"]:
         lines.append(f"{v['status'].upper():<15} {v['name']}")
         lines += _wrap(v["reason"], "    ")
     lines.append("-" * WIDTH)
-    outcome = "FAILED" if g["exit_status"] else "passed"
+    outcome = {0: "passed", EXIT_INCONCLUSIVE: "INCONCLUSIVE"}.get(g["exit_status"], "FAILED")
     lines.append(
         f"{outcome}: {c['regression']} regression(s), {c['not_comparable']} not comparable, "
-        f"{c['pass']} passed, {c['skipped']} skipped"
+        f"{c['inconclusive']} inconclusive, {c['pass']} passed, {c['skipped']} skipped"
     )
     return "\n".join(lines) + "\n"
 
@@ -378,7 +564,9 @@ def _wrap(text: str, indent: str) -> list[str]:
 def junit_xml(g: dict[str, Any], text: str = "") -> bytes:
     """The verdicts as JUnit XML (Jenkins, GitLab, GitHub test reporters): one testsuite
     ``torch-profiled diff``, one testcase per gated range; a regression is a ``failure``, a
-    range not comparable an ``error`` (``skipped`` with ``allow_mismatch``).
+    range not comparable an ``error`` (``skipped`` with ``allow_mismatch``), an inconclusive
+    range ``skipped`` with a message that starts ``inconclusive:`` (JUnit has no third
+    outcome; the suite's ``outcome`` and ``exit_status`` properties say it for the run).
 
     Valid XML 1.0 whatever the names hold: characters XML cannot carry at all (controls such
     as ESC, lone surrogates) are written as their escapes (``\\x1b``, ``\\udcff``;
@@ -392,14 +580,18 @@ def junit_xml(g: dict[str, Any], text: str = "") -> bytes:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
     host = quoteattr(socket.gethostname() or "localhost")
     out = ['<?xml version="1.0" encoding="UTF-8"?>', f"<testsuites {attrs}>"]
-    out.append(
-        f'  <testsuite {attrs} skipped="{c["skipped"]}" timestamp="{stamp}" hostname={host}>'
-    )
+    skipped = c["skipped"] + c["inconclusive"]  # JUnit's nearest: neither passed nor failed
+    out.append(f'  <testsuite {attrs} skipped="{skipped}" timestamp="{stamp}" hostname={host}>')
     out.append("    <properties>")
     props = {
         "metric": g["metric"],
         "fail_over": f"{g['fail_over'] * 100:g}%",
         "allow_mismatch": str(g["allow_mismatch"]).lower(),
+        "allow_partial": str(g["allow_partial"]).lower(),
+        "min_windows": str(g["min_windows"]),
+        "outcome": g["outcome"],
+        "exit_status": str(g["exit_status"]),
+        "inconclusive": str(c["inconclusive"]),
     }
     for key, value in props.items():
         out.append(f"      <property name={quoteattr(key)} value={quoteattr(value)}/>")
@@ -431,6 +623,9 @@ def _testcase(v: dict[str, Any], metric: str) -> str:
         body = f'<error message={reason} type="not comparable">{body_text}</error>'
     elif v["status"] == SKIPPED:
         body = f"<skipped message={reason}/>"
+    elif v["status"] == INCONCLUSIVE:
+        said = "inconclusive: " + v["reason"]
+        body = f"<skipped message={_attr(said)}>{escape(printable(said))}</skipped>"
     else:
         return head + "/>"
     return f"{head}>{body}</testcase>"

@@ -1,12 +1,15 @@
 """``torch-profiled diff``, per call, and its regression gate (``--fail-over``), on real traces.
 
 The traces come from a real program (``tests/_gate_program.py``) run with the SDK in two
-processes, one after the other (at once, on two cores, a window's calls wait for the other's):
-one window against three, the same program twice, a slower variant, a spread of per-window
-times, other matrix sizes, no shapes recorded. Its range's time is a sleep plus a small matmul,
-so the figures compared are known within a few percent, while the code under test reads them
-as it reads any trace. A call the machine delays now and then is what the spread rule is for;
-the tests leave it margins where one window stands alone.
+processes, one after the other (at once, on two cores, a window's calls wait for the other's),
+beside a busy-loop neighbour started here (a shared CI runner: issue 30 item 2). The first
+process records the same program twice with the README's eight windows a side (A/A) and 1.2x
+per call, its runs taking turns window by window as the README's recipe records a baseline
+and a candidate; the second 2x per call. Other matrix sizes and no shapes recorded: a window
+each; a window and three are the first traces of the eight. A range's time is a 20 ms sleep
+plus a small matmul, so the figures compared are known but for what the box's load adds (late
+wake-ups: only ever more time), while the code under test reads them as it reads any trace.
+The statistic itself, on hand-made windows: ``tests/test_gate_floor.py``.
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ import copy
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
-from instrument import cli
+from instrument import cli, gate
 from tests import _proc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -26,36 +31,50 @@ PROGRAM = os.path.join(HERE, "_gate_program.py")
 JUNIT_XSDS = tuple(  # Jenkins' schema and a stricter one (tests/data/junit/README.md)
     os.path.join(HERE, "data", "junit", name) for name in ("junit-10.xsd", "strict.xsd")
 )
+WINDOWS = gate.RECOMMENDED_WINDOWS  # the README's CI recipe: 8 windows a side
+RECIPE = ("--fail-over", "10%")  # and its threshold
 
-# name -> (windows, sleep ms per window, matrix size, record shapes); two processes' worth
+# name -> (windows, sleep ms per call, matrix size, record shapes); one process per group, the
+# runs of a group taking turns window by window (as the README's recipe records a baseline and
+# a candidate: a burst of load then slows windows of both, not every window of one)
 RUNS_A = {
-    "one": (1, "2", 64, 1),
-    "three": (3, "2", 64, 1),
-    "slow": (3, "20", 64, 1),
-    "spread_before": (3, "2/20/38", 64, 1),
-    "big": (1, "2", 128, 1),
+    "base": (WINDOWS, "20", 64, 1),
+    "again": (WINDOWS, "20", 64, 1),  # the same program again: A/A
+    "slow12": (WINDOWS, "24", 64, 1),  # 1.2x per call
+    "big": (1, "20", 128, 1),
 }
 RUNS_B = {
-    "again": (3, "2", 64, 1),
-    "spread_after": (3, "8/26/44", 64, 1),
-    "no_shapes": (1, "2", 64, 0),
+    "slow": (WINDOWS, "40", 64, 1),  # 2x per call, in a process of its own
+    "no_shapes": (1, "20", 64, 0),
 }
+FIRST = {"one": ("base", 1), "three": ("base", 3), "one_slow12": ("slow12", 1)}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Trace directories of real runs, by name (see ``RUNS_A``/``RUNS_B``)."""
+    """Trace directories of real runs beside a busy neighbour, by name (``RUNS_A``/``RUNS_B``,
+    and ``FIRST``: the first traces of a run)."""
     root = tmp_path_factory.mktemp("gate")
     dirs = {}
-    for group in (RUNS_A, RUNS_B):
-        specs = []
-        for name, (windows, sleep_ms, size, shapes) in group.items():
-            dirs[name] = str(root / name)
-            specs.append(f"{dirs[name]}:{windows}:{sleep_ms}:{size}:{shapes}")
-        proc = _proc.run(PROGRAM, *specs, timeout=240)
-        assert proc.returncode == 0, proc.stderr
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        for group in (RUNS_A, RUNS_B):
+            specs = []
+            for name, (windows, sleep_ms, size, shapes) in group.items():
+                dirs[name] = str(root / name)
+                specs.append(f"{dirs[name]}:{windows}:{sleep_ms}:{size}:{shapes}")
+            proc = _proc.run(PROGRAM, *specs, timeout=240)
+            assert proc.returncode == 0, proc.stderr
+    finally:
+        busy.kill()
+        busy.wait()
     for name, (windows, *_rest) in {**RUNS_A, **RUNS_B}.items():
         assert len(os.listdir(dirs[name])) == windows, name
+    for name, (run, n) in FIRST.items():
+        dirs[name] = str(root / name)
+        os.mkdir(dirs[name])
+        for f in sorted(os.listdir(dirs[run]))[:n]:
+            shutil.copy(os.path.join(dirs[run], f), dirs[name])
     return dirs
 
 
@@ -67,7 +86,7 @@ def _main(capsys, *args: str) -> tuple[int, str, str]:
 
 def _gate(capsys, before: str, after: str, *more: str) -> tuple[int, dict]:
     rc, out, err = _main(capsys, "diff", before, after, "--json", *more)
-    assert rc in (0, 1), err
+    assert rc in (0, 1, 3), err
     doc = json.loads(out)
     assert doc["exit_status"] == rc
     return rc, doc
@@ -103,77 +122,83 @@ def test_one_window_against_three_compares_per_call(runs, capsys):
     assert (row["calls_before"], row["calls_after"]) == (5, 15)
     assert row["calls_per_window_before"] == row["calls_per_window_after"] == 5
     assert 0.5 < row["ratio"] < 1.6
-    # the per-call figure is all time over all calls: 15 calls of ~2 ms, never ~6 ms
-    assert 1800 < row["after_us"] < 4000
+    # the per-call figure is all time over all calls: 15 calls of ~20 ms, never ~60 ms
+    assert 18000 < row["after_us"] < 40000
     total = doc["totals"]["self_cpu_time_total_us"]  # per window, not the sum of three
     assert 0.5 < total["ratio"] < 1.6
 
 
-def test_different_window_counts_pass_the_gate_and_a_regression_still_fails(runs, capsys):
-    rc, doc = _gate(capsys, runs["one"], runs["three"], "--fail-over", "10%")
-    assert rc == 0 and _verdict(doc)["status"] == "pass"
-    rc, doc = _gate(capsys, runs["one"], runs["slow"], "--fail-over", "10%")
+def test_a_a_passes_with_the_recommended_windows_beside_a_busy_neighbour(runs, capsys):
+    """The issue: the same script twice on the 2-core box under load failed 4 of 7 ranges
+    with five windows a side (pooled means against a max-min spread). The README's recipe
+    (eight windows a side, taking turns, 10%) passes it: beside the neighbour and the box's
+    other work, half a run's windows or more were 5-25% slow, each side kept two at the floor
+    (measured: the upper bound within +2%)."""
+    rc, out, err = _main(capsys, "diff", runs["base"], runs["again"], *RECIPE)
+    assert rc == 0, out + err
+    assert "PASS            train_step" in out and out.rstrip().endswith("0 skipped")
+    assert "(8 windows, cpu)" in out
+    rc, doc = _gate(capsys, runs["base"], runs["again"], *RECIPE)
     v = _verdict(doc)
-    assert rc == 1 and v["status"] == "regression"
-    assert v["before"]["calls"] == 5 and v["after"]["calls"] == 15
-    # per step too: one recorded step a window (ProfilerStep#N), five calls in it
-    assert v["before"]["calls_per_step"] == v["after"]["calls_per_step"] == 5
-    assert v["after"]["per_step"] == pytest.approx(5 * v["after"]["value"])
+    assert rc == 0 and doc["passed"] and v["status"] == "pass" and doc["outcome"] == "pass"
+    assert v["low"] <= v["change"] <= v["high"] <= 0.10
+    assert len(v["before"]["windows"]) == len(v["after"]["windows"]) == WINDOWS
 
 
-# ---------------------------------------------------------------- the gate
-
-
-def test_regression_fails_with_exit_1(runs, capsys):
-    rc, out, err = _main(capsys, "diff", runs["three"], runs["slow"], "--fail-over", "10%")
+def test_a_2x_regression_fails_with_exit_1(runs, capsys):
+    rc, out, err = _main(capsys, "diff", runs["base"], runs["slow"], "--fail-over", "10%")
     assert rc == 1 and err == ""
     assert "REGRESSION      train_step" in out
     assert out.rstrip().splitlines()[-1].startswith("FAILED: 1 regression(s)")
     assert all(len(ln) <= 100 for ln in out.splitlines())
-    rc, doc = _gate(capsys, runs["three"], runs["slow"], "--fail-over", "10%")
+    rc, doc = _gate(capsys, runs["base"], runs["slow"], "--fail-over", "10%")
     v = _verdict(doc)
     assert rc == 1 and v["status"] == "regression" and not doc["passed"]
-    assert 5 < v["change"] < 12  # a 2 ms sleep became 20 ms: about +900% per call
-    assert v["worse_by"] > max(v["noise"], 0.10)
-    assert len(v["before"]["windows"]) == len(v["after"]["windows"]) == 3
+    # 20 ms became 40 ms: about +100% (a margin for the windows the neighbour slowed)
+    assert 0.5 < v["change"] < 1.6 and v["low"] > 0.5
+    # per step too: one recorded step a window (ProfilerStep#N), five calls in it
+    assert v["before"]["calls_per_step"] == v["after"]["calls_per_step"] == 5
+    assert v["after"]["per_step"] == pytest.approx(5 * v["after"]["value"])
     # a threshold above the change lets it through; faster is never a regression
-    rc, doc = _gate(capsys, runs["three"], runs["slow"], "--fail-over", "2000%")
+    rc, doc = _gate(capsys, runs["base"], runs["slow"], "--fail-over", "300%")
     assert rc == 0 and _verdict(doc)["status"] == "pass"
-    rc, doc = _gate(capsys, runs["slow"], runs["three"], "--fail-over", "10")
+    rc, doc = _gate(capsys, runs["slow"], runs["base"], "--fail-over", "10")
     assert rc == 0 and _verdict(doc)["change"] < -0.3
 
 
-def test_same_program_twice_is_noise_only(runs, capsys):
-    rc, out, err = _main(capsys, "diff", runs["three"], runs["again"], "--fail-over", "10%")
-    assert rc == 0, out + err
-    assert "PASS            train_step" in out and out.rstrip().endswith("0 skipped")
-    rc, doc = _gate(capsys, runs["three"], runs["again"], "--fail-over", "10%")
-    v = _verdict(doc)
-    assert rc == 0 and doc["passed"] and v["status"] == "pass"
-    assert abs(v["change"]) < 0.10 or abs(v["change"]) < v["noise"]
+def test_a_1_2x_regression_is_caught_or_inconclusive_never_passed(runs, capsys):
+    for threshold in ("10%", "15%"):
+        rc, doc = _gate(capsys, runs["base"], runs["slow12"], "--fail-over", threshold)
+        v = _verdict(doc)
+        windows = (sorted(v["before"]["windows"]), sorted(v["after"]["windows"]))
+        assert (rc, v["status"]) in ((1, "regression"), (3, "inconclusive")), (v, windows)
+        assert v["high"] > 0.15, windows
 
 
-def test_a_change_within_the_windows_spread_is_noise(runs, capsys, tmp_path):
-    """Windows of 2/20/38 ms against 8/26/44 ms: +30% per call, past a 10% threshold, but the
-    sides spread over ~140% each: noise. One window of each (2 ms against 8 ms, +300%): only
-    the threshold applies, and it fails."""
-    rc, doc = _gate(capsys, runs["spread_before"], runs["spread_after"], "--fail-over", "10%")
+def test_one_window_a_side_is_inconclusive_exit_3(runs, capsys):
+    """One window a side cannot tell a 1.2x regression from a neighbour's load: it says so,
+    with exit status 3 and how many windows would settle it, and claims nothing."""
+    for after in ("one_slow12", "one"):
+        rc, out, err = _main(capsys, "diff", runs["one"], runs[after], "--fail-over", "10%")
+        assert rc == 3 and err == "", out + err
+        assert "INCONCLUSIVE    train_step" in out
+        assert out.rstrip().splitlines()[-1] == (
+            "INCONCLUSIVE: 0 regression(s), 0 not comparable, 1 inconclusive, 0 passed, 0 skipped"
+        )
+        text = " ".join(out.split())
+        assert "at least 5 windows a side would settle it (8 recommended)" in text
+    rc, doc = _gate(capsys, runs["one"], runs["one_slow12"], "--fail-over", "10%")
     v = _verdict(doc)
-    assert rc == 0 and v["status"] == "pass", v
-    assert v["worse_by"] > 0.10 and v["noise"] > v["worse_by"]
-    assert "spread" in v["reason"] and "noise" in v["reason"]
-    assert v["before"]["spread"] > 1.0 and v["after"]["spread"] > 1.0
-    first = {}
-    for side in ("spread_before", "spread_after"):
-        d = tmp_path / side
-        d.mkdir()
-        name = sorted(os.listdir(runs[side]))[0]  # the first window: 2 ms and 8 ms
-        shutil.copy(os.path.join(runs[side], name), d / name)
-        first[side] = str(d)
-    rc, doc = _gate(capsys, first["spread_before"], first["spread_after"], "--fail-over", "10%")
-    v = _verdict(doc)
-    assert rc == 1 and v["status"] == "regression" and v["noise"] == 0
-    assert 1.0 < v["change"] < 4.0
+    assert rc == 3 and doc["outcome"] == "inconclusive" and not doc["passed"]
+    assert v["settle_windows"] == 5 and v["low"] is None and v["high"] is None
+    # three against eight: still fewer than five a side
+    rc, doc = _gate(capsys, runs["three"], runs["slow"], "--fail-over", "10%")
+    assert rc == 3 and _verdict(doc)["status"] == "inconclusive"
+    # as CI runs it: a real process exits 3
+    proc = _proc.run(
+        "-m", "instrument", "diff", runs["one"], runs["one_slow12"], "--fail-over", "10%"
+    )
+    assert proc.returncode == 3 and "INCONCLUSIVE" in proc.stdout and proc.stderr == ""
 
 
 def test_mismatched_shapes_are_not_comparable(runs, capsys):
@@ -194,10 +219,10 @@ def test_mismatched_shapes_are_not_comparable(runs, capsys):
 def test_shapes_not_recorded_is_said_and_not_a_mismatch(runs, capsys):
     rc, out, err = _main(capsys, "diff", runs["one"], runs["no_shapes"], "--fail-over", "10%")
     assert "note: input shapes not recorded after (record_shapes)" in out
-    # one window each: the times decide (a delayed call may fail it), the shapes never do
+    # one window each: inconclusive on the times, the shapes never decide
     rc, doc = _gate(capsys, runs["one"], runs["no_shapes"], "--fail-over", "10%")
     v = _verdict(doc)
-    assert v["status"] in ("pass", "regression") and "mismatch" not in v
+    assert v["status"] == "inconclusive" and "mismatch" not in v
     assert doc["before"]["shapes_recorded"] and not doc["after"]["shapes_recorded"]
     assert doc["problems"] == []
 
@@ -235,12 +260,12 @@ def test_world_size_and_device_mismatch(runs, capsys, tmp_path):
 
 
 def test_metric_flops_judges_achieved_flops_a_drop_regresses(runs, capsys):
-    rc, doc = _gate(capsys, runs["three"], runs["slow"], "--fail-over", "10%", "--metric", "flops")
+    rc, doc = _gate(capsys, runs["base"], runs["slow"], "--fail-over", "10%", "--metric", "flops")
     v = _verdict(doc)
     assert rc == 1 and v["status"] == "regression" and v["basis"] == "cpu"
     assert v["before"]["value"] > v["after"]["value"] > 0  # FLOP/s fell: same FLOPs, more time
     assert v["change"] < -0.3 and v["worse_by"] == pytest.approx(-v["change"])
-    rc, doc = _gate(capsys, runs["slow"], runs["three"], "--fail-over", "10%", "--metric", "flops")
+    rc, doc = _gate(capsys, runs["slow"], runs["base"], "--fail-over", "10%", "--metric", "flops")
     assert rc == 0 and _verdict(doc)["change"] > 0.3  # faster: more FLOP/s
     rc, out, err = _main(
         capsys,
@@ -267,13 +292,13 @@ def test_range_picks_what_is_gated(runs, capsys, tmp_path):
                 ev["name"] = "eval_step"
 
     more = _edited(runs, tmp_path, "slow", with_eval)
-    rc, doc = _gate(capsys, runs["three"], more, "--fail-over", "10%", "--range", "train_step")
+    rc, doc = _gate(capsys, runs["base"], more, "--fail-over", "10%", "--range", "train_step")
     assert rc == 1 and [v["name"] for v in doc["verdicts"]] == ["train_step"]
     # on one side only: skipped when not asked for, not comparable when named
-    rc, doc = _gate(capsys, runs["three"], more, "--fail-over", "10%")
+    rc, doc = _gate(capsys, runs["base"], more, "--fail-over", "10%")
     assert rc == 1 and _verdict(doc, "eval_step")["status"] == "skipped"
     assert "only after" in _verdict(doc, "eval_step")["reason"]
-    rc, doc = _gate(capsys, runs["three"], more, "--fail-over", "10%", "--range", "eval_step")
+    rc, doc = _gate(capsys, runs["base"], more, "--fail-over", "10%", "--range", "eval_step")
     assert rc == 1 and _verdict(doc, "eval_step")["status"] == "not comparable"
     rc, out, err = _main(
         capsys, "diff", runs["three"], more, "--fail-over", "10%", "--range", "trian_step"
@@ -291,8 +316,8 @@ def test_range_picks_what_is_gated(runs, capsys, tmp_path):
 
 # name -> spec after OUT: windows, sleep ms, size, shapes, device, matmuls per call
 CUDA_RUNS = (
-    {"base": "3:2:2048:1:cuda:1", "heavier": "3:2:2048:1:cuda:4"},
-    {"again": "3:2:2048:1:cuda:1"},
+    {"base": "8:2:2048:1:cuda:1", "heavier": "8:2:2048:1:cuda:4"},
+    {"again": "8:2:2048:1:cuda:1"},
 )
 
 
@@ -313,8 +338,22 @@ def cuda_runs(tmp_path_factory):
 H100 = os.path.join(HERE, "data", "gate_h100")  # recorded on an H100 (see its README.md)
 
 
-def test_metric_device_on_h100_traces(capsys):
-    _device_gate(capsys, *(os.path.join(H100, n) for n in ("base", "heavier", "again")))
+def test_metric_device_on_h100_traces(capsys, tmp_path):
+    """Three windows a side were recorded: too few for a verdict, and so it says. Each
+    window's traces twice over (six a side) then show the device figures judged: the copies
+    only repeat values, which the floor's bounds take as they come."""
+    sides = [os.path.join(H100, n) for n in ("base", "heavier", "again")]
+    rc, doc = _gate(capsys, sides[0], sides[1], "--fail-over", "10%", "--metric", "device")
+    assert rc == 3 and _verdict(doc)["status"] == "inconclusive"
+    doubled = []
+    for side in sides:
+        d = tmp_path / os.path.basename(side)
+        d.mkdir()
+        for f in os.listdir(side):
+            for copy_ in ("a", "b"):
+                shutil.copy(os.path.join(side, f), d / f"{copy_}{f}")
+        doubled.append(str(d))
+    _device_gate(capsys, *doubled)
 
 
 @pytest.mark.cuda
@@ -348,17 +387,17 @@ def test_junit_file_validates_against_the_junit_schema(runs, capsys, tmp_path):
 
     schemas = [etree.XMLSchema(etree.parse(xsd)) for xsd in JUNIT_XSDS]
     cases = {
-        "regression": (runs["three"], runs["slow"], ()),
-        "pass": (runs["three"], runs["again"], ()),
+        "regression": (runs["base"], runs["slow"], ()),
+        "pass": (runs["base"], runs["again"], ()),  # A/A
         "error": (runs["one"], runs["big"], ()),
         "skipped": (runs["one"], runs["big"], ("--allow-mismatch",)),
+        "inconclusive": (runs["one"], runs["one_slow12"], ()),
     }
+    status = {"regression": 1, "error": 1, "inconclusive": 3}
     for case, (before, after, more) in cases.items():
         path = tmp_path / f"{case}.xml"
-        rc, out, err = _main(
-            capsys, "diff", before, after, "--fail-over", "10%", "--junit", str(path), *more
-        )
-        assert rc == (1 if case in ("regression", "error") else 0), err
+        rc, out, err = _main(capsys, "diff", before, after, *RECIPE, "--junit", str(path), *more)
+        assert rc == status.get(case, 0), err
         doc = etree.parse(str(path))
         for xsd, schema in zip(JUNIT_XSDS, schemas):
             assert schema.validate(doc), (case, xsd, schema.error_log)
@@ -368,14 +407,22 @@ def test_junit_file_validates_against_the_junit_schema(runs, capsys, tmp_path):
         assert case_el.get("name") == "train_step"
         assert case_el.get("classname") == "torch-profiled.diff.cpu"
         children = [c.tag for c in case_el]
-        assert children == ([] if case == "pass" else [{"regression": "failure"}.get(case, case)])
+        tag = {"regression": "failure", "inconclusive": "skipped"}.get(case, case)
+        assert children == ([] if case == "pass" else [tag])
         counts = {k: int(suite.get(k)) for k in ("tests", "failures", "errors", "skipped")}
         assert counts == {
             "tests": 1,
             "failures": int(case == "regression"),
             "errors": int(case == "error"),
-            "skipped": int(case == "skipped"),
+            "skipped": int(case in ("skipped", "inconclusive")),
         }
+        props = {p.get("name"): p.get("value") for p in suite.find("properties")}
+        outcome = {"error": "not comparable", "skipped": "pass"}.get(case, case)
+        assert props["outcome"] == outcome and props["exit_status"] == str(rc)
+        assert props["inconclusive"] == str(int(case == "inconclusive"))
+        if case == "inconclusive":  # JUnit has no third outcome: a skip that says so
+            assert case_el[0].get("message").startswith("inconclusive: cpu time per call")
+            assert "windows a side would settle it" in case_el[0].text
         if children:
             assert case_el[0].get("message")
         assert suite.find("system-out").text == out  # the same text as on the terminal
@@ -419,7 +466,7 @@ def test_bad_input_is_one_line_and_exit_2(runs, capsys, tmp_path):
     proc = _proc.run("-m", "instrument", "diff", one, three, "--fail-over", "ten%")
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
-    proc = _proc.run("-m", "instrument", "diff", three, runs["slow"], "--fail-over", "10%")
+    proc = _proc.run("-m", "instrument", "diff", runs["base"], runs["slow"], "--fail-over", "10%")
     assert proc.returncode == 1 and "REGRESSION" in proc.stdout and proc.stderr == ""
 
 
@@ -432,8 +479,13 @@ def test_help_documents_the_gate(capsys):
         "--metric {cpu,device,flops}",
         "--junit PATH",
         "--allow-mismatch",
-        "(max - min) / median of its per-window per-call values",
-        "Exit status: 0 no regression, 1 a regression or a range not comparable, 2 bad input",
+        "--allow-partial",
+        "each side's noise floor lies between its best and its second-best window",
+        "INCONCLUSIVE otherwise or with fewer than 5 windows a side",
+        "would settle it (record 8)",
+        "Exit status: 0 pass, 1 a regression or a range not comparable, 2 bad input or usage, "
+        "3 inconclusive",
+        "an inconclusive range is a <skipped> testcase whose message starts 'inconclusive:'",
     ):
         assert words in text, words
 
