@@ -9,6 +9,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -527,9 +528,16 @@ def test_broken_pipe_in_process(traces, monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "stdout", Closed())
     assert cli.main(["summarize", traces["plain"]]) == 0
     slower = _write(tmp_path / "slower.json", _scaled(traces["trace"], 3.0))
-    # the gate keeps its answer: passed (0) or a regression (1), whoever reads the table
-    assert cli.main(["diff", traces["plain"], traces["plain"], "--fail-over", "10%"]) == 0
-    assert cli.main(["diff", traces["plain"], slower, "--fail-over", "10%"]) == 1
+    # the gate keeps its answer, whoever reads the table: passed (0) or a regression (1) with
+    # five windows a side, inconclusive (3) with one
+    same, slow = tmp_path / "same", tmp_path / "slow"
+    for d, src in ((same, traces["plain"]), (slow, slower)):
+        d.mkdir()
+        for i in range(5):
+            shutil.copy(src, d / f"w{i}.json")
+    assert cli.main(["diff", str(same), str(same), "--fail-over", "10%"]) == 0
+    assert cli.main(["diff", str(same), str(slow), "--fail-over", "10%"]) == 1
+    assert cli.main(["diff", traces["plain"], slower, "--fail-over", "10%"]) == 3
 
 
 def test_console_script_and_cheap_import():
