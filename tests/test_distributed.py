@@ -393,11 +393,15 @@ def test_summarize_shows_ranks_side_by_side_and_the_slowest_rank(torchrun_job):
     row = next(line for line in side if line.startswith("work "))
     assert row.split()[-4:-2] == ["rank", "1"]  # rank 1 waits 50 ms in each call
     row = next(line for line in side if line.startswith("allreduce "))
-    assert row.split()[-4:-2] == ["rank", "0"]  # where rank 0 then waits for rank 1
+    # rank 0 spends longer there, waiting for rank 1: the one it waits for is the slow one
+    assert row.split()[-4:-2] == ["rank", "1"]
     doc = json.loads(_proc.run(*run, "--json", env=env).stdout)
     assert doc["ranks"]["ranks"] == [0, 1]
     assert doc["ranks"]["ranges"]["work"]["slowest_rank"] == 1
-    assert doc["ranks"]["ranges"]["allreduce"]["slowest_rank"] == 0
+    assert doc["ranks"]["ranges"]["allreduce"]["slowest_rank"] == 1
+    assert doc["ranks"]["ranges"]["gloo:all_reduce"]["slowest_rank"] == 1
+    assert doc["ranks"]["collectives"]["late_rank"] == 1
+    assert doc["ranks"]["collectives"]["extra_time_in"]["range"] == "work"
     assert [r["rank"] for r in doc["reports"]] == [0, 1]
     assert doc["ranks"]["same_steps"] is True
     assert "recorded different steps" not in text.stdout
