@@ -18,8 +18,9 @@ records hold torch.distributed's collectives (ranges named ``torch.distributed.<
 ``instrument.collectives``), the figure is each rank's time *outside* collectives per step
 instead: the step function's range (the range whose p50 is closest to the step p50 on every
 rank) per call, less the rank's collective time per call of it; a straggler is a rank whose
-figure is more than ``margin`` above the median of the *other* ranks' (a late rank waits
-least: among two ranks the median of both would hide half of its lead). Each straggler is
+figure leads the median of the *other* ranks' by more than ``margin`` of their step time (a
+late rank waits least: among two ranks the median of both would hide half of its lead; and
+measured against the step, a lead of 0.3 ms over 0.5 ms outside is noise, not 60%). Each straggler is
 named with the range where its extra time went: the range (not a collective, not the step)
 whose time per step on that rank exceeds the others' median by the most; among ranges within
 80% of that excess, the one of least time (nested ranges share the excess: the innermost
@@ -473,14 +474,17 @@ def _outside(
             "outside_per_step_s": out,
             "calls": {k: s["count"] for k, s in sorted(found[r].items())},
         }
+    coll = {q: f["in_collectives_per_step_s"] for q, f in figures.items()}
+    steps = {q: f["step_per_call_s"] for q, f in figures.items()}
     for r, fig in figures.items():
         others = _others_median(values, r)
-        coll = {q: f["in_collectives_per_step_s"] for q, f in figures.items()}
         fig["vs_others"] = values[r] / others if others and others > 0 else None
         fig["others_waited_per_step_s"] = (_others_median(coll, r) or 0.0) - coll[r]
-        fig["straggler"] = (
-            others is not None and values[r] > 0 and values[r] > (1.0 + margin) * max(others, 0.0)
-        )
+        # the lead is measured against the step, not against the others' time outside
+        # collectives: where that is a fraction of a millisecond, noise would double it
+        lead = values[r] - (others or 0.0)
+        fig["lead_per_step_s"] = lead
+        fig["straggler"] = others is not None and lead > margin * (_others_median(steps, r) or 0)
     if any(v < 0 for v in values.values()):
         notes.append(
             "a rank's collectives outside its step range exceed its steps' time; time outside "
@@ -577,8 +581,8 @@ def _extra_text(r: dict[str, Any]) -> str:
 def _stragglers_line(doc: dict[str, Any]) -> str:
     if doc.get("straggler_figure") == "outside_collectives_per_step":
         rule = (
-            f"time outside collectives per step more than {doc['margin']:.0%} over the other "
-            "ranks' median"
+            f"time outside collectives per step over the other ranks' median by more than "
+            f"{doc['margin']:.0%} of their step"
         )
         if not doc["stragglers"]:
             return f"stragglers: none ({rule})"

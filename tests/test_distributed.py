@@ -407,6 +407,16 @@ def test_summarize_shows_ranks_side_by_side_and_the_slowest_rank(torchrun_job):
     assert "recorded different steps" not in text.stdout
 
 
+def test_summaries_name_the_late_rank_of_two_and_its_range(torchrun_job, capsys):
+    """Rank 1 sleeps in ``work`` before its all_reduce; rank 0 waits for it there. Both
+    summaries (the metrics records, the traces) name rank 1 and ``work``
+    (tests/test_stragglers.py: the same with 4 ranks)."""
+    from tests.test_stragglers import check_metrics, check_traces
+
+    check_metrics(capsys, torchrun_job / "reports.jsonl", 2, 1)
+    check_traces(capsys, torchrun_job / "traces", 1)
+
+
 def test_summarize_flags_ranks_that_recorded_different_steps(torchrun_job, tmp_path):
     """The failure a side-by-side view exists to catch: rank 1's trace, renumbered as if that
     rank had profiled later steps, next to rank 0's."""

@@ -1,4 +1,5 @@
-"""Stragglers named by cause: a real gloo job (2 and 4 processes) where one rank sleeps in
+"""Stragglers named by cause: a real gloo job of 4 processes (2: the torchrun job of
+tests/test_distributed.py, ``test_summaries_name_the_late_rank_*``) where one rank sleeps in
 ``work`` before its all_reduce. The collective equalises the step times (every rank's step
 ends together) and the waiting ranks spend the longest in the collective; both summaries must
 name the late rank, not a waiting one, and ``work`` as where its time went."""
@@ -7,8 +8,7 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
+from instrument import cli
 from tests import _proc
 from tests.test_distributed import JOB, _no_launcher_variables, free_port, job_env
 
@@ -35,27 +35,24 @@ def _run_job(tmp_path, world: int, slow: int) -> None:
     assert [p.returncode for p in procs] == [0] * world, outs
 
 
-def _summarize(tmp_path, path) -> tuple[str, dict]:
-    env = job_env(tmp_path)
-    text = _proc.run("-m", "instrument", "summarize", str(path), env=env)
-    assert text.returncode == 0, text.stderr
-    doc = _proc.run("-m", "instrument", "summarize", str(path), "--json", env=env)
-    assert doc.returncode == 0, doc.stderr
-    return text.stdout, json.loads(doc.stdout)
+def summarize(capsys, path) -> tuple[str, dict]:
+    """``torch-profiled summarize PATH``, as text and ``--json`` (in this process: no start-up
+    cost twice)."""
+    assert cli.main(["summarize", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert cli.main(["summarize", str(path), "--json"]) == 0
+    return text, json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("world, slow", [(2, 1), (4, 2)])
-def test_both_summaries_name_the_late_rank_and_its_range(tmp_path, world, slow):
-    _run_job(tmp_path, world, slow)
-
-    # metrics: the step times are equal, the time outside collectives is not
-    text, doc = _summarize(tmp_path, tmp_path / "reports.jsonl")
+def check_metrics(capsys, path, world: int, slow: int) -> None:
+    """The metrics name ``slow`` by its time outside collectives, and ``work``."""
+    text, doc = summarize(capsys, path)
     assert doc["straggler_figure"] == "outside_collectives_per_step"
     assert doc["step_range"] == "train_step"
     assert doc["stragglers"] == [slow], text
     late = doc["ranks"][str(slow)]
     assert late["extra_time_in"]["range"] == "work"
-    assert late["collectives"]["calls"]["all_reduce"] == int(STEPS)
+    assert late["collectives"]["calls"]["all_reduce"] >= 4
     for key, r in doc["ranks"].items():  # every waiting rank spent longer in all_reduce
         if int(key) != slow:
             waited = r["collectives"]["in_collectives_per_step_s"]
@@ -65,14 +62,24 @@ def test_both_summaries_name_the_late_rank_and_its_range(tmp_path, world, slow):
     assert not any(f"rank {r} (" in line for r in range(world) if r != slow), line
     assert "torch.distributed.all_reduce" not in doc["ranges"]  # in its own section
 
-    # traces: who arrived last at each all_reduce, and where its time went
-    _, doc = _summarize(tmp_path, tmp_path / "traces")
+
+def check_traces(capsys, path, slow: int) -> None:
+    """The traces name ``slow`` as the rank that arrived last, and ``work``."""
+    _, doc = summarize(capsys, path)
     skew = doc["ranks"]["collectives"]
     assert skew["late_rank"] == slow, skew
-    assert skew["matched"] >= 3
+    assert skew["matched"] >= 2
     assert skew["by_rank"][str(slow)]["arrived_last"] == skew["matched"]
     assert skew["clock"].startswith("shared")
     assert skew["extra_time_in"]["range"] == "work"
     ranges = doc["ranks"]["ranges"]
     for name in ("work", "allreduce", "gloo:all_reduce", "train_step"):
         assert ranges[name]["slowest_rank"] == slow, (name, ranges[name])
+
+
+def test_both_summaries_name_the_late_rank_of_four_and_its_range(tmp_path, capsys):
+    world, slow = 4, 2
+    _run_job(tmp_path, world, slow)
+    check_metrics(capsys, tmp_path / "reports.jsonl", world, slow)
+    check_traces(capsys, tmp_path / "traces", slow)
+
