@@ -87,8 +87,10 @@ def _wrap(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def collective(*args: Any, **kwargs: Any) -> Any:
-        if not state.metrics_on or kwargs.get("async_op") or (
-            where is not None and len(args) > where and args[where]
+        if (
+            not state.metrics_on
+            or kwargs.get("async_op")
+            or (where is not None and len(args) > where and args[where])
         ):
             return fn(*args, **kwargs)
         t0 = now()

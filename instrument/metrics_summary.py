@@ -20,11 +20,11 @@ instead: the step function's range (the range whose p50 is closest to the step p
 rank) per call, less the rank's collective time per call of it; a straggler is a rank whose
 figure leads the median of the *other* ranks' by more than ``margin`` of their step time (a
 late rank waits least: among two ranks the median of both would hide half of its lead; and
-measured against the step, a lead of 0.3 ms over 0.5 ms outside is noise, not 60%). Each straggler is
-named with the range where its extra time went: the range (not a collective, not the step)
-whose time per step on that rank exceeds the others' median by the most; among ranges within
-80% of that excess, the one of least time (nested ranges share the excess: the innermost
-names the cause). Collective ranges are listed in their own section, not among the ranges.
+measured against the step, a lead of 0.3 ms over 0.5 ms outside is noise, not 60%). Each
+straggler is named with the range where its extra time went: the range (not a collective,
+not the step) whose time per step on that rank exceeds the others' median by the most; among
+ranges within 80% of that excess, the one of least time (nested ranges share the excess: the
+innermost names the cause). Collective ranges are listed in their own section, not among the ranges.
 
 Reading streams the lines (memory holds one record per process), so a file that grew over a
 long run costs its reading time, not its size in memory; a line is read with a bound (the
@@ -407,14 +407,9 @@ def summarize(
             slow = bool(outside["ranks"][r]["straggler"])
         else:
             slow = ratio is not None and ratio > 1.0 + margin and len(ranks) > 1
-        late = None
+        late = _late_range(ranks, r, step_of, outside, source) if slow else None
         if slow:
             stragglers.append(r)
-            per_step = {
-                q: (outside["ranks"][q]["step_calls"] if outside else (step_of[q] or {}).get("count"))
-                for q in ranks
-            }
-            late = _extra_range(ranks, r, per_step, outside["step_range"] if outside else source)
         out_ranks[str(r)] = {
             **{k: rec.get(k) for k in ("rank", "world_size", "host", "pid", "time_ns")},
             **{k: rec.get(k) for k in ("since_ns", "file", "processes")},
@@ -437,6 +432,22 @@ def summarize(
         "ranks": out_ranks,
         "notes": notes,
     }
+
+
+def _late_range(
+    ranks: dict[int, dict[str, Any]],
+    rank: int,
+    step_of: dict[int, dict[str, Any] | None],
+    outside: dict[str, Any] | None,
+    source: str | None,
+) -> dict[str, Any] | None:
+    """Where straggler ``rank``'s extra time went, per step of each rank (``_extra_range``)."""
+    per_step: dict[int, float] = {}
+    for q in ranks:
+        count = outside["ranks"][q]["step_calls"] if outside else (step_of[q] or {}).get("count")
+        if count:
+            per_step[q] = float(count)
+    return _extra_range(ranks, rank, per_step, outside["step_range"] if outside else source)
 
 
 def _outside(
@@ -606,12 +617,12 @@ def _stragglers_line(doc: dict[str, Any]) -> str:
     )
     if not doc["stragglers"]:
         return f"stragglers: none ({rule})"
-    named = ", ".join(
+    listed = ", ".join(
         f"rank {r} ({_t(doc['ranks'][str(r)]['step'], 'p50_s')}, "
         f"{doc['ranks'][str(r)]['step_p50_vs_median']:.2f}x; {_extra_text(doc['ranks'][str(r)])})"
         for r in doc["stragglers"]
     )
-    return f"stragglers ({rule}): {named}"
+    return f"stragglers ({rule}): {listed}"
 
 
 def format_summary(doc: dict[str, Any]) -> str:

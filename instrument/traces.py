@@ -756,42 +756,11 @@ def collective_skew(reports: Sequence[WindowReport]) -> dict[str, Any] | None:
     is read from durations (the ranks leave a collective together, so the one that arrived
     last waited least). The late rank, if any, and the range where its extra time went
     (``_extra_range``). None without collectives on two ranks."""
-    per: dict[int, list[tuple[str, float, float]]] = {}
-    outside: dict[int, dict[str, float]] = {}
-    hosts, bases = set(), set()
-    for rep in sorted(reports, key=lambda r: (r.rank, r.start_ns)):
-        facts = _COLLECTIVE_FACTS.get(rep.trace_file or "")
-        if facts is None:
-            continue
-        per.setdefault(rep.rank, []).extend(facts["collectives"])
-        mine = outside.setdefault(rep.rank, {})
-        for name, us in facts["outside_us"].items():
-            mine[name] = mine.get(name, 0.0) + us
-        hosts.add(rep.host)
-        bases.add(facts["base"])
+    per, outside, shared = _gathered(reports)
     ranks = sorted(r for r in per if per[r])
     if len(ranks) < 2:
         return None
-    shared = len(hosts) == 1 and "" not in hosts and len(bases) == 1 and None not in bases
-    n = min(len(per[r]) for r in ranks)
-    notes = []
-    if any(len(per[r]) != n for r in ranks):
-        counts = ", ".join(f"rank {r}: {len(per[r])}" for r in ranks)
-        notes.append(f"the ranks recorded different numbers of collectives ({counts}); the "
-                     f"first {n} of each are matched by order")
-    last: dict[int, list[float]] = {r: [] for r in ranks}
-    mismatched = 0
-    for i in range(n):
-        calls = {r: per[r][i] for r in ranks}
-        if len({c[0] for c in calls.values()}) != 1:
-            mismatched += 1
-            continue
-        arrival = {r: (c[1] if shared else -c[2]) for r, c in calls.items()}
-        order = sorted(ranks, key=lambda r: (arrival[r], r))
-        late = order[-1]
-        last[late].append(arrival[late] - arrival[order[-2]])
-    if mismatched:
-        notes.append(f"{mismatched} matched position(s) name different collectives; skipped")
+    last, notes = _leads(per, ranks, shared)
     matched = sum(len(v) for v in last.values())
     total = sum(sum(v) for v in last.values())
     top = max(ranks, key=lambda r: (sum(last[r]), -r))
@@ -811,15 +780,69 @@ def collective_skew(reports: Sequence[WindowReport]) -> dict[str, Any] | None:
     }
     return {
         "matched": matched,
-        "clock": "shared (one host): arrival is the start" if shared else (
-            "not shared (several hosts or clock bases): arrival read from durations"
-        ),
+        "clock": "shared (one host): arrival is the start"
+        if shared
+        else ("not shared (several hosts or clock bases): arrival read from durations"),
         "by_rank": by_rank,
         "late_rank": top if named else None,
         "extra_time_in": _extra_range(outside, top) if named else None,
         "outside_us": {str(r): outside.get(r, {}) for r in ranks},
         "notes": notes,
     }
+
+
+_Call = tuple[str, float, float]  # a collective: name, start (us), duration (us)
+
+
+def _gathered(
+    reports: Sequence[WindowReport],
+) -> tuple[dict[int, list[_Call]], dict[int, dict[str, float]], bool]:
+    """Per rank its collectives (over its traces, in start order) and its ranges' time
+    outside them; whether the traces share a clock (one host, one clock base)."""
+    per: dict[int, list[_Call]] = {}
+    outside: dict[int, dict[str, float]] = {}
+    hosts, bases = set(), set()
+    for rep in sorted(reports, key=lambda r: (r.rank, r.start_ns)):
+        facts = _COLLECTIVE_FACTS.get(rep.trace_file or "")
+        if facts is None:
+            continue
+        per.setdefault(rep.rank, []).extend(facts["collectives"])
+        mine = outside.setdefault(rep.rank, {})
+        for name, us in facts["outside_us"].items():
+            mine[name] = mine.get(name, 0.0) + us
+        hosts.add(rep.host)
+        bases.add(facts["base"])
+    shared = len(hosts) == 1 and "" not in hosts and len(bases) == 1 and None not in bases
+    return per, outside, shared
+
+
+def _leads(
+    per: dict[int, list[_Call]], ranks: list[int], shared: bool
+) -> tuple[dict[int, list[float]], list[str]]:
+    """Per rank, by how much it arrived after the one before it at each collective where it
+    arrived last (matched by position); notes on what could not be matched."""
+    n = min(len(per[r]) for r in ranks)
+    notes = []
+    if any(len(per[r]) != n for r in ranks):
+        counts = ", ".join(f"rank {r}: {len(per[r])}" for r in ranks)
+        notes.append(
+            f"the ranks recorded different numbers of collectives ({counts}); the "
+            f"first {n} of each are matched by order"
+        )
+    last: dict[int, list[float]] = {r: [] for r in ranks}
+    mismatched = 0
+    for i in range(n):
+        calls = {r: per[r][i] for r in ranks}
+        if len({c[0] for c in calls.values()}) != 1:
+            mismatched += 1
+            continue
+        arrival = {r: (c[1] if shared else -c[2]) for r, c in calls.items()}
+        order = sorted(ranks, key=lambda r: (arrival[r], r))
+        late = order[-1]
+        last[late].append(arrival[late] - arrival[order[-2]])
+    if mismatched:
+        notes.append(f"{mismatched} matched position(s) name different collectives; skipped")
+    return last, notes
 
 
 def _extra_range(outside: dict[int, dict[str, float]], rank: int) -> dict[str, Any] | None:

@@ -26,8 +26,18 @@ def _run_job(tmp_path, world: int, slow: int) -> None:
     init = f"tcp://127.0.0.1:{free_port()}"
     procs = [
         _proc.start(
-            JOB, STEPS, "--init", init, "--rank", str(r), "--world-size", str(world),
-            "--slow-rank", str(slow), env=env, cwd=tmp_path,
+            JOB,
+            STEPS,
+            "--init",
+            init,
+            "--rank",
+            str(r),
+            "--world-size",
+            str(world),
+            "--slow-rank",
+            str(slow),
+            env=env,
+            cwd=tmp_path,
         )
         for r in range(world)
     ]
@@ -82,4 +92,3 @@ def test_both_summaries_name_the_late_rank_of_four_and_its_range(tmp_path, capsy
     _run_job(tmp_path, world, slow)
     check_metrics(capsys, tmp_path / "reports.jsonl", world, slow)
     check_traces(capsys, tmp_path / "traces", slow)
-
