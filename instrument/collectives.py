@@ -78,17 +78,19 @@ def _async_index(fn: Callable[..., Any]) -> int | None:
 
 
 def _wrap(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-    from . import metrics, state
+    from . import _torch, metrics, state
 
     recorder = metrics.recorder  # one for the life of the process
     record = metrics.record
     where = _async_index(fn)
     now = time.perf_counter
+    compiling = _torch.is_compiling  # Dynamo traces the original, untouched (no graph break)
 
     @functools.wraps(fn)
     def collective(*args: Any, **kwargs: Any) -> Any:
         if (
             not state.metrics_on
+            or compiling()
             or kwargs.get("async_op")
             or (where is not None and len(args) > where and args[where])
         ):

@@ -92,3 +92,80 @@ def test_both_summaries_name_the_late_rank_of_four_and_its_range(tmp_path, capsy
     _run_job(tmp_path, world, slow)
     check_metrics(capsys, tmp_path / "reports.jsonl", world, slow)
     check_traces(capsys, tmp_path / "traces", slow)
+
+
+# ---------------------------------------------------------------- the collectives' wrapper
+
+WRAPPER = """
+import json, os, sys
+import torch, torch.distributed as dist
+from instrument import collectives, metrics, state
+
+dist.init_process_group("gloo", init_method="file://" + os.path.abspath("store"), rank=0,
+                        world_size=1)
+original = {n: getattr(dist, n) for n in collectives.COLLECTIVES}
+state.set_metrics(True)
+assert collectives.install()
+assert all(getattr(dist, n) is not f for n, f in original.items())
+assert dist.all_reduce.__wrapped__ is original["all_reduce"]
+t = torch.ones(2)
+dist.all_reduce(t)
+dist.barrier()
+dist.broadcast(t, 0)
+dist.all_reduce(t, async_op=True).wait()  # async: the wait is elsewhere, not timed
+dist.all_reduce(t, dist.ReduceOp.SUM, None, True).wait()  # async_op given by position
+raised = []
+for fn in (original["all_reduce"], dist.all_reduce):  # the same exception, untimed
+    try:
+        fn("not a tensor")
+    except Exception as exc:
+        raised.append((type(exc).__name__, str(exc)))
+state.set_metrics(False)
+dist.all_reduce(t)  # metrics off: not timed
+state.set_metrics(True)
+assert collectives.install()  # again: no second wrapper
+assert dist.all_reduce.__wrapped__ is original["all_reduce"]
+dist.all_reduce(t)
+counts = {r.name: r.count for r in metrics.snapshot().ranges}
+collectives.uninstall()
+assert all(getattr(dist, n) is f for n, f in original.items())
+dist.all_reduce(t)  # put back: not timed
+assert {r.name: r.count for r in metrics.snapshot().ranges} == counts
+dist.destroy_process_group()
+print(json.dumps({"counts": counts, "same": raised[0] == raised[1], "sum": t.tolist()}))
+"""
+
+
+def test_blocking_collectives_are_timed_async_and_switched_off_ones_are_not(run_python):
+    result = run_python(WRAPPER)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.splitlines()[-1])
+    assert out["counts"] == {
+        "torch.distributed.all_reduce": 2,
+        "torch.distributed.barrier": 1,
+        "torch.distributed.broadcast": 1,
+    }
+    assert out["same"] is True
+    assert out["sum"] == [1.0, 1.0]  # a world of one: every collective left t as it was
+
+
+def test_metrics_start_wraps_the_collectives_and_a_process_without_metrics_keeps_them(
+    run_python,
+):
+    """Where metrics start (the ambient session, ``lifetime``), the collectives are wrapped;
+    with metrics off nothing of torch.distributed is touched."""
+    code = """
+import torch.distributed as dist
+from instrument import profiled
+original = dist.all_reduce
+@profiled("f")
+def f():
+    return 1
+f()
+print(dist.all_reduce is original, getattr(dist.all_reduce, "__wrapped__", None) is original)
+"""
+    on = run_python(code, env={"PROFILED_EXPORTERS": "json", "PROFILED_METRICS": "1"})
+    off = run_python(code, env={"PROFILED_EXPORTERS": "json", "PROFILED_METRICS": "0"})
+    assert (on.returncode, off.returncode) == (0, 0), on.stderr + off.stderr
+    assert on.stdout.split() == ["False", "True"]
+    assert off.stdout.split() == ["True", "False"]
