@@ -169,3 +169,164 @@ print(dist.all_reduce is original, getattr(dist.all_reduce, "__wrapped__", None)
     assert (on.returncode, off.returncode) == (0, 0), on.stderr + off.stderr
     assert on.stdout.split() == ["False", "True"]
     assert off.stdout.split() == ["True", "False"]
+
+
+# ---------------------------------------------------------------- hand-made traces
+
+STEP_US = 100_000.0
+
+
+def _trace(rank: int, late_us: list[float], host: str, shift_us: float = 0.0) -> dict:
+    """A rank's trace of ``len(late_us)`` steps: ``train_step`` = ``work`` (1 ms, plus this
+    rank's lateness at that step) then ``allreduce``, inside which ``gloo:all_reduce`` (on the
+    backend's thread) lasts until the latest rank of that step has arrived."""
+    events = []
+
+    def x(name, ts, dur, tid=1):
+        events.append(
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": name,
+                "pid": 10 + rank,
+                "tid": tid,
+                "ts": ts + shift_us,
+                "dur": dur,
+            }
+        )
+
+    for k, lates in enumerate(late_us):
+        mine, latest = lates[rank], max(lates)
+        s = k * STEP_US + 1000.0
+        end = s + 1000.0 + latest + 300.0
+        x(f"ProfilerStep#{k}", s, end - s)
+        x("train_step", s, end - s)
+        x("work", s, 1000.0 + mine)
+        x("allreduce", s + 1000.0 + mine, end - (s + 1000.0 + mine))
+        x("gloo:all_reduce", s + 1010.0 + mine, latest - mine + 250.0, tid=2)
+    return {
+        "traceEvents": events,
+        "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": len(late_us[0])},
+        "host_name": host,
+        "baseTimeNanoseconds": 1_000_000_000 if not shift_us else 2_000_000_000,
+    }
+
+
+def _write(tmp_path, traces) -> str:
+    out = tmp_path / "traces"
+    out.mkdir()
+    for rank, trace in enumerate(traces):
+        (out / f"job_rank{rank}.pt.trace.json").write_text(json.dumps(trace))
+    return str(out)
+
+
+def test_across_hosts_arrival_is_read_from_durations(tmp_path, capsys):
+    """Rank 1's clock is 5 s ahead (another host): by start times rank 1 would be last at
+    every collective; by durations (the ranks leave together) rank 2, 30 ms late, is."""
+    lates = [[0.0, 200.0, 30_000.0]] * 4
+    traces = [_trace(r, lates, f"host{r}", 5e6 if r == 1 else 0.0) for r in range(3)]
+    _, doc = summarize(capsys, _write(tmp_path, traces))
+    skew = doc["ranks"]["collectives"]
+    assert skew["clock"].startswith("not shared")
+    assert (skew["late_rank"], skew["matched"]) == (2, 4)
+    assert skew["by_rank"]["2"]["arrived_last"] == 4
+    assert abs(skew["by_rank"]["2"]["late_by_us_median"] - 29_800.0) < 1.0
+    assert skew["extra_time_in"]["range"] == "work"
+    assert doc["ranks"]["ranges"]["gloo:all_reduce"]["slowest_rank"] == 2
+
+
+def test_ranks_late_by_turns_name_no_late_rank(tmp_path, capsys):
+    """Each rank is last at one collective, by 50 to 150 us: noise, no late rank; the
+    collective's row keeps the longest (not "late") rank."""
+    lates = [[150.0, 0.0, 0.0], [0.0, 120.0, 0.0], [0.0, 0.0, 50.0]]
+    text, doc = summarize(capsys, _write(tmp_path, [_trace(r, lates, "h") for r in range(3)]))
+    skew = doc["ranks"]["collectives"]
+    assert skew["clock"].startswith("shared") and skew["matched"] == 3
+    assert skew["late_rank"] is None and skew["extra_time_in"] is None
+    assert [skew["by_rank"][str(r)]["arrived_last"] for r in range(3)] == [1, 1, 1]
+    assert "slowest_by" not in doc["ranks"]["ranges"]["gloo:all_reduce"]
+
+
+def test_ranks_with_different_numbers_of_collectives_say_so(tmp_path, capsys):
+    one, two = _trace(0, [[0.0, 20_000.0]] * 3, "h"), _trace(1, [[0.0, 20_000.0]] * 3, "h")
+    two["traceEvents"] = [e for e in two["traceEvents"] if e["ts"] < 2 * STEP_US]
+    _, doc = summarize(capsys, _write(tmp_path, [one, two]))
+    skew = doc["ranks"]["collectives"]
+    assert skew["matched"] == 2 and skew["late_rank"] == 1
+    (note,) = skew["notes"]
+    assert "different numbers of collectives (rank 0: 3, rank 1: 2)" in note
+
+
+# ---------------------------------------------------------------- hand-made metrics records
+
+
+def _stats(count: int, per_call_s: float) -> dict:
+    return {
+        "count": count,
+        "sum_s": count * per_call_s,
+        **{k: per_call_s for k in ("min_s", "p50_s", "p90_s", "p99_s", "max_s")},
+    }
+
+
+def _record(rank: int, world: int, load_s: float, wait_s: float, compute_s: float = 0.010) -> dict:
+    """A rank's last metrics record of 100 steps: ``train_step`` = ``load`` + ``compute`` +
+    an all_reduce that waited ``wait_s``; the step histogram left two steps out (a window's
+    start and stop), the ranges and the collective kept every call."""
+    steps = 100
+    step = load_s + compute_s + wait_s
+    return {
+        "schema": "torch-profiled/metrics/1",
+        "time_ns": 2_000_000_000,
+        "since_ns": 1_000_000_000,
+        "rank": rank,
+        "world_size": world,
+        "host": "h",
+        "pid": 100 + rank,
+        "steps": _stats(steps - 2, step),
+        "ranges": {
+            "train_step": _stats(steps, step),
+            "load": _stats(steps, load_s),
+            "compute": _stats(steps, compute_s),
+            "torch.distributed.all_reduce": _stats(steps, wait_s),
+            "torch.distributed.barrier": _stats(1, 0.001),
+        },
+        "device_ranges": [],
+    }
+
+
+def _records(tmp_path, records) -> str:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def test_equal_step_times_and_noise_outside_collectives_name_no_straggler(tmp_path, capsys):
+    """Four ranks of 3 ms steps that spend under a millisecond outside collectives, rank 2
+    0.4 ms more than the others (1.8x their time outside collectives, 14% of their step):
+    noise, measured against the step, not against the small time outside collectives."""
+    loads = [0.0005, 0.0006, 0.0009, 0.0005]
+    latest = max(loads)
+    recs = [_record(r, 4, load, latest - load + 0.002, 0.0) for r, load in enumerate(loads)]
+    text, doc = summarize(capsys, _records(tmp_path, recs))
+    assert doc["straggler_figure"] == "outside_collectives_per_step"
+    assert doc["step_range"] == "train_step"
+    assert doc["stragglers"] == []
+    assert "stragglers: none (time outside collectives per step over the other" in text
+    assert doc["ranks"]["2"]["collectives"]["vs_others"] > 1.7
+
+
+def test_a_late_rank_is_named_with_the_range_of_its_extra_time(tmp_path, capsys):
+    loads = [0.001, 0.001, 0.001, 0.031]  # rank 3 loads 30 ms longer; the others wait for it
+    recs = [_record(r, 4, load, 0.031 - load + 0.002) for r, load in enumerate(loads)]
+    text, doc = summarize(capsys, _records(tmp_path, recs))
+    assert doc["stragglers"] == [3]
+    late = doc["ranks"]["3"]
+    assert late["extra_time_in"]["range"] == "load"
+    assert abs(late["extra_time_in"]["extra_per_step_s"] - 0.030) < 1e-6
+    c = late["collectives"]
+    # per call of train_step: the barrier's one call spread over 100 steps
+    assert abs(c["in_collectives_per_step_s"] - (0.002 + 0.001 / 100)) < 1e-9
+    assert abs(c["others_waited_per_step_s"] - 0.030) < 1e-9
+    assert doc["ranks"]["0"]["straggler"] is False
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("stragglers")]
+    assert line.endswith("its extra time: range 'load', +30.000ms/step)"), line
