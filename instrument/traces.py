@@ -466,8 +466,6 @@ def report_from_trace(
         trace_file=path,
         **analysis.report_fields(ranges=ranges),
     )
-    if world_size > 1 and path:
-        _COLLECTIVE_FACTS[path] = _collective_facts(trace, set(analysis.ranges))
     # the device's peaks (MFU) and ridge points; PROFILED_PEAK_TFLOPS applies here too
     return with_peaks(report, peak_tflops_from_env())
 
@@ -491,8 +489,9 @@ LATE_FLOOR_US = 100.0
 def _collective_facts(trace: dict[str, Any], ranges: set[str]) -> dict[str, Any]:
     """The trace's collectives ``(name, start_us, dur_us)`` in start order (NCCL's device
     kernels where the trace has them: a kernel lasts as long as its rank waits; else the
-    backend's host events), and per range its time outside them: each call's duration less
-    its overlap with the union of the collectives' intervals."""
+    backend's host events), and per range its time outside the host's collectives: each
+    call's duration less its overlap with the union of their intervals (a host waits in
+    gloo's; NCCL's host events are launches, and the host's ranges do not wait on kernels)."""
     host: list[tuple[str, float, float]] = []
     device: list[tuple[str, float, float]] = []
     calls: list[tuple[str, float, float]] = []
@@ -511,7 +510,7 @@ def _collective_facts(trace: dict[str, Any], ranges: set[str]) -> dict[str, Any]
             calls.append((name, ts, dur))
     colls = sorted(device or host, key=lambda c: c[1])
     merged: list[list[float]] = []
-    for _, ts, dur in colls:
+    for _, ts, dur in sorted(host, key=lambda c: c[1]):
         if merged and ts <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], ts + dur)
         else:
@@ -650,6 +649,8 @@ def _reports_with(
         for f in _collect([path]):
             trace = load_checked(f, max_bytes)
             rep = report_from_trace(f, trace, rows=rows, range_names=names, only_named=only_named)
+            if rep.world_size > 1:  # for rank_summary: a distributed job's collectives
+                _COLLECTIVE_FACTS[f] = _collective_facts(trace, set(rep.ranges))
             group.append((rep, also(rep, trace)))
             del trace
         if os.path.isdir(path):

@@ -176,17 +176,20 @@ print(dist.all_reduce is original, getattr(dist.all_reduce, "__wrapped__", None)
 STEP_US = 100_000.0
 
 
-def _trace(rank: int, late_us: list[float], host: str, shift_us: float = 0.0) -> dict:
+def _trace(
+    rank: int, late_us: list[float], host: str, shift_us: float = 0.0, nccl: bool = False
+) -> dict:
     """A rank's trace of ``len(late_us)`` steps: ``train_step`` = ``work`` (1 ms, plus this
     rank's lateness at that step) then ``allreduce``, inside which ``gloo:all_reduce`` (on the
-    backend's thread) lasts until the latest rank of that step has arrived."""
+    backend's thread) lasts until the latest rank of that step has arrived. ``nccl``: a
+    20 us ``nccl:all_reduce`` launch on the host, and the device kernel that waits."""
     events = []
 
-    def x(name, ts, dur, tid=1):
+    def x(name, ts, dur, tid=1, cat="user_annotation"):
         events.append(
             {
                 "ph": "X",
-                "cat": "user_annotation",
+                "cat": cat,
                 "name": name,
                 "pid": 10 + rank,
                 "tid": tid,
@@ -203,7 +206,12 @@ def _trace(rank: int, late_us: list[float], host: str, shift_us: float = 0.0) ->
         x("train_step", s, end - s)
         x("work", s, 1000.0 + mine)
         x("allreduce", s + 1000.0 + mine, end - (s + 1000.0 + mine))
-        x("gloo:all_reduce", s + 1010.0 + mine, latest - mine + 250.0, tid=2)
+        if nccl:
+            x("nccl:all_reduce", s + 1010.0 + mine, 20.0)
+            kernel = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+            x(kernel, s + 1030.0 + mine, latest - mine + 230.0, tid=7, cat="kernel")
+        else:
+            x("gloo:all_reduce", s + 1010.0 + mine, latest - mine + 250.0, tid=2)
     return {
         "traceEvents": events,
         "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": len(late_us[0])},
@@ -330,3 +338,16 @@ def test_a_late_rank_is_named_with_the_range_of_its_extra_time(tmp_path, capsys)
     assert doc["ranks"]["0"]["straggler"] is False
     (line,) = [ln for ln in text.splitlines() if ln.startswith("stragglers")]
     assert line.endswith("its extra time: range 'load', +30.000ms/step)"), line
+
+
+def test_nccl_arrival_is_read_from_the_device_kernels(tmp_path, capsys):
+    """NCCL's host events are launches (20 us each on every rank: by their durations no
+    rank is late); its kernels last as long as their rank waits: they name rank 1, 40 ms
+    late, and ``work`` (two hosts: arrival from durations)."""
+    lates = [[0.0, 40_000.0]] * 3
+    traces = [_trace(r, lates, f"h{r}", nccl=True) for r in range(2)]
+    _, doc = summarize(capsys, _write(tmp_path, traces))
+    skew = doc["ranks"]["collectives"]
+    assert (skew["late_rank"], skew["matched"]) == (1, 3)
+    assert abs(skew["by_rank"]["1"]["late_by_us_median"] - 40_000.0) < 1.0
+    assert skew["extra_time_in"]["range"] == "work"
