@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from instrument import cli
+from instrument import cli, traces
 from tests import _proc
 from tests.test_distributed import JOB, _no_launcher_variables, free_port, job_env
 
@@ -85,6 +85,9 @@ def check_traces(capsys, path, slow: int) -> None:
     ranges = doc["ranks"]["ranges"]
     for name in ("work", "allreduce", "gloo:all_reduce", "train_step"):
         assert ranges[name]["slowest_rank"] == slow, (name, ranges[name])
+    (line,) = traces.format_collective_skew(skew)  # (the text table's line: see the report)
+    assert line.startswith(f"late rank: rank {slow} arrived last at {skew['matched']} of ")
+    assert "its extra time: range 'work'" in line
 
 
 def test_both_summaries_name_the_late_rank_of_four_and_its_range(tmp_path, capsys):
