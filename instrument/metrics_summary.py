@@ -461,7 +461,14 @@ def _outside(
     than ``margin`` over the other ranks' median); None when no rank recorded a
     collective, or no step range is found (a note says so)."""
     found = {r: _collectives(rec) for r, rec in ranks.items()}
-    if not any(found.values()) or len(ranks) < 2:
+    if len(ranks) < 2:
+        return None
+    if not any(found.values()):
+        # (DDP's gradient all-reduce runs in its C++ reducer; async_op=True calls are untimed)
+        notes.append(
+            "no collective timed (DDP's runs in C++), so step times are equal: see the "
+            "traces' late rank"
+        )
         return None
     name = _step_range(ranks, step_of, source)
     if name is None:

@@ -354,3 +354,14 @@ def test_nccl_arrival_is_read_from_the_device_kernels(tmp_path, capsys):
     assert (skew["late_rank"], skew["matched"]) == (1, 3)
     assert abs(skew["by_rank"]["1"]["late_by_us_median"] - 40_000.0) < 1.0
     assert skew["extra_time_in"]["range"] == "work"
+
+
+def test_records_of_ranks_without_timed_collectives_say_what_cannot_be_named(tmp_path, capsys):
+    """DDP's all-reduce is not seen from Python: equal step times, a note that says why no
+    rank is named and where to look, and the step p50 rule as before."""
+    recs = [_record(r, 2, load, 0.031 - load) for r, load in enumerate([0.001, 0.031])]
+    for rec in recs:
+        rec["ranges"] = {k: v for k, v in rec["ranges"].items() if "distributed" not in k}
+    text, doc = summarize(capsys, _records(tmp_path, recs))
+    assert doc["straggler_figure"] == "step_p50" and doc["stragglers"] == []
+    assert "note: no collective timed (DDP's runs in C++), so step times are equal" in text
