@@ -472,8 +472,9 @@ def report_from_trace(
 
 # ---------------------------------------------------------------- collectives in a trace
 
-# Per trace file of a distributed job read by this command: its collectives and its ranges'
-# time outside them (``_collective_facts``), for ``rank_summary``, which gets only reports.
+# Per trace file of a distributed job read by the last ``_reports_with``: its collectives and
+# its ranges' time outside them (``_collective_facts``), for ``rank_summary``, which gets only
+# reports (what it is given, not a trace: the commands' callers stay as they are).
 _COLLECTIVE_FACTS: dict[str, dict[str, Any]] = {}
 # a backend's collective as the process group records it (``gloo:all_reduce``, on its worker
 # thread, for as long as the rank is in it: waiting included)
@@ -644,6 +645,7 @@ def _reports_with(
     loaded (each trace is read once, and let go before the next)."""
     names = tuple(range_names)
     out: list[tuple[WindowReport, T]] = []
+    _COLLECTIVE_FACTS.clear()  # the traces of one command at a time (a long-lived caller)
     for path in paths:
         group = []
         for f in _collect([path]):
