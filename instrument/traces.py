@@ -3,7 +3,8 @@
 Finding traces in a path, reading one within a size bound (``load_checked``: a gzip bomb costs
 at most the bound, see ``instrument.cli``), a ``WindowReport`` from a trace
 (``report_from_trace``), the reports of several paths (``_reports``), one side of a diff
-(``_side``), ranks side by side (``rank_summary``); the exit statuses, ``InputError`` (bad
+(``_side``), ranks side by side (``rank_summary``, with who arrived last at the collectives and
+where its time went: ``collective_skew``); the exit statuses, ``InputError`` (bad
 input, printed as one line), the argument helpers every command uses, names made safe to print
 (``printable``) and the commands' output files (``check_output``, ``write_output_file``).
 ``instrument.cli`` (``summarize``, ``diff``) and ``instrument.html_report`` (``report``) build
