@@ -880,18 +880,16 @@ def format_collective_skew(skew: dict[str, Any] | None) -> list[str]:
         )
         return lines
     r = skew["by_rank"][str(late)]
-    text = (
-        f"late rank: rank {late} arrived last at {r['arrived_last']} of {skew['matched']} "
-        f"collectives, by {format_time_us(r['late_by_us_median'])} (median; the others "
-        f"waited for it)"
+    lines.append(
+        f"late rank: rank {late}, last at {r['arrived_last']} of {skew['matched']} collectives "
+        f"by {format_time_us(r['late_by_us_median'])} (median); the others waited for it"
     )
     extra = skew["extra_time_in"]
     if extra:
-        text += (
-            f"; its extra time: range {extra['range']!r}, "
-            f"+{format_time_us(extra['extra_us'])} outside collectives"
+        lines.append(
+            f"  its extra time: range {extra['range']!r}, "
+            f"+{format_time_us(extra['extra_us'])} outside collectives (its traces, summed)"
         )
-    lines.append(text)
     return lines
 
 
