@@ -786,7 +786,7 @@ def collective_skew(reports: Sequence[WindowReport]) -> dict[str, Any] | None:
         "matched": matched,
         "clock": "shared (one host): arrival is the start"
         if shared
-        else ("not shared (several hosts or clock bases): arrival read from durations"),
+        else ("not shared (several hosts): arrival read from durations"),
         "by_rank": by_rank,
         "late_rank": top if named else None,
         "extra_time_in": _extra_range(outside, top) if named else None,
@@ -801,22 +801,29 @@ _Call = tuple[str, float, float]  # a collective: name, start (us), duration (us
 def _gathered(
     reports: Sequence[WindowReport],
 ) -> tuple[dict[int, list[_Call]], dict[int, dict[str, float]], bool]:
-    """Per rank its collectives (over its traces, in start order) and its ranges' time
-    outside them; whether the traces share a clock (one host, one clock base)."""
+    """Per rank its collectives (over its traces, in start order; starts on the epoch clock:
+    each process's ``ts`` counts from its own ``baseTimeNanoseconds``, rounded per process)
+    and its ranges' time outside them; whether the traces share a clock (one host, and every
+    trace gives its base, or none: older torch writes epoch times)."""
     per: dict[int, list[_Call]] = {}
     outside: dict[int, dict[str, float]] = {}
-    hosts, bases = set(), set()
+    hosts, based = set(), set()
     for rep in sorted(reports, key=lambda r: (r.rank, r.start_ns)):
         facts = _COLLECTIVE_FACTS.get(rep.trace_file or "")
         if facts is None:
             continue
-        per.setdefault(rep.rank, []).extend(facts["collectives"])
+        base = facts["base"]
+        known = isinstance(base, int) and not isinstance(base, bool)
+        shift = base / 1000 if known else 0.0
+        per.setdefault(rep.rank, []).extend(
+            (name, ts + shift, dur) for name, ts, dur in facts["collectives"]
+        )
         mine = outside.setdefault(rep.rank, {})
         for name, us in facts["outside_us"].items():
             mine[name] = mine.get(name, 0.0) + us
         hosts.add(rep.host)
-        bases.add(facts["base"])
-    shared = len(hosts) == 1 and "" not in hosts and len(bases) == 1 and None not in bases
+        based.add(known)
+    shared = len(hosts) == 1 and "" not in hosts and len(based) == 1
     return per, outside, shared
 
 

@@ -203,7 +203,7 @@ def _trace(
 
     for k, lates in enumerate(late_us):
         mine, latest = lates[rank], max(lates)
-        s = k * STEP_US + 1000.0
+        s = k * STEP_US + 1000.0 - rank * 1_000_000.0  # the same instant as the others
         end = s + 1000.0 + latest + 300.0
         x(f"ProfilerStep#{k}", s, end - s)
         x("train_step", s, end - s)
@@ -219,7 +219,8 @@ def _trace(
         "traceEvents": events,
         "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": len(late_us[0])},
         "host_name": host,
-        "baseTimeNanoseconds": 1_000_000_000 if not shift_us else 2_000_000_000,
+        # each process's base is its own (rounded): ts counts from it
+        "baseTimeNanoseconds": 1_000_000_000 * (rank + 1),
     }
 
 
@@ -260,7 +261,8 @@ def test_ranks_late_by_turns_name_no_late_rank(tmp_path, capsys):
 
 def test_ranks_with_different_numbers_of_collectives_say_so(tmp_path, capsys):
     one, two = _trace(0, [[0.0, 20_000.0]] * 3, "h"), _trace(1, [[0.0, 20_000.0]] * 3, "h")
-    two["traceEvents"] = [e for e in two["traceEvents"] if e["ts"] < 2 * STEP_US]
+    first = min(e["ts"] for e in two["traceEvents"])
+    two["traceEvents"] = [e for e in two["traceEvents"] if e["ts"] < first + 2 * STEP_US]
     _, doc = summarize(capsys, _write(tmp_path, [one, two]))
     skew = doc["ranks"]["collectives"]
     assert skew["matched"] == 2 and skew["late_rank"] == 1
