@@ -17,7 +17,9 @@ A collective equalises step times (the rank that arrives last waits least), so w
 records hold torch.distributed's collectives (ranges named ``torch.distributed.<collective>``,
 ``instrument.collectives``), the figure is each rank's time *outside* collectives per step
 instead: the step function's range (the range whose p50 is closest to the step p50 on every
-rank) per call, less the rank's collective time per call of it; a straggler is a rank whose
+rank) per call, less the rank's collective time per call of it (collectives called fewer
+times than that range, a barrier at start-up or at a checkpoint, are outside the steps and
+left out, with a note); a straggler is a rank whose
 figure leads the median of the *other* ranks' by more than ``margin`` of their step time (a
 late rank waits least: among two ranks the median of both would hide half of its lead; and
 measured against the step, a lead of 0.3 ms over 0.5 ms outside is noise, not 60%). Each
@@ -457,9 +459,10 @@ def _outside(
     notes: list[str],
     margin: float,
 ) -> dict[str, Any] | None:
-    """Each rank's time outside collectives per step, and whether it straggles by it (more
-    than ``margin`` over the other ranks' median); None when no rank recorded a
-    collective, or no step range is found (a note says so)."""
+    """Each rank's time outside collectives per step, and whether it straggles by it (a lead
+    over the other ranks' median of more than ``margin`` of their step); None for one rank,
+    and, with a note saying why, where no rank recorded a collective or no range stands for
+    the step on every rank."""
     found = {r: _collectives(rec) for r, rec in ranks.items()}
     if len(ranks) < 2:
         return None
@@ -471,18 +474,26 @@ def _outside(
         )
         return None
     name = _step_range(ranks, step_of, source)
+    if name is not None and not all(
+        rec["ranges"].get(name, {}).get("count") for rec in ranks.values()
+    ):
+        name = None  # the stand-in range did not run on every rank
     if name is None:
         notes.append(
-            "collectives were timed, but no range stands for the step on every rank: "
-            "stragglers by step p50, which collectives equalise"
+            "collectives timed, but no range stands for the step on every rank: stragglers "
+            "by step p50"
         )
         return None
     figures: dict[int, dict[str, Any]] = {}
     values: dict[int, float] = {}
+    rare: set[str] = set()
     for r, rec in ranks.items():
         step = rec["ranges"][name]
         calls = step["count"]
-        in_coll = sum(s["sum_s"] for s in found[r].values()) / calls
+        # a collective called fewer times than there are steps (a barrier at start-up or at
+        # a checkpoint) is outside the steps: its wait is no step's
+        rare.update(k for k, s in found[r].items() if s["count"] < calls)
+        in_coll = sum(s["sum_s"] for k, s in found[r].items() if s["count"] >= calls) / calls
         out = step["sum_s"] / calls - in_coll
         values[r] = out
         figures[r] = {
@@ -503,11 +514,13 @@ def _outside(
         lead = values[r] - (others or 0.0)
         fig["lead_per_step_s"] = lead
         fig["straggler"] = others is not None and lead > margin * (_others_median(steps, r) or 0)
-    if any(v < 0 for v in values.values()):
+    if rare:
         notes.append(
-            "a rank's collectives outside its step range exceed its steps' time; time outside "
-            "collectives per step is then below zero there (collectives outside the steps)"
+            f"left out of the steps' collectives, called fewer times than steps: "
+            f"{', '.join(sorted(rare))}"
         )
+    if any(v < 0 for v in values.values()):
+        notes.append("time outside collectives below zero on a rank: collectives outside its steps")
     return {"step_range": name, "ranks": figures}
 
 

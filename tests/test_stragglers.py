@@ -301,7 +301,8 @@ def _record(rank: int, world: int, load_s: float, wait_s: float, compute_s: floa
             "load": _stats(steps, load_s),
             "compute": _stats(steps, compute_s),
             "torch.distributed.all_reduce": _stats(steps, wait_s),
-            "torch.distributed.barrier": _stats(1, 0.001),
+            # a start-up barrier: rank 0 waited 20 s for the others to load (outside steps)
+            "torch.distributed.barrier": _stats(1, 20.0 if rank == 0 else 0.001),
         },
         "device_ranges": [],
     }
@@ -337,8 +338,11 @@ def test_a_late_rank_is_named_with_the_range_of_its_extra_time(tmp_path, capsys)
     assert late["extra_time_in"]["range"] == "load"
     assert abs(late["extra_time_in"]["extra_per_step_s"] - 0.030) < 1e-6
     c = late["collectives"]
-    # per call of train_step: the barrier's one call spread over 100 steps
-    assert abs(c["in_collectives_per_step_s"] - (0.002 + 0.001 / 100)) < 1e-9
+    # per call of train_step; the barrier's one call is outside the steps
+    assert abs(c["in_collectives_per_step_s"] - 0.002) < 1e-9
+    assert (
+        "note: left out of the steps' collectives, called fewer times than steps: barrier" in text
+    )
     assert abs(c["others_waited_per_step_s"] - 0.030) < 1e-9
     assert doc["ranks"]["0"]["straggler"] is False
     (line,) = [ln for ln in text.splitlines() if ln.startswith("stragglers")]
@@ -367,3 +371,17 @@ def test_records_of_ranks_without_timed_collectives_say_what_cannot_be_named(tmp
     text, doc = summarize(capsys, _records(tmp_path, recs))
     assert doc["straggler_figure"] == "step_p50" and doc["stragglers"] == []
     assert "note: no collective timed (DDP's runs in C++), so step times are equal" in text
+
+
+def test_a_stand_in_step_missing_on_a_rank_is_said_not_guessed(tmp_path, capsys):
+    """No step=True function: the range of largest total stands in for the step; where one
+    rank never ran it, no time outside collectives per step is made up for that rank."""
+    recs = [_record(r, 2, load, 0.031 - load) for r, load in enumerate([0.001, 0.031])]
+    for rec in recs:
+        rec["steps"] = None
+    del recs[1]["ranges"]["train_step"]
+    text, doc = summarize(capsys, _records(tmp_path, recs))
+    assert doc["step_source"] == {"range": "train_step"}
+    assert doc["straggler_figure"] == "step_p50"
+    assert "note: collectives timed, but no range stands for the step on every rank: " in text
+    assert "stragglers by step p50\n" in text
