@@ -452,6 +452,29 @@ def _late_range(
     return _extra_range(ranks, rank, per_step, outside["step_range"] if outside else source)
 
 
+def _figures(
+    ranks: dict[int, dict[str, Any]], found: dict[int, dict[str, dict[str, Any]]], name: str
+) -> tuple[dict[int, dict[str, Any]], set[str]]:
+    """Per rank, per call of the step range ``name``: its time, in collectives, outside them;
+    and the collectives left out (called fewer times than there are steps: a barrier at
+    start-up or at a checkpoint is outside the steps, its wait no step's)."""
+    figures: dict[int, dict[str, Any]] = {}
+    rare: set[str] = set()
+    for r, rec in ranks.items():
+        step = rec["ranges"][name]
+        calls = step["count"]
+        rare.update(k for k, s in found[r].items() if s["count"] < calls)
+        in_coll = sum(s["sum_s"] for s in found[r].values() if s["count"] >= calls) / calls
+        figures[r] = {
+            "step_calls": calls,
+            "step_per_call_s": step["sum_s"] / calls,
+            "in_collectives_per_step_s": in_coll,
+            "outside_per_step_s": step["sum_s"] / calls - in_coll,
+            "calls": {k: s["count"] for k, s in sorted(found[r].items())},
+        }
+    return figures, rare
+
+
 def _outside(
     ranks: dict[int, dict[str, Any]],
     step_of: dict[int, dict[str, Any] | None],
@@ -484,25 +507,8 @@ def _outside(
             "by step p50"
         )
         return None
-    figures: dict[int, dict[str, Any]] = {}
-    values: dict[int, float] = {}
-    rare: set[str] = set()
-    for r, rec in ranks.items():
-        step = rec["ranges"][name]
-        calls = step["count"]
-        # a collective called fewer times than there are steps (a barrier at start-up or at
-        # a checkpoint) is outside the steps: its wait is no step's
-        rare.update(k for k, s in found[r].items() if s["count"] < calls)
-        in_coll = sum(s["sum_s"] for k, s in found[r].items() if s["count"] >= calls) / calls
-        out = step["sum_s"] / calls - in_coll
-        values[r] = out
-        figures[r] = {
-            "step_calls": calls,
-            "step_per_call_s": step["sum_s"] / calls,
-            "in_collectives_per_step_s": in_coll,
-            "outside_per_step_s": out,
-            "calls": {k: s["count"] for k, s in sorted(found[r].items())},
-        }
+    figures, rare = _figures(ranks, found, name)
+    values = {r: f["outside_per_step_s"] for r, f in figures.items()}
     coll = {q: f["in_collectives_per_step_s"] for q, f in figures.items()}
     steps = {q: f["step_per_call_s"] for q, f in figures.items()}
     for r, fig in figures.items():
