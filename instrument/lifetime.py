@@ -16,7 +16,7 @@ from exporters import ExporterWarning, check_exporter_names, resolve_exporters
 from exporters._settings import quote, reason
 from exporters._warn import warn
 
-from . import _torch, analysis_process, metrics, state, triggers
+from . import _torch, analysis_process, collectives, metrics, state, triggers
 from ._atomic import _StandIn, atomic
 from .config import Config, _reject_unknown, _reset_warnings, enabled_from_env
 from .sampling import Schedule
@@ -134,6 +134,7 @@ def _build_ambient() -> Session | None:
             state.ambient = state.current = sess
             if sess.metrics is not None:
                 state.set_metrics(True, config.metrics_modules, config.metrics_device_every)
+                collectives.install()  # time outside collectives names a late rank
         _register_atexit()
         state.refresh_idle()
         return sess

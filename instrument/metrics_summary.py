@@ -13,6 +13,21 @@ p50 and p99 of each range (the ``rows`` with the largest total time over the ran
 *straggler* is a rank whose step p50 is more than ``margin`` (0.2: 20%) above the median over
 the ranks of the step p50.
 
+A collective equalises step times (the rank that arrives last waits least), so where the
+records hold torch.distributed's collectives (ranges named ``torch.distributed.<collective>``,
+``instrument.collectives``), the figure is each rank's time *outside* collectives per step
+instead: the step function's range (the range whose p50 is closest to the step p50 on every
+rank) per call, less the rank's collective time per call of it (collectives called fewer
+times than that range, a barrier at start-up or at a checkpoint, are outside the steps and
+left out, with a note); a straggler is a rank whose
+figure leads the median of the *other* ranks' by more than ``margin`` of their step time (a
+late rank waits least: among two ranks the median of both would hide half of its lead; and
+measured against the step, a lead of 0.3 ms over 0.5 ms outside is noise, not 60%). Each
+straggler is named with the range where its extra time went: the range (not a collective,
+not the step) whose time per step on that rank exceeds the others' median by the most; among
+ranges within 80% of that excess, the one of least time (nested ranges share the excess: the
+innermost names the cause). Collective ranges are listed in their own section, not among the ranges.
+
 Reading streams the lines (memory holds one record per process), so a file that grew over a
 long run costs its reading time, not its size in memory; a line is read with a bound (the
 commands' ``--max-mb``), and one past it is refused with its file and line number before it is
@@ -32,6 +47,7 @@ from typing import Any
 from exporters._format import WIDTH, fit, format_time_us
 from exporters.json_lines import METRICS_SCHEMA, SCHEMA
 
+from .collectives import collective_of
 from .traces import DEFAULT_MAX_MB, MB, InputError
 
 __all__ = [
@@ -260,12 +276,83 @@ def _by_rank(records: list[dict[str, Any]], notes: list[str]) -> dict[int, dict[
 
 
 def _totals(ranks: dict[int, dict[str, Any]]) -> dict[str, float]:
-    """Each range's total time over the ranks (seconds)."""
+    """Each range's total time over the ranks (seconds); collectives aside."""
     totals: dict[str, float] = {}
     for rec in ranks.values():
         for name, s in rec["ranges"].items():
-            totals[name] = totals.get(name, 0.0) + s["sum_s"]
+            if collective_of(name) is None:
+                totals[name] = totals.get(name, 0.0) + s["sum_s"]
     return totals
+
+
+def _collectives(rec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The record's collective ranges, by collective (``all_reduce``)."""
+    found = {}
+    for name, s in rec["ranges"].items():
+        kind = collective_of(name)
+        if kind is not None:
+            found[kind] = s
+    return found
+
+
+def _step_range(
+    ranks: dict[int, dict[str, Any]], step_of: dict[int, dict[str, Any] | None], source: str | None
+) -> str | None:
+    """The range of the step function: the stand-in when there is one, else the range on
+    every rank, called at least as often as the steps counted, whose p50 is closest to the
+    step p50 over the ranks (the step histogram leaves out steps that started or stopped a
+    profiler; the range keeps every call, as the collectives do)."""
+    if source is not None:
+        return source or None
+    names = set.intersection(*(set(rec["ranges"]) for rec in ranks.values()))
+    best: tuple[float, str] | None = None
+    for name in sorted(names):
+        if collective_of(name) is not None:
+            continue
+        cost = 0.0
+        for r, rec in ranks.items():
+            step, s = step_of[r], rec["ranges"][name]
+            if not step or not step["count"] or s["count"] < step["count"]:
+                break
+            if s["p50_s"] <= 0 or step["p50_s"] <= 0:
+                break
+            cost += abs(math.log(s["p50_s"] / step["p50_s"]))
+        else:
+            if best is None or cost < best[0]:
+                best = (cost, name)
+    return best[1] if best else None
+
+
+def _others_median(values: dict[int, float], rank: int) -> float | None:
+    others = [v for r, v in values.items() if r != rank]
+    return _median(others) if others else None
+
+
+def _extra_range(
+    ranks: dict[int, dict[str, Any]], rank: int, per_step: dict[int, float], skip: str | None
+) -> dict[str, Any] | None:
+    """Where ``rank``'s extra time went: the range whose time per step (``per_step[r]``: the
+    rank's step count) on ``rank`` exceeds the other ranks' median the most; among those
+    within 80% of that, the least time (the innermost of nested ranges). None: no range is
+    slower there."""
+    found = []
+    for name, s in ranks[rank]["ranges"].items():
+        if name == skip or collective_of(name) is not None or not per_step.get(rank):
+            continue
+        others = [
+            rec["ranges"][name]["sum_s"] / per_step[r] if name in rec["ranges"] else 0.0
+            for r, rec in ranks.items()
+            if r != rank and per_step.get(r)
+        ]
+        if not others:
+            continue
+        mine = s["sum_s"] / per_step[rank]
+        found.append((mine - _median(others), mine, name))
+    top = max((f[0] for f in found), default=0.0)
+    if top <= 0:
+        return None
+    extra, mine, name = min((f for f in found if f[0] >= 0.8 * top), key=lambda f: (f[1], f[2]))
+    return {"range": name, "extra_per_step_s": extra, "per_step_s": mine}
 
 
 def _step_source(ranks: dict[int, dict[str, Any]], notes: list[str]) -> str | None:
@@ -311,13 +398,18 @@ def summarize(
     }
     p50s = [s["p50_s"] for s in step_of.values() if s and s["count"]]
     median = _median(p50s) if p50s else None
+    outside = _outside(ranks, step_of, source, notes, margin)
     out_ranks = {}
     stragglers = []
     for r, rec in ranks.items():
         step = step_of[r]
         step = step if step and step["count"] else None
         ratio = step["p50_s"] / median if step and median else None
-        slow = ratio is not None and ratio > 1.0 + margin
+        if outside is not None:
+            slow = bool(outside["ranks"][r]["straggler"])
+        else:
+            slow = ratio is not None and ratio > 1.0 + margin and len(ranks) > 1
+        late = _late_range(ranks, r, step_of, outside, source) if slow else None
         if slow:
             stragglers.append(r)
         out_ranks[str(r)] = {
@@ -326,6 +418,8 @@ def summarize(
             "step": step,
             "step_p50_vs_median": ratio,
             "straggler": slow,
+            "extra_time_in": late,
+            "collectives": outside["ranks"][r] if outside else None,
             "ranges": {n: rec["ranges"][n] for n in shown if n in rec["ranges"]},
         }
     return {
@@ -333,11 +427,107 @@ def summarize(
         "margin": margin,
         "step_source": "steps" if source is None else {"range": source or None},
         "median_step_p50_s": median,
+        "straggler_figure": "outside_collectives_per_step" if outside else "step_p50",
+        "step_range": outside["step_range"] if outside else None,
         "stragglers": stragglers,
         "ranges": shown,
         "ranks": out_ranks,
         "notes": notes,
     }
+
+
+def _late_range(
+    ranks: dict[int, dict[str, Any]],
+    rank: int,
+    step_of: dict[int, dict[str, Any] | None],
+    outside: dict[str, Any] | None,
+    source: str | None,
+) -> dict[str, Any] | None:
+    """Where straggler ``rank``'s extra time went, per step of each rank (``_extra_range``)."""
+    per_step: dict[int, float] = {}
+    for q in ranks:
+        count = outside["ranks"][q]["step_calls"] if outside else (step_of[q] or {}).get("count")
+        if count:
+            per_step[q] = float(count)
+    return _extra_range(ranks, rank, per_step, outside["step_range"] if outside else source)
+
+
+def _figures(
+    ranks: dict[int, dict[str, Any]], found: dict[int, dict[str, dict[str, Any]]], name: str
+) -> tuple[dict[int, dict[str, Any]], set[str]]:
+    """Per rank, per call of the step range ``name``: its time, in collectives, outside them;
+    and the collectives left out (called fewer times than there are steps: a barrier at
+    start-up or at a checkpoint is outside the steps, its wait no step's)."""
+    figures: dict[int, dict[str, Any]] = {}
+    rare: set[str] = set()
+    for r, rec in ranks.items():
+        step = rec["ranges"][name]
+        calls = step["count"]
+        rare.update(k for k, s in found[r].items() if s["count"] < calls)
+        in_coll = sum(s["sum_s"] for s in found[r].values() if s["count"] >= calls) / calls
+        figures[r] = {
+            "step_calls": calls,
+            "step_per_call_s": step["sum_s"] / calls,
+            "in_collectives_per_step_s": in_coll,
+            "outside_per_step_s": step["sum_s"] / calls - in_coll,
+            "calls": {k: s["count"] for k, s in sorted(found[r].items())},
+        }
+    return figures, rare
+
+
+def _outside(
+    ranks: dict[int, dict[str, Any]],
+    step_of: dict[int, dict[str, Any] | None],
+    source: str | None,
+    notes: list[str],
+    margin: float,
+) -> dict[str, Any] | None:
+    """Each rank's time outside collectives per step, and whether it straggles by it (a lead
+    over the other ranks' median of more than ``margin`` of their step); None for one rank,
+    and, with a note saying why, where no rank recorded a collective or no range stands for
+    the step on every rank."""
+    found = {r: _collectives(rec) for r, rec in ranks.items()}
+    if len(ranks) < 2:
+        return None
+    if not any(found.values()):
+        # (DDP's gradient all-reduce runs in its C++ reducer; async_op=True calls are untimed)
+        notes.append(
+            "no collective timed (DDP's runs in C++), so step times are equal: see the "
+            "traces' late rank"
+        )
+        return None
+    name = _step_range(ranks, step_of, source)
+    if name is not None and not all(
+        rec["ranges"].get(name, {}).get("count") for rec in ranks.values()
+    ):
+        name = None  # the stand-in range did not run on every rank
+    if name is None:
+        notes.append(
+            "collectives timed, but no range stands for the step on every rank: stragglers "
+            "by step p50"
+        )
+        return None
+    figures, rare = _figures(ranks, found, name)
+    values = {r: f["outside_per_step_s"] for r, f in figures.items()}
+    coll = {q: f["in_collectives_per_step_s"] for q, f in figures.items()}
+    steps = {q: f["step_per_call_s"] for q, f in figures.items()}
+    for r, fig in figures.items():
+        others = _others_median(values, r)
+        fig["vs_others"] = values[r] / others if others and others > 0 else None
+        fig["others_waited_per_step_s"] = (_others_median(coll, r) or 0.0) - coll[r]
+        # the lead is measured against the step, not against the others' time outside
+        # collectives: where that is a fraction of a millisecond, noise would double it
+        lead = values[r] - (others or 0.0)
+        fig["lead_per_step_s"] = lead
+        fig["straggler"] = others is not None and lead > margin * (_others_median(steps, r) or 0)
+    if rare:
+        notes.append(
+            f"left out of the steps' collectives, called fewer times than steps: "
+            f"{', '.join(sorted(rare))}"
+        )
+    if any(v < 0 for v in values.values()):
+        notes.append("time outside collectives below zero on a rank: collectives outside its steps")
+    return {"step_range": name, "ranks": figures}
 
 
 # ---------------------------------------------------------------- the table
@@ -387,7 +577,63 @@ def _table(doc: dict[str, Any], names: list[str], with_step: bool) -> list[str]:
     return lines
 
 
+def _outside_lines(doc: dict[str, Any]) -> list[str]:
+    """Per rank: its step range's time per call, in collectives and outside them."""
+    lines = [
+        "-" * WIDTH,
+        fit(
+            f"outside collectives per step: range {doc['step_range']!r} per call, less the "
+            "rank's torch.distributed collectives per call",
+            WIDTH,
+        ),
+        f"{'rank':<{_RANK_W}}{'step':>{_TIME_W}}{'in coll.':>{_TIME_W}}{'outside':>{_TIME_W}}"
+        f"{'vs others':>{_TIME_W}}  collective calls",
+    ]
+    for key, r in doc["ranks"].items():
+        c = r["collectives"]
+        vs = "-" if c["vs_others"] is None else f"{c['vs_others']:.2f}x"
+        calls = ", ".join(f"{k} {n}" for k, n in c["calls"].items()) or "none"
+        lines.append(
+            fit(
+                f"{key:<{_RANK_W}}{format_time_us(c['step_per_call_s'] * 1e6):>{_TIME_W}}"
+                f"{format_time_us(c['in_collectives_per_step_s'] * 1e6):>{_TIME_W}}"
+                f"{format_time_us(c['outside_per_step_s'] * 1e6):>{_TIME_W}}{vs:>{_TIME_W}}"
+                f"  {calls}",
+                WIDTH,
+            )
+        )
+    return lines
+
+
+def _extra_text(r: dict[str, Any]) -> str:
+    extra = r.get("extra_time_in")
+    if not extra:
+        return "no range of it is slower than on the others"
+    return (
+        f"its extra time: range {extra['range']!r}, "
+        f"+{format_time_us(extra['extra_per_step_s'] * 1e6)}/step"
+    )
+
+
 def _stragglers_line(doc: dict[str, Any]) -> str:
+    if doc.get("straggler_figure") == "outside_collectives_per_step":
+        rule = (
+            f"time outside collectives per step over the other ranks' median by more than "
+            f"{doc['margin']:.0%} of their step"
+        )
+        if not doc["stragglers"]:
+            return f"stragglers: none ({rule})"
+        named = []
+        for rank in doc["stragglers"]:
+            r = doc["ranks"][str(rank)]
+            c = r["collectives"]
+            vs = "" if c["vs_others"] is None else f", {c['vs_others']:.2f}x"
+            named.append(
+                f"rank {rank} ({format_time_us(c['outside_per_step_s'] * 1e6)}/step{vs}; "
+                f"the others waited {format_time_us(c['others_waited_per_step_s'] * 1e6)}/step "
+                f"for it; {_extra_text(r)})"
+            )
+        return f"stragglers ({rule}): {'; '.join(named)}"
     median = doc["median_step_p50_s"]
     if median is None:
         return "stragglers: none named (no rank has a step time)"
@@ -397,12 +643,12 @@ def _stragglers_line(doc: dict[str, Any]) -> str:
     )
     if not doc["stragglers"]:
         return f"stragglers: none ({rule})"
-    named = ", ".join(
+    listed = ", ".join(
         f"rank {r} ({_t(doc['ranks'][str(r)]['step'], 'p50_s')}, "
-        f"{doc['ranks'][str(r)]['step_p50_vs_median']:.2f}x)"
+        f"{doc['ranks'][str(r)]['step_p50_vs_median']:.2f}x; {_extra_text(doc['ranks'][str(r)])})"
         for r in doc["stragglers"]
     )
-    return f"stragglers ({rule}): {named}"
+    return f"stragglers ({rule}): {listed}"
 
 
 def format_summary(doc: dict[str, Any]) -> str:
@@ -428,6 +674,8 @@ def format_summary(doc: dict[str, Any]) -> str:
     for i, names in enumerate(_range_blocks(doc["ranges"], first, WIDTH - _RANK_W)):
         if i == 0 or names:
             lines.extend(_table(doc, names, with_step=i == 0))
+    if doc.get("straggler_figure") == "outside_collectives_per_step":
+        lines.extend(_outside_lines(doc))
     lines.append("-" * WIDTH)
     lines.append(_stragglers_line(doc))
     return "\n".join(lines) + "\n"

@@ -3,7 +3,8 @@
 Finding traces in a path, reading one within a size bound (``load_checked``: a gzip bomb costs
 at most the bound, see ``instrument.cli``), a ``WindowReport`` from a trace
 (``report_from_trace``), the reports of several paths (``_reports``), one side of a diff
-(``_side``), ranks side by side (``rank_summary``); the exit statuses, ``InputError`` (bad
+(``_side``), ranks side by side (``rank_summary``, with who arrived last at the collectives and
+where its time went: ``collective_skew``); the exit statuses, ``InputError`` (bad
 input, printed as one line), the argument helpers every command uses, names made safe to print
 (``printable``) and the commands' output files (``check_output``, ``write_output_file``).
 ``instrument.cli`` (``summarize``, ``diff``) and ``instrument.html_report`` (``report``) build
@@ -13,6 +14,7 @@ on it; it imports neither. Importing it is cheap: the analysis is imported when 
 from __future__ import annotations
 
 import argparse
+import bisect
 import dataclasses
 import gzip
 import json
@@ -469,6 +471,64 @@ def report_from_trace(
     return with_peaks(report, peak_tflops_from_env())
 
 
+# ---------------------------------------------------------------- collectives in a trace
+
+# Per trace file of a distributed job read by the last ``_reports_with``: its collectives and
+# its ranges' time outside them (``_collective_facts``), for ``rank_summary``, which gets only
+# reports (what it is given, not a trace: the commands' callers stay as they are).
+_COLLECTIVE_FACTS: dict[str, dict[str, Any]] = {}
+# a backend's collective as the process group records it (``gloo:all_reduce``, on its worker
+# thread, for as long as the rank is in it: waiting included)
+_COLLECTIVE_NAME = re.compile(r"^(gloo|nccl|mpi|ucc|xccl):[a-z_]+$")
+_RANGE_CATEGORIES = frozenset({"user_annotation", "cpu_op"})
+LATE_SHARE = 0.5
+"""A rank is named late when it arrived last at enough collectives to account for at least
+this share of the job's summed arrival skew."""
+LATE_FLOOR_US = 100.0
+"""...and the median of its leads is at least this (below it, skews are scheduling noise)."""
+
+
+def _collective_facts(trace: dict[str, Any], ranges: set[str]) -> dict[str, Any]:
+    """The trace's collectives ``(name, start_us, dur_us)`` in start order (NCCL's device
+    kernels where the trace has them: a kernel lasts as long as its rank waits; else the
+    backend's host events), and per range its time outside the host's collectives: each
+    call's duration less its overlap with the union of their intervals (a host waits in
+    gloo's; NCCL's host events are launches, and the host's ranges do not wait on kernels)."""
+    host: list[tuple[str, float, float]] = []
+    device: list[tuple[str, float, float]] = []
+    calls: list[tuple[str, float, float]] = []
+    for ev in trace["traceEvents"]:
+        if ev.get("ph") != "X":
+            continue
+        name, ts, dur = ev.get("name"), _number(ev.get("ts")), _number(ev.get("dur"))
+        if not isinstance(name, str) or ts is None or dur is None:
+            continue
+        cat = ev.get("cat")
+        if cat == "kernel" and name.lower().startswith("nccl"):
+            device.append((name, ts, dur))
+        elif _COLLECTIVE_NAME.match(name):
+            host.append((name, ts, dur))
+        elif name in ranges and cat in _RANGE_CATEGORIES:
+            calls.append((name, ts, dur))
+    colls = sorted(device or host, key=lambda c: c[1])
+    merged: list[list[float]] = []
+    for _, ts, dur in sorted(host, key=lambda c: c[1]):
+        if merged and ts <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], ts + dur)
+        else:
+            merged.append([ts, ts + dur])
+    starts = [m[0] for m in merged]
+    outside: dict[str, float] = {}
+    for name, ts, dur in calls:
+        end, inside = ts + dur, 0.0
+        i = max(bisect.bisect_right(starts, ts) - 1, 0)
+        while i < len(merged) and merged[i][0] < end:
+            inside += max(0.0, min(end, merged[i][1]) - max(ts, merged[i][0]))
+            i += 1
+        outside[name] = outside.get(name, 0.0) + dur - inside
+    return {"collectives": colls, "outside_us": outside, "base": trace.get("baseTimeNanoseconds")}
+
+
 @dataclasses.dataclass
 class _EventFacts:
     """What a trace's events say about its window beyond the analysis: the first process id,
@@ -586,11 +646,14 @@ def _reports_with(
     loaded (each trace is read once, and let go before the next)."""
     names = tuple(range_names)
     out: list[tuple[WindowReport, T]] = []
+    _COLLECTIVE_FACTS.clear()  # the traces of one command at a time (a long-lived caller)
     for path in paths:
         group = []
         for f in _collect([path]):
             trace = load_checked(f, max_bytes)
             rep = report_from_trace(f, trace, rows=rows, range_names=names, only_named=only_named)
+            if rep.world_size > 1:  # for rank_summary: a distributed job's collectives
+                _COLLECTIVE_FACTS[f] = _collective_facts(trace, set(rep.ranges))
             group.append((rep, also(rep, trace)))
             del trace
         if os.path.isdir(path):
@@ -648,15 +711,193 @@ def rank_summary(reports: Sequence[WindowReport]) -> dict[str, Any] | None:
         }
 
     order = sorted(per_rank, key=lambda n: (-max(per_rank[n].values()), n))
+    skew = collective_skew(reports)
+    out_ranges = {name: spread(per_rank[name]) for name in order}
+    if skew is not None:
+        for name, s in out_ranges.items():
+            _by_outside(s, skew, name)
     return {
         "ranks": ranks,
         "traces_per_rank": {str(r): traces[r] for r in ranks},
         # sums compare like with like only when every rank recorded the same steps
         "steps_per_rank": {str(r): sorted(steps[r]) for r in ranks},
         "same_steps": len({frozenset(v) for v in steps.values()}) == 1,
-        "ranges": {name: spread(per_rank[name]) for name in order},
+        "ranges": out_ranges,
         "self_cpu_time_total": spread(totals),
+        "collectives": skew,
     }
+
+
+def _by_outside(s: dict[str, Any], skew: dict[str, Any], name: str) -> None:
+    """A range's slowest rank, by time outside collectives: a range whose ranks differ mostly
+    by waiting in collectives (the inclusive spread more than twice the spread outside them)
+    names the late rank, the one the others waited for, never the one that waited longest."""
+    late = skew["late_rank"]
+    if _COLLECTIVE_NAME.match(name):  # the collective itself: all waiting
+        if late is not None and late in {int(r) for r in s["by_rank_us"]}:
+            s["slowest_rank"] = late
+            s["slowest_by"] = "arrived last at the collectives (the others waited)"
+        return
+    outside = {int(r): v[name] for r, v in skew["outside_us"].items() if name in v}
+    if len(outside) < 2:
+        return
+    s["outside_collectives_us"] = {str(r): outside[r] for r in sorted(outside)}
+    spread_out = max(outside.values()) - min(outside.values())
+    if late is not None and s["spread_us"] > 2 * spread_out and late in outside:
+        s["slowest_rank"] = late
+        s["slowest_by"] = "arrived last at the collectives (the others waited)"
+    else:
+        s["slowest_rank"] = max(outside, key=lambda r: (outside[r], -r))
+        s["slowest_by"] = "time outside collectives"
+
+
+def collective_skew(reports: Sequence[WindowReport]) -> dict[str, Any] | None:
+    """Arrival skew at the collectives of a distributed job's traces (``report_from_trace``
+    of each was read by this command): the ranks' collectives are matched by their order
+    (each rank's in start order over its traces); at each, the rank that arrived last and
+    by how much after the one before it. On one host (the traces' host and clock base
+    agree) arrival is the start time; otherwise the clocks are not comparable and arrival
+    is read from durations (the ranks leave a collective together, so the one that arrived
+    last waited least). The late rank, if any, and the range where its extra time went
+    (``_extra_range``). None without collectives on two ranks."""
+    per, outside, shared = _gathered(reports)
+    ranks = sorted(r for r in per if per[r])
+    if len(ranks) < 2:
+        return None
+    last, notes = _leads(per, ranks, shared)
+    matched = sum(len(v) for v in last.values())
+    total = sum(sum(v) for v in last.values())
+    top = max(ranks, key=lambda r: (sum(last[r]), -r))
+    named = (
+        bool(last[top])
+        and total > 0
+        and sum(last[top]) >= LATE_SHARE * total
+        and _median(last[top]) >= LATE_FLOOR_US
+    )
+    by_rank = {
+        str(r): {
+            "arrived_last": len(last[r]),
+            "late_by_us_total": sum(last[r]),
+            "late_by_us_median": _median(last[r]) if last[r] else 0.0,
+        }
+        for r in ranks
+    }
+    return {
+        "matched": matched,
+        "clock": "shared (one host): arrival is the start"
+        if shared
+        else ("not shared (several hosts): arrival read from durations"),
+        "by_rank": by_rank,
+        "late_rank": top if named else None,
+        "extra_time_in": _extra_range(outside, top) if named else None,
+        "outside_us": {str(r): outside.get(r, {}) for r in ranks},
+        "notes": notes,
+    }
+
+
+_Call = tuple[str, float, float]  # a collective: name, start (us), duration (us)
+
+
+def _gathered(
+    reports: Sequence[WindowReport],
+) -> tuple[dict[int, list[_Call]], dict[int, dict[str, float]], bool]:
+    """Per rank its collectives (over its traces, in start order; starts on the epoch clock:
+    each process's ``ts`` counts from its own ``baseTimeNanoseconds``, rounded per process)
+    and its ranges' time outside them; whether the traces share a clock (one host, and every
+    trace gives its base, or none: older torch writes epoch times)."""
+    per: dict[int, list[_Call]] = {}
+    outside: dict[int, dict[str, float]] = {}
+    hosts, based = set(), set()
+    for rep in sorted(reports, key=lambda r: (r.rank, r.start_ns)):
+        facts = _COLLECTIVE_FACTS.get(rep.trace_file or "")
+        if facts is None:
+            continue
+        base = facts["base"]
+        known = isinstance(base, int) and not isinstance(base, bool)
+        shift = base / 1000 if known else 0.0
+        per.setdefault(rep.rank, []).extend(
+            (name, ts + shift, dur) for name, ts, dur in facts["collectives"]
+        )
+        mine = outside.setdefault(rep.rank, {})
+        for name, us in facts["outside_us"].items():
+            mine[name] = mine.get(name, 0.0) + us
+        hosts.add(rep.host)
+        based.add(known)
+    shared = len(hosts) == 1 and "" not in hosts and len(based) == 1
+    return per, outside, shared
+
+
+def _leads(
+    per: dict[int, list[_Call]], ranks: list[int], shared: bool
+) -> tuple[dict[int, list[float]], list[str]]:
+    """Per rank, by how much it arrived after the one before it at each collective where it
+    arrived last (matched by position); notes on what could not be matched."""
+    n = min(len(per[r]) for r in ranks)
+    notes = []
+    if any(len(per[r]) != n for r in ranks):
+        counts = ", ".join(f"rank {r}: {len(per[r])}" for r in ranks)
+        notes.append(
+            f"the ranks recorded different numbers of collectives ({counts}); the "
+            f"first {n} of each are matched by order"
+        )
+    last: dict[int, list[float]] = {r: [] for r in ranks}
+    mismatched = 0
+    for i in range(n):
+        calls = {r: per[r][i] for r in ranks}
+        if len({c[0] for c in calls.values()}) != 1:
+            mismatched += 1
+            continue
+        arrival = {r: (c[1] if shared else -c[2]) for r, c in calls.items()}
+        order = sorted(ranks, key=lambda r: (arrival[r], r))
+        late = order[-1]
+        last[late].append(arrival[late] - arrival[order[-2]])
+    if mismatched:
+        notes.append(f"{mismatched} matched position(s) name different collectives; skipped")
+    return last, notes
+
+
+def _extra_range(outside: dict[int, dict[str, float]], rank: int) -> dict[str, Any] | None:
+    """The range whose time outside collectives on ``rank`` exceeds the other ranks' median
+    the most; among those within 80% of that, the one of least time (nested ranges share the
+    excess: the innermost names the cause)."""
+    found = []
+    for name, mine in outside.get(rank, {}).items():
+        others = [v.get(name, 0.0) for r, v in outside.items() if r != rank]
+        if others:
+            found.append((mine - _median(others), mine, name))
+    top = max((f[0] for f in found), default=0.0)
+    if top <= 0:
+        return None
+    extra, mine, name = min((f for f in found if f[0] >= 0.8 * top), key=lambda f: (f[1], f[2]))
+    return {"range": name, "extra_us": extra, "outside_collectives_us": mine}
+
+
+def format_collective_skew(skew: dict[str, Any] | None) -> list[str]:
+    """The lines under "ranks side by side" that name the late rank (``collective_skew``)."""
+    if skew is None:
+        return []
+    from exporters._format import format_time_us
+
+    lines = [f"note: {n}" for n in skew["notes"]]
+    late = skew["late_rank"]
+    if late is None:
+        lines.append(
+            f"collectives: {skew['matched']} matched across ranks; no rank arrives last "
+            "consistently (no late rank)"
+        )
+        return lines
+    r = skew["by_rank"][str(late)]
+    lines.append(
+        f"late rank: rank {late}, last at {r['arrived_last']} of {skew['matched']} collectives "
+        f"by {format_time_us(r['late_by_us_median'])} (median); the others waited for it"
+    )
+    extra = skew["extra_time_in"]
+    if extra:
+        lines.append(
+            f"  its extra time: range {extra['range']!r}, "
+            f"+{format_time_us(extra['extra_us'])} outside collectives (its traces, summed)"
+        )
+    return lines
 
 
 def _side(path: str, max_bytes: int = DEFAULT_MAX_MB * MB, shapes: bool = True) -> Side:

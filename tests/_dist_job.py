@@ -5,8 +5,9 @@ one GPU per rank, for ``bench/dist_gpu.sh``). Without a launcher
 (no ``RANK`` in the environment, as with ``mp.spawn``):
 ``python tests/_dist_job.py STEPS --init tcp://127.0.0.1:PORT --rank R --world-size N``.
 
-Every step is ``train_step`` = ``work`` (a matmul; on rank 1 also a 50 ms wait, as for a slow
-data source) then ``allreduce`` (where rank 0 then waits for rank 1). The margins are tens of
+Every step is ``train_step`` = ``work`` (a matmul; on rank 1, or the rank ``--slow-rank``
+names, also a 50 ms wait, as for a slow data source) then ``allreduce`` (where the other ranks
+then wait for it). The margins are tens of
 milliseconds, so which rank is slower in which range does not depend on the machine's load.
 Profiling is configured by the ``PROFILED_*`` variables the test sets.
 """
@@ -33,6 +34,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int)
     parser.add_argument("--world-size", type=int)
     parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
+    parser.add_argument("--slow-rank", type=int, default=SLOW_RANK)
     args = parser.parse_args()
     device = torch.device("cpu")
     if args.backend == "nccl":
@@ -45,7 +47,7 @@ def main() -> None:
     else:
         dist.init_process_group(args.backend)
     torch.set_num_threads(1)
-    wait = SLOW_WAIT_S if dist.get_rank() == SLOW_RANK else 0.0
+    wait = SLOW_WAIT_S if dist.get_rank() == args.slow_rank else 0.0
 
     @profiled("work")
     def work(x: torch.Tensor) -> torch.Tensor:

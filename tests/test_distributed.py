@@ -393,14 +393,28 @@ def test_summarize_shows_ranks_side_by_side_and_the_slowest_rank(torchrun_job):
     row = next(line for line in side if line.startswith("work "))
     assert row.split()[-4:-2] == ["rank", "1"]  # rank 1 waits 50 ms in each call
     row = next(line for line in side if line.startswith("allreduce "))
-    assert row.split()[-4:-2] == ["rank", "0"]  # where rank 0 then waits for rank 1
+    # rank 0 spends longer there, waiting for rank 1: the one it waits for is the slow one
+    assert row.split()[-4:-2] == ["rank", "1"]
     doc = json.loads(_proc.run(*run, "--json", env=env).stdout)
     assert doc["ranks"]["ranks"] == [0, 1]
     assert doc["ranks"]["ranges"]["work"]["slowest_rank"] == 1
-    assert doc["ranks"]["ranges"]["allreduce"]["slowest_rank"] == 0
+    assert doc["ranks"]["ranges"]["allreduce"]["slowest_rank"] == 1
+    assert doc["ranks"]["ranges"]["gloo:all_reduce"]["slowest_rank"] == 1
+    assert doc["ranks"]["collectives"]["late_rank"] == 1
+    assert doc["ranks"]["collectives"]["extra_time_in"]["range"] == "work"
     assert [r["rank"] for r in doc["reports"]] == [0, 1]
     assert doc["ranks"]["same_steps"] is True
     assert "recorded different steps" not in text.stdout
+
+
+def test_summaries_name_the_late_rank_of_two_and_its_range(torchrun_job, capsys):
+    """Rank 1 sleeps in ``work`` before its all_reduce; rank 0 waits for it there. Both
+    summaries (the metrics records, the traces) name rank 1 and ``work``
+    (tests/test_stragglers.py: the same with 4 ranks)."""
+    from tests.test_stragglers import check_metrics, check_traces
+
+    check_metrics(capsys, torchrun_job / "reports.jsonl", 2, 1)
+    check_traces(capsys, torchrun_job / "traces", 1)
 
 
 def test_summarize_flags_ranks_that_recorded_different_steps(torchrun_job, tmp_path):
