@@ -101,6 +101,7 @@ from .traces import (  # noqa: F401 - the readers' names stay importable from he
     check_output,
     encodable,
     find_traces,
+    format_collective_skew,
     load_checked,
     printable,
     printable_data,
@@ -189,6 +190,7 @@ def format_rank_summary(summary: dict[str, Any], rows: int) -> str:
     else:
         lines.append("(no range ran on any rank)")
     lines.append(line("Self CPU time total", summary["self_cpu_time_total"]))
+    lines.extend(fit(text, WIDTH) for text in format_collective_skew(summary.get("collectives")))
     return "\n".join(lines) + "\n"
 
 

@@ -75,7 +75,7 @@ def check_metrics(capsys, path, world: int, slow: int) -> None:
 
 def check_traces(capsys, path, slow: int) -> None:
     """The traces name ``slow`` as the rank that arrived last, and ``work``."""
-    _, doc = summarize(capsys, path)
+    text, doc = summarize(capsys, path)
     skew = doc["ranks"]["collectives"]
     assert skew["late_rank"] == slow, skew
     assert skew["matched"] >= 2
@@ -88,6 +88,7 @@ def check_traces(capsys, path, slow: int) -> None:
     late, extra = traces.format_collective_skew(skew)  # (the text table's lines)
     assert late.startswith(f"late rank: rank {slow}, last at {skew['matched']} of ")
     assert extra.startswith("  its extra time: range 'work', +")
+    assert late in text and extra in text, text  # under "ranks side by side"
 
 
 def test_both_summaries_name_the_late_rank_of_four_and_its_range(tmp_path, capsys):
