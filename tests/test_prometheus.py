@@ -163,7 +163,8 @@ def test_a_real_prometheus_server_scrapes_the_counts(program, tmp_path):
         (result,) = [r for r in doc["data"]["result"] if r["metric"]["range"] == "work"]
         assert result["metric"]["job"] == "profiled" and result["metric"]["rank"] == "0"
         for q in (0.5, 0.9, 0.99):  # Prometheus's own quantile from the buckets: within 5%
-            expr = f'histogram_quantile({q}, profiled_range_duration_seconds_bucket{{range="known"}})'
+            series = 'profiled_range_duration_seconds_bucket{range="known"}'
+            expr = f"histogram_quantile({q}, {series})"
             url = f"http://127.0.0.1:{web}/api/v1/query?query={urllib.parse.quote(expr)}"
             (value,) = json.loads(_get(url))["data"]["result"]
             assert abs(float(value["value"][1]) - _known(q)) / _known(q) < 0.05, (q, value)
