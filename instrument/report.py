@@ -13,7 +13,10 @@ the ``html`` exporter's page timeline (``PageTimeline``).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import functools
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -467,15 +470,22 @@ class RangeHistogram:
         if self.count == 0:
             return 0.0
         rank = q * self.count
-        seen = 0
-        for i, n in enumerate(self.bucket_counts):
-            if n and seen + n >= rank:
-                low = self.bounds_ns[i - 1] if i > 0 else 0
-                high = self.bounds_ns[i] if i < len(self.bounds_ns) else self.max_ns
-                low, high = max(low, self.min_ns), min(high, self.max_ns)
-                return low + (high - low) * ((rank - seen) / n)
-            seen += n
-        return float(self.max_ns)
+        if rank <= 0:
+            return float(self.min_ns)
+        cumulative = self._cumulative
+        i = bisect.bisect_left(cumulative, rank)  # the first bucket whose count reaches it
+        if i >= len(cumulative):
+            return float(self.max_ns)
+        seen = cumulative[i - 1] if i > 0 else 0
+        low = self.bounds_ns[i - 1] if i > 0 else 0
+        high = self.bounds_ns[i] if i < len(self.bounds_ns) else self.max_ns
+        low, high = max(low, self.min_ns), min(high, self.max_ns)
+        return low + (high - low) * ((rank - seen) / (cumulative[i] - seen))
+
+    @functools.cached_property
+    def _cumulative(self) -> list[int]:
+        """The counts up to and with each bucket (in C: hundreds of buckets, few quantiles)."""
+        return list(itertools.accumulate(self.bucket_counts))
 
     def kept(self) -> tuple[list[int], list[int]]:
         """The bounds worth exporting and the counts of the buckets between them (one more
