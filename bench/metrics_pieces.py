@@ -16,7 +16,9 @@ decorated call is timed in the same rounds, so the copy can be checked against i
 Pieces: ``flag`` (the metrics-only check), ``dynamo`` (the Dynamo check), ``clock`` (the two
 clock reads and the difference), ``try`` (the ``try/finally`` around the call), ``append``
 (the second clock read, the append and the batch-length check, and so the fold), ``fold``
-(the fold every ``metrics.BATCH`` calls, amortized). Two other shapes are timed beside them:
+(the fold every ``metrics.BATCH`` calls, amortized). With ``--fold-of``, the copy folding
+with another version's fold is timed in the same rounds (``copy, other fold``), and that
+fold alone beside this one's. Two other shapes are timed beside them:
 durations as ints of ``time.perf_counter_ns()`` (an earlier version), and the profiler flag
 checked on the path (an earlier version; now a profiler start clears ``_COUNT_ONLY``).
 
@@ -127,10 +129,14 @@ def _source(without: str | None) -> str:
     return src
 
 
-def _variant(without: str | None, names: dict[str, Any], range_name: str) -> Callable[..., Any]:
+def _variant(
+    without: str | None, names: dict[str, Any], range_name: str, module: Any = None
+) -> Callable[..., Any]:
+    """The copy without ``without``, folding into the recorder of ``module`` (another
+    version's metrics module: a recorder of its own) or of this checkout."""
     from instrument import metrics
 
-    recorder = metrics.recorder
+    recorder = metrics.recorder if module is None else module.Recorder()
     ns = dict(names)
     exec(compile(_source(without), f"<copy without {without}>", "exec"), ns)  # noqa: S102
     pending = recorder.pending_list(range_name)
@@ -243,6 +249,9 @@ def run(quick: bool, fold_of: str | None = None) -> dict[str, Any]:
         variants[f"without {piece}"] = _variant(piece, names, f"bench.pieces.{piece}")
     for label in OTHERS:
         variants[label] = _variant(label, names, f"bench.pieces.{label}")
+    other = _fold_of(fold_of) if fold_of else None
+    if other is not None:  # the same call, folding with the other version's fold
+        variants["copy, other fold"] = _variant(None, names, "bench.pieces.other", other)
     for f in variants.values():
         f(1)  # each compiles and runs
     repeats, target_s = (3, 0.003) if quick else (11, 0.02)
@@ -268,7 +277,7 @@ def run(quick: bool, fold_of: str | None = None) -> dict[str, Any]:
         "pieces_ns": {p: median["copy"] - median[f"without {p}"] for p in PIECES},
         "clock_source": _clock_source(),
         "call_ns": _clock_read_ns(3 if quick else 7),
-        "fold_ns": _fold_ns(3 if quick else 11, _fold_of(fold_of) if fold_of else None),
+        "fold_ns": _fold_ns(3 if quick else 11, other),
     }
 
 
@@ -291,6 +300,8 @@ def main() -> int:
     print(f"{'variant':<18} {'ns/call':>8} {'x closure':>10}")
     for key, ns in median.items():
         print(f"{key:<18} {ns:8.1f} {ns / closure:10.2f}")
+    if "copy, other fold" in median:
+        print(f"(copy, other fold: the copy folding with {args.fold_of}'s fold)")
     print("pieces (the copy minus the copy without it), ns/call:")
     for piece, ns in result["pieces_ns"].items():
         print(f"  {piece:<8} {ns:+7.1f}")
