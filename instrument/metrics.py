@@ -78,12 +78,13 @@ SUM, MIN, MAX = BUCKETS, BUCKETS + 1, BUCKETS + 2  # a histogram: the bucket cou
 _SHARD = BUCKETS + 3
 _KEY_SHIFT = 23 - SUB_BITS  # a float32's exponent field and top SUB_BITS mantissa bits
 _KEY_MASK = (1 << (8 + SUB_BITS)) - 1
-_BLOCK = 8 - SUB_BITS  # a key's low byte tells apart the fields of a block of 2**_BLOCK
+_BLOCK = 8 - SUB_BITS  # a key's low byte holds its field's low _BLOCK bits
+_SLOTS = (1 << _BLOCK) - 1
 _FIRST_FIELD = 127 + LOW_BIT  # the float32 exponent field of 2**LOW_BIT ns (1.0 has 127)
 _PAST_FIELD = 127 + HIGH_BIT
 _FIRST_KEY = _FIRST_FIELD << SUB_BITS
 _COUNTED = 48  # keys a batch may hold to be counted one by one (more: a Counter's one pass)
-_SPAN = 224 >> SUB_BITS  # fields of a band: its keys less the first fit a byte, 255 spare
+_SPAN = 224 >> SUB_BITS  # fields of a band (_band): its keys less the first fit a byte, 255 spare
 _LONGEST = 2.0**64  # ns (585 years): a batch summing to more is cleaned before it is folded
 BATCH = 1024
 """A range's pending durations are folded into its histogram once this many wait."""
@@ -221,11 +222,11 @@ def _count_buckets(shard: list[Any], packed: int, n: int) -> tuple[int, int]:
     mantissa bits (``_KEY_SHIFT`` on): the keys run in the durations' order, ``SUB`` to a
     power of two, and a bucket is a key. First each exponent field is counted on one byte a
     duration (``_fields``): a field below the first bound or past the last is one bucket,
-    done. The other fields are split into their keys a *band* of at most ``_SPAN`` fields at
-    a time, where each key less the band's first fits one byte: where every field of the
-    batch is one of the same 8 (fields ``8k`` to ``8k + 7``: 512 ns to 131 µs, to 33.5 ms, to
-    8.6 s), that byte is the low byte of the key as it is (nearly every batch of one range);
-    else ``_band`` makes it. Then ``_count_band``."""
+    done. The others are split into their keys from one byte a duration: the key's low byte
+    as it is (its field's low ``_BLOCK`` bits, then the sub-bucket) where no two fields of
+    the batch share those low bits (nearly every batch of one range: fields 8 apart are
+    durations 256 times apart); else a *band* of at most ``_SPAN`` fields at a time
+    (``_band``). Then ``_count_band``."""
     per_field, low, high = _fields((packed >> 23).to_bytes(4 * n, "little")[::4])
     split = []
     for field, placed in sorted(per_field):
@@ -237,9 +238,10 @@ def _count_buckets(shard: list[Any], packed: int, n: int) -> tuple[int, int]:
             split.append((field, placed))
     if not split:
         return low, high
-    if low >> _BLOCK == high >> _BLOCK:  # the key's low byte: the field's low bits, then the sub
+    if len({field & _SLOTS for field, _ in per_field}) == len(per_field):
         small = (packed >> _KEY_SHIFT).to_bytes(4 * n, "little")[::4]
-        _count_band(shard, small, split, low >> _BLOCK << _BLOCK)
+        slots = [(field, placed, field & _SLOTS, field & ~_SLOTS) for field, placed in split]
+        _count_band(shard, small, slots)
         return low, high
     full = n == BATCH
     keys = (packed >> _KEY_SHIFT) & (_KEYS if full else _lanes(_KEY_BYTES, n))
@@ -249,46 +251,49 @@ def _count_buckets(shard: list[Any], packed: int, n: int) -> tuple[int, int]:
         first = split[i][0]
         band = []
         while i < len(split) and split[i][0] < first + _SPAN:
-            band.append(split[i])
+            field, placed = split[i]
+            band.append((field, placed, field - first, first))
             i += 1
-        whole = low == first and high < first + _SPAN  # every duration's key fits a byte
-        _count_band(shard, _band(keys, first << SUB_BITS, ones, n, whole), band, first)
+        _count_band(shard, _band(keys, first << SUB_BITS, ones, n), band)
     return low, high
 
 
-def _count_band(shard: list[Any], small: bytes, band: list[tuple[int, int]], first: int) -> None:
-    """Add the counts of ``band``'s fields (each with its count of durations) to ``shard``
-    from ``small``, a byte a duration: its key less field ``first``'s first key. Where the
-    band's fields can hold at most ``_COUNTED`` keys (a batch within 20% of its median:
-    most), each key is counted with ``bytes.count`` (``in``, a memchr, before each: many hold
-    none; a field's keys until all its durations are placed), else all at once by a
-    ``Counter`` of the bytes (one pass, about the cost of 48 counts)."""
-    at = (first << SUB_BITS) - _FIRST_KEY + 1  # the bucket of byte 0
-    if sum(min(placed, SUB) for _, placed in band) > _COUNTED:
-        start, past = (band[0][0] - first) << SUB_BITS, (band[-1][0] - first + 1) << SUB_BITS
+def _count_band(shard: list[Any], small: bytes, band: list[tuple[int, int, int, int]]) -> None:
+    """Add the counts of ``band``'s fields to ``shard`` from ``small``, a byte a duration:
+    ``slot << SUB_BITS`` plus the sub-bucket for a duration of the field in ``slot``, each
+    field of the band given as (field, its count of durations, slot, the field whose first
+    key is byte 0). Where the band's fields can hold at most ``_COUNTED`` keys (a batch
+    within 20% of its median: most), each key is counted with ``bytes.count`` (``in``, a
+    memchr, before each: many hold none; a field's keys until all its durations are
+    placed), else all at once by a ``Counter`` of the bytes (one pass, about the cost of
+    48 counts)."""
+    if sum(min(placed, SUB) for _, placed, _, _ in band) > _COUNTED:
+        at: list[int | None] = [None] * (256 >> SUB_BITS)  # each slot's bucket of byte 0
+        for _, _, slot, zero in band:
+            at[slot] = (zero << SUB_BITS) - _FIRST_KEY + 1
         for key, placed in Counter(small).items():
-            if start <= key < past:
-                shard[at + key] += placed
+            bucket = at[key >> SUB_BITS]
+            if bucket is not None:
+                shard[bucket + key] += placed
         return
-    for field, left in band:
-        start = (field - first) << SUB_BITS
+    for _, left, slot, zero in band:
+        bucket = (zero << SUB_BITS) - _FIRST_KEY + 1
+        start = slot << SUB_BITS
         for key in range(start, start + SUB):
             if key in small:
                 placed = small.count(key)
-                shard[at + key] += placed
+                shard[bucket + key] += placed
                 left -= placed
                 if not left:
                     break
 
 
-def _band(keys: int, base: int, ones: int, n: int, whole: bool) -> bytes:
-    """Each duration's key less ``base``, one byte each, from the keys' 32-bit lanes; 255
-    for a key outside ``base`` .. ``base + 255`` unless ``whole`` (none is: no lane is below
-    ``base``, whose subtraction would borrow from the next lane). Outside a whole band a
-    guard bit (``_GUARD``) above every key keeps each lane's subtraction in its lane, and a
-    lane is in the band where what is left above its low byte is the guard alone."""
-    if whole:
-        return (keys - base * ones).to_bytes(4 * n, "little")[::4]
+def _band(keys: int, base: int, ones: int, n: int) -> bytes:
+    """Each duration's key less ``base``, one byte each, from the keys' 32-bit lanes, and 255
+    for a key outside ``base`` .. ``base + 255`` (a band has fewer than 8 fields: 255 is
+    none of its keys). A guard bit (``_GUARD``) above every key keeps each lane's
+    subtraction in its lane, and a lane is in the band where what is left above its low
+    byte is the guard alone."""
     if n == BATCH:
         guards, sixes, twos, bytes_ = _GUARDS, _SIXES, _TWOS, _BYTES
     else:

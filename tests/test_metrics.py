@@ -229,6 +229,37 @@ def test_batches_fold_into_what_the_buckets_are_defined_to_hold(fresh_metrics):
         )
 
 
+def test_full_batches_of_the_shapes_ranges_have_fold_exactly(fresh_metrics):
+    """Batches of ``BATCH`` durations of the shapes a range's calls take, each through the
+    fold's own way of splitting powers of two (the key's low byte as it is, one count per
+    key or a ``Counter``; bands of fields where two fields 8 apart share that byte): every
+    bucket holds what the bounds say it does."""
+    import random
+    import struct
+    from collections import Counter
+
+    def as_float32(d: float) -> float:
+        return struct.unpack("<f", struct.pack("<f", d))[0]
+
+    rng = random.Random(3)
+    shapes = {
+        "within 10%": lambda: rng.uniform(11e6, 13e6),  # one field, a few keys
+        "log-normal": lambda: rng.lognormvariate(16, 0.3),  # a few fields: a Counter
+        "hit or miss": lambda: rng.choice((rng.uniform(4e3, 6e3), rng.uniform(4e6, 6e6))),
+        "under 1 us, one late": lambda: rng.uniform(150, 400) if rng.random() > 1e-3 else 5e6,
+        "every decade": lambda: 10 ** rng.uniform(2, 12),  # bands of fields
+    }
+    for name, draw in shapes.items():
+        folded: dict = {}
+        durations = [draw() for _ in range(3 * metrics.BATCH)]
+        durations[1500] = 5e6  # (one late call for certain)
+        for i in range(0, len(durations), metrics.BATCH):
+            metrics._fold(folded, name, durations[i : i + metrics.BATCH])
+        expected = Counter(bisect.bisect_right(metrics.BOUNDS_NS, as_float32(d)) for d in durations)
+        got = {b: c for b, c in enumerate(folded[name][: metrics.SUM]) if c}
+        assert got == dict(expected), name
+
+
 def test_the_device_times_update_is_the_fold_of_one_duration(fresh_metrics):
     one: dict = {}
     metrics.add(one, "y", 3000.0)
@@ -266,7 +297,7 @@ def test_threads_count_exactly_while_snapshots_fold_and_memory_stays_bounded(fre
     def snapshots():
         while not stop.is_set():
             metrics.snapshot()
-            longest.append(max(map(len, metrics.recorder.pending.values())))
+            longest.append(max(map(len, list(metrics.recorder.pending.values())), default=0))
 
     watcher = threading.Thread(target=snapshots)
     watcher.start()
