@@ -3,6 +3,8 @@
 
     python bench/metrics_pieces.py            # about 10 s
     python bench/metrics_pieces.py --quick    # a few seconds, noisy
+    git show REV:instrument/metrics.py > /tmp/old_metrics.py
+    python bench/metrics_pieces.py --fold-of /tmp/old_metrics.py   # both folds, alternating
 
 ``bench/overhead.py`` compares the metrics-on ``@profiled`` call with a flag-checking closure
 (issue 17's target: at most 3x). This bench explains that ratio on a given machine: it builds
@@ -14,12 +16,18 @@ decorated call is timed in the same rounds, so the copy can be checked against i
 Pieces: ``flag`` (the metrics-only check), ``dynamo`` (the Dynamo check), ``clock`` (the two
 clock reads and the difference), ``try`` (the ``try/finally`` around the call), ``append``
 (the second clock read, the append and the batch-length check, and so the fold), ``fold``
-(the fold every ``metrics.BATCH`` calls, amortized). Two other shapes are timed beside them:
+(the fold every ``metrics.BATCH`` calls, amortized). With ``--fold-of``, the copy folding
+with another version's fold is timed in the same rounds (``copy, other fold``), and that
+fold alone beside this one's. Two other shapes are timed beside them:
 durations as ints of ``time.perf_counter_ns()`` (an earlier version), and the profiler flag
 checked on the path (an earlier version; now a profiler start clears ``_COUNT_ONLY``).
 
-It also prints the fold alone, ns per duration, on batches of three shapes (one bucket; two
-buckets; a log-normal spread over many), what one clock read costs on this host
+It also prints the fold alone, ns per duration (CPU time of this process: other processes on
+a shared box move it less than wall time), on batches of five shapes: under the first bound
+(one bucket, no sub-buckets to split); within 10% of 12 ms (one power of two, a few of its 32
+sub-buckets: most ranges); a log-normal of sigma 0.3 (a few powers of two); two modes a
+thousand times apart (a cache hit and a miss: two bands of fields); a log-normal of sigma 1.5
+(a dozen powers of two). Then what one clock read costs on this host
 (``time.perf_counter()`` beside a builtin call that reads no clock, ``id(None)``) and the
 kernel's clock source: where that is not ``tsc`` (some virtual machines), a clock read leaves
 the vDSO for the hypervisor or the kernel, and the two reads of every timed call cost several
@@ -121,10 +129,14 @@ def _source(without: str | None) -> str:
     return src
 
 
-def _variant(without: str | None, names: dict[str, Any], range_name: str) -> Callable[..., Any]:
+def _variant(
+    without: str | None, names: dict[str, Any], range_name: str, module: Any = None
+) -> Callable[..., Any]:
+    """The copy without ``without``, folding into the recorder of ``module`` (another
+    version's metrics module: a recorder of its own) or of this checkout."""
     from instrument import metrics
 
-    recorder = metrics.recorder
+    recorder = metrics.recorder if module is None else module.Recorder()
     ns = dict(names)
     exec(compile(_source(without), f"<copy without {without}>", "exec"), ns)  # noqa: S102
     pending = recorder.pending_list(range_name)
@@ -165,8 +177,23 @@ def _clock_read_ns(repeats: int) -> dict[str, float]:
     }
 
 
-def _fold_ns(repeats: int) -> dict[str, float]:
-    """``metrics._fold`` alone, ns per duration, on 50 batches of ``BATCH`` of each shape."""
+def _fold_of(path: str) -> Any:
+    """The ``instrument.metrics`` module of another version, from its file (``git show
+    REV:instrument/metrics.py > FILE``), loaded beside this one to time its fold."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("instrument._metrics_of_another_version", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--fold-of {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    module.__package__ = "instrument"  # its relative imports: this checkout's modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def _fold_ns(repeats: int, other: Any = None) -> dict[str, dict[str, float]]:
+    """``metrics._fold`` alone, ns per duration, on 50 batches of ``BATCH`` of each shape;
+    with ``other`` (another version's module), its fold too, the two alternating."""
     import random
 
     from instrument import metrics
@@ -174,26 +201,32 @@ def _fold_ns(repeats: int) -> dict[str, float]:
     rng = random.Random(1)
     n = metrics.BATCH * 50
     shapes = {
-        "one bucket": [rng.uniform(150, 250) for _ in range(n)],
-        "two buckets": [rng.uniform(150, 400) for _ in range(n)],
-        "log-normal": [rng.lognormvariate(8, 1.5) for _ in range(n)],
+        "under 1 us": [rng.uniform(150, 250) for _ in range(n)],
+        "within 10%": [rng.uniform(11e6, 13e6) for _ in range(n)],
+        "log-normal 0.3": [rng.lognormvariate(16, 0.3) for _ in range(n)],
+        "hit/miss": [rng.choice((rng.uniform(4e3, 6e3), rng.uniform(4e6, 6e6))) for _ in range(n)],
+        "log-normal 1.5": [rng.lognormvariate(8, 1.5) for _ in range(n)],
     }
 
-    def fold_all(durations: list[float]) -> None:
+    def fold_all(module: Any, durations: list[float]) -> None:
         folded: dict[str, list[Any]] = {}
-        for i in range(0, n, metrics.BATCH):
-            metrics._fold(folded, "x", durations[i : i + metrics.BATCH])
+        for i in range(0, n, module.BATCH):
+            module._fold(folded, "x", durations[i : i + module.BATCH])
 
-    return {
-        label: min(timeit.repeat(lambda d=durations: fold_all(d), number=3, repeat=repeats))
-        / 3
-        / n
-        * 1e9
-        for label, durations in shapes.items()
-    }
+    versions = {"this": metrics, **({"other": other} if other is not None else {})}
+    best: dict[str, dict[str, float]] = {v: {} for v in versions}
+    for _ in range(repeats):  # the versions alternate, shape by shape
+        for label, durations in shapes.items():
+            for version, module in versions.items():
+                took = timeit.timeit(
+                    lambda m=module, d=durations: fold_all(m, d), number=1, timer=time.process_time
+                )
+                ns = took / n * 1e9
+                best[version][label] = min(best[version].get(label, ns), ns)
+    return best
 
 
-def run(quick: bool) -> dict[str, Any]:
+def run(quick: bool, fold_of: str | None = None) -> dict[str, Any]:
     for key in [k for k in os.environ if k.startswith("PROFILED_")]:
         del os.environ[key]
     import torch  # noqa: F401 - import cost outside the measurements
@@ -216,6 +249,9 @@ def run(quick: bool) -> dict[str, Any]:
         variants[f"without {piece}"] = _variant(piece, names, f"bench.pieces.{piece}")
     for label in OTHERS:
         variants[label] = _variant(label, names, f"bench.pieces.{label}")
+    other = _fold_of(fold_of) if fold_of else None
+    if other is not None:  # the same call, folding with the other version's fold
+        variants["copy, other fold"] = _variant(None, names, "bench.pieces.other", other)
     for f in variants.values():
         f(1)  # each compiles and runs
     repeats, target_s = (3, 0.003) if quick else (11, 0.02)
@@ -241,14 +277,21 @@ def run(quick: bool) -> dict[str, Any]:
         "pieces_ns": {p: median["copy"] - median[f"without {p}"] for p in PIECES},
         "clock_source": _clock_source(),
         "call_ns": _clock_read_ns(3 if quick else 7),
-        "fold_ns": _fold_ns(3 if quick else 7),
+        "fold_ns": _fold_ns(3 if quick else 11, other),
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="a few seconds, noisy")
-    result = run(parser.parse_args().quick)
+    parser.add_argument(
+        "--fold-of",
+        metavar="FILE",
+        help="another version's instrument/metrics.py (git show REV:instrument/metrics.py): "
+        "its fold is timed too, alternating with this one's",
+    )
+    args = parser.parse_args()
+    result = run(args.quick, args.fold_of)
     median = result["median_ns"]
     closure = median["closure"]
     print(
@@ -257,11 +300,15 @@ def main() -> int:
     print(f"{'variant':<18} {'ns/call':>8} {'x closure':>10}")
     for key, ns in median.items():
         print(f"{key:<18} {ns:8.1f} {ns / closure:10.2f}")
+    if "copy, other fold" in median:
+        print(f"(copy, other fold: the copy folding with {args.fold_of}'s fold)")
     print("pieces (the copy minus the copy without it), ns/call:")
     for piece, ns in result["pieces_ns"].items():
         print(f"  {piece:<8} {ns:+7.1f}")
-    folds = ", ".join(f"{label} {ns:.1f}" for label, ns in result["fold_ns"].items())
-    print(f"the fold alone, ns per duration: {folds}")
+    for version, by_shape in result["fold_ns"].items():
+        folds = ", ".join(f"{label} {ns:.1f}" for label, ns in by_shape.items())
+        name = "this version's" if version == "this" else f"{args.fold_of}'s"
+        print(f"{name} fold alone, ns per duration (CPU time): {folds}")
     calls = result["call_ns"]
     clock = calls["perf_counter()"] - calls["id(None)"]
     print(

@@ -7,10 +7,20 @@ at exit) in Prometheus's text exposition format, from a daemon thread of its own
 - ``profiled_step_duration_seconds`` (histogram): wall time of every ``step=True`` call;
 
 both with labels ``rank`` and ``host``, cumulative since the process started counting, with the
-report's own bucket bounds (``le`` is the upper bound of each; a Prometheus bucket counts what
-is at most its bound, ours what is below it: the same but for a duration of exactly a power of
-two nanoseconds). Window reports are not served (``export`` does nothing with them), so with
-no other exporter no profiler window opens at all (``takes_windows``).
+report's own bucket bounds (32 a power of two: ``histogram_quantile`` reads quantiles within
+3.1%), of which a series lists the first and those from its first non-empty bucket to its last
+(``RangeHistogram.kept``: counts only grow, so a bound listed once stays listed, and a range
+whose calls span a factor of four costs about 70 lines, not 866). ``le`` is the upper bound of
+each; a Prometheus bucket counts what is at most its bound, ours what is below it: the same but
+for a duration of exactly a bound. Window reports are not served (``export`` does nothing with
+them), so with no other exporter no profiler window opens at all (``takes_windows``).
+
+A scrape reads the histograms as they are at that moment (``LiveMetrics``, set by the metrics
+feed): the calls made so far, not the last ``PROFILED_METRICS_INTERVAL_S`` snapshot (before the
+first one, 60 s by default, the page used to be empty). The page is built on the serving
+thread, at most once per ``LIVE_EVERY_S`` (a flood of scrapes reads the same page), and
+building it takes the recorder's lock once per range (a user's call waits for one range's fold
+at most). Once the feed closes, the last snapshot it delivered is served.
 
 Written here rather than with ``opentelemetry-exporter-prometheus``: that reader collects from
 a meter provider, whose API takes single values, not histograms already aggregated. No new
@@ -92,10 +102,13 @@ def _unique(name: str, taken: set[tuple[str, Any]], device: Any = None) -> str:
     return f'"{candidate}"'
 
 
-def _histogram(name: str, h: RangeHistogram, labels: str, bounds: tuple[int, ...]) -> list[str]:
+def _histogram(name: str, h: RangeHistogram, labels: str) -> list[str]:
+    """One series' lines: ``le`` from the first bound and from the first non-empty bucket's
+    lower bound to the last one's upper bound (``RangeHistogram.kept``), cumulative."""
     out = []
     seen = 0
-    for bound, n in zip(bounds, h.bucket_counts):
+    bounds, counts = h.kept()
+    for bound, n in zip(bounds, counts):
         seen += n
         out.append(f'{name}_bucket{{{labels},le="{bound / 1e9:.9g}"}} {seen}')
     out.append(f'{name}_bucket{{{labels},le="+Inf"}} {h.count}')
@@ -114,7 +127,7 @@ def exposition(report: MetricsReport) -> str:
     taken: set[tuple[str, Any]] = set()
     for h in report.ranges:
         labels = f"range={_unique(h.name, taken)},{who}"
-        lines += _histogram("profiled_range_duration_seconds", h, labels, report.bounds_ns)
+        lines += _histogram("profiled_range_duration_seconds", h, labels)
     if report.device_ranges:
         lines += [
             "# HELP profiled_range_device_duration_seconds Device time of sampled calls of a "
@@ -124,13 +137,13 @@ def exposition(report: MetricsReport) -> str:
     taken = set()
     for h in report.device_ranges:
         labels = f"range={_unique(h.name, taken, h.device)},device={_label(h.device)},{who}"
-        lines += _histogram("profiled_range_device_duration_seconds", h, labels, report.bounds_ns)
+        lines += _histogram("profiled_range_device_duration_seconds", h, labels)
     lines += [
         "# HELP profiled_step_duration_seconds Wall time of every step=True call.",
         "# TYPE profiled_step_duration_seconds histogram",
     ]
     if report.steps is not None:
-        lines += _histogram("profiled_step_duration_seconds", report.steps, who, report.bounds_ns)
+        lines += _histogram("profiled_step_duration_seconds", report.steps, who)
     return "\n".join(lines) + "\n"
 
 
@@ -144,6 +157,8 @@ MAX_REQUEST_BYTES = 16 * 1024  # request line and headers; a scrape sends well u
 LINGER_S = 2.0  # after the answer, for the peer to close its side (see _drain)
 _POLL_S = 0.5  # the serving thread looks at least this often whether it should stop
 _RETRY_ACCEPT_S = 0.5  # after the process ran out of descriptors (EMFILE): no busy loop
+
+LIVE_EVERY_S = 1.0  # a scrape this soon after the last live page gets that page again
 
 _OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
@@ -424,9 +439,12 @@ class PrometheusExporter(Exporter):
         host, port = parse_addr(addr)
         self.addr = addr
         self._page = b""
+        self._live_page = b""
+        self._live_until = 0.0  # time.monotonic() until which _live_page is served
+        self._live_failed = False
         self._server: _Endpoint | None = None
         try:
-            self._server = _Endpoint(host, port, lambda: self._page)
+            self._server = _Endpoint(host, port, self._page_now)
         except OSError as exc:
             warn(
                 f"prometheus exporter: cannot serve /metrics on {addr} "
@@ -460,6 +478,33 @@ class PrometheusExporter(Exporter):
 
     def export_metrics(self, report: MetricsReport) -> None:
         self._page = exposition(report).encode("utf-8")
+        self._live_until = 0.0  # a later scrape reads the histograms again
+
+    def _page_now(self) -> bytes:
+        """The page for a scrape (on the serving thread): the histograms as of now while the
+        metrics feed runs (rebuilt at most every ``LIVE_EVERY_S``), else the last snapshot
+        delivered. A live read that fails warns once and serves the last snapshot."""
+        from instrument.report import LiveMetrics
+
+        source = LiveMetrics.source
+        if source is None or self._live_failed:
+            return self._page
+        now = time.monotonic()
+        if now < self._live_until:
+            return self._live_page
+        try:
+            page = exposition(source()).encode("utf-8")
+        except Exception as exc:  # noqa: BLE001 - never into the program, nor the endpoint
+            self._live_failed = True
+            warn(
+                f"prometheus exporter: reading the histograms at a scrape failed "
+                f"({type(exc).__name__}: {exc}); /metrics serves the snapshot of each "
+                "PROFILED_METRICS_INTERVAL_S from now on, the program goes on",
+                ExporterWarning,
+            )
+            return self._page
+        self._live_page, self._live_until = page, time.monotonic() + LIVE_EVERY_S
+        return page
 
     @property
     def takes_metrics(self) -> bool:  # type: ignore[override]  # computed here

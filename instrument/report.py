@@ -13,10 +13,13 @@ the ``html`` exporter's page timeline (``PageTimeline``).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping
+import functools
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from .verdict import CPU_ONLY, Verdict
 
@@ -460,19 +463,49 @@ class RangeHistogram:
 
     def quantile(self, q: float) -> float:
         """The ``q`` quantile (0..1) in nanoseconds: interpolated within its bucket, clamped
-        to the exact min and max (so a bucket's factor of two is the worst error)."""
+        to the exact min and max, so it is off by at most its bucket's width where it lies
+        within the bounds (relatively: ``quantile_max_error`` in ``MetricsReport.summary``,
+        3.1% for the metrics' buckets); below the first bound or past the last, it is only
+        clamped."""
         if self.count == 0:
             return 0.0
         rank = q * self.count
-        seen = 0
-        for i, n in enumerate(self.bucket_counts):
-            if n and seen + n >= rank:
-                low = self.bounds_ns[i - 1] if i > 0 else 0
-                high = self.bounds_ns[i] if i < len(self.bounds_ns) else self.max_ns
-                low, high = max(low, self.min_ns), min(high, self.max_ns)
-                return low + (high - low) * ((rank - seen) / n)
-            seen += n
-        return float(self.max_ns)
+        if rank <= 0:
+            return float(self.min_ns)
+        cumulative = self._cumulative
+        i = bisect.bisect_left(cumulative, rank)  # the first bucket whose count reaches it
+        if i >= len(cumulative):
+            return float(self.max_ns)
+        seen = cumulative[i - 1] if i > 0 else 0
+        low = self.bounds_ns[i - 1] if i > 0 else 0
+        high = self.bounds_ns[i] if i < len(self.bounds_ns) else self.max_ns
+        low, high = max(low, self.min_ns), min(high, self.max_ns)
+        return low + (high - low) * ((rank - seen) / (cumulative[i] - seen))
+
+    @functools.cached_property
+    def _cumulative(self) -> list[int]:
+        """The counts up to and with each bucket (in C: hundreds of buckets, few quantiles)."""
+        return list(itertools.accumulate(self.bucket_counts))
+
+    def kept(self) -> tuple[list[int], list[int]]:
+        """The bounds worth exporting and the counts of the buckets between them (one more
+        than the bounds): the first bound, then from the first non-empty bucket's lower bound
+        to the last non-empty one's upper bound; the empty buckets outside are merged with
+        their neighbours. Quantiles read from what is kept (Prometheus's
+        ``histogram_quantile``) are as close as from every bucket. The counts are cumulative
+        over the process's life, so what was kept once stays kept: a series exported under a
+        bound is not dropped from a later export."""
+        counts, bounds = self.bucket_counts, self.bounds_ns
+        used = [i for i, n in enumerate(counts) if n]
+        if not used or not bounds:
+            return list(bounds[:1]), [sum(counts)] + [0] * min(len(bounds), 1)
+        first = max(used[0] - 1, 0)
+        last = min(used[-1], len(bounds) - 1)
+        keep = [0] + list(range(max(first, 1), last + 1))
+        out = [sum(counts[: keep[0] + 1])]
+        out += [sum(counts[a + 1 : b + 1]) for a, b in zip(keep, keep[1:])]
+        out.append(sum(counts[keep[-1] + 1 :]))
+        return [bounds[i] for i in keep], out
 
     def summary(self) -> dict[str, Any]:
         """count, sum and the quantiles dashboards show, in seconds."""
@@ -514,9 +547,27 @@ class MetricsReport:
             "world_size": self.world_size,
             "host": self.host,
             "pid": self.pid,
+            "quantile_max_error": _max_error(self.bounds_ns),
             "ranges": {h.name: h.summary() for h in self.ranges},
             "steps": self.steps.summary() if self.steps is not None else None,
             "device_ranges": {
                 h.name: {**h.summary(), "device": h.device} for h in self.device_ranges
             },
         }
+
+
+def _max_error(bounds_ns: tuple[int, ...]) -> float:
+    """The most a quantile read from buckets of these bounds can be off, relatively, within
+    them: the widest bucket's width over its lower bound (0 without two bounds)."""
+    return max(((b - a) / a for a, b in zip(bounds_ns, bounds_ns[1:]) if a > 0), default=0.0)
+
+
+class LiveMetrics:
+    """Where an exporter asked between snapshots (a scrape of ``/metrics``) reads the
+    process's metrics as of that moment: ``source`` is set by the metrics feed
+    (``instrument.metrics.Feed``) while metrics count, and cleared when it closes (its last
+    snapshot is then delivered as usual). Kept in the contract module because exporters
+    import nothing else of the SDK. ``source()`` folds what is pending and copies the
+    histograms: it takes the recorder's lock once per range, never for long."""
+
+    source: ClassVar[Callable[[], MetricsReport] | None] = None

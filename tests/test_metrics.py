@@ -4,6 +4,7 @@ subprocesses; the histogram arithmetic on known durations."""
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import threading
@@ -24,37 +25,50 @@ def fresh_metrics():
     metrics.reset()
 
 
-def test_durations_land_in_their_power_of_two_bucket(fresh_metrics):
+def _bucket_of(ns: float) -> int:
+    """The bucket a duration belongs in, by the bounds (bisect), not by the fold's arithmetic."""
+    return bisect.bisect_right(metrics.BOUNDS_NS, ns)
+
+
+def test_durations_land_in_their_sub_bucket_of_a_power_of_two(fresh_metrics):
     rec = metrics.recorder
-    for ns in (500, 1500, 1500, 3000, 10**9, 200 * 10**9):
+    durations = (500, 1500, 1500, 3000, 10**9, 200 * 10**9, 1024, 1055, 1056, 2**30 - 2**24)
+    for ns in durations:
         metrics.record(rec, "r", ns)
     (h,) = metrics.snapshot().ranges
-    assert (h.name, h.count, h.sum_ns) == ("r", 6, 500 + 3000 + 3000 + 10**9 + 200 * 10**9)
+    assert (h.name, h.count, h.sum_ns) == ("r", len(durations), sum(durations))
     assert (h.min_ns, h.max_ns) == (500, 200 * 10**9)
     bounds = metrics.BOUNDS_NS
-    assert len(h.bucket_counts) == len(bounds) + 1
-    assert bounds[0] == 1024 and bounds[-1] == 2**37  # 1.02 us .. 137 s, doubling
+    assert len(h.bucket_counts) == len(bounds) + 1 == 27 * 32 + 2
+    assert bounds[0] == 1024 and bounds[-1] == 2**37  # 1.02 us .. 137 s
+    assert bounds[1] == 1056 and bounds[32] == 2048 and bounds[33] == 2112  # 32 a power of two
+    assert max((b - a) / a for a, b in zip(bounds, bounds[1:])) == metrics.QUANTILE_ERROR
     counts = dict(enumerate(h.bucket_counts))
     assert counts[0] == 1  # 500 ns: under the first bound
-    assert counts[1] == 2  # 1500 ns: [1024, 2048)
-    assert counts[2] == 1  # 3000 ns: [2048, 4096)
-    assert counts[bounds.index(2**30) + 0] == 1  # 1 s: [2**29, 2**30)
+    assert counts[1] == 2  # 1024 and 1055 ns: [1024, 1056)
+    assert counts[2] == 1  # 1056 ns: [1056, 1088)
+    assert counts[_bucket_of(1500)] == 2 and bounds[_bucket_of(1500) - 1] == 1472  # [1472, 1504)
+    assert counts[_bucket_of(3000)] == 1 and bounds[_bucket_of(3000) - 1] == 2944
+    assert counts[bounds.index(2**30)] == 1  # just under 1.07 s: the last of [2**29, 2**30)
+    assert counts[bounds.index(2**30) + 1] == 0  # 1 s: [2**29 + 2**24 * 29, ...)
+    assert counts[_bucket_of(10**9)] == 1
     assert counts[len(bounds)] == 1  # 200 s: past the last bound
-    assert sum(h.bucket_counts) == 6
+    assert sum(h.bucket_counts) == len(durations)
 
 
 def test_quantiles_stay_within_the_bucket_and_the_exact_extremes(fresh_metrics):
     rec = metrics.recorder
     for _ in range(98):
-        metrics.record(rec, "q", 10_000)  # [8192, 16384)
+        metrics.record(rec, "q", 10_000)  # [9984, 10240)
     metrics.record(rec, "q", 5_000_000)
     metrics.record(rec, "q", 6_000_000)
     (h,) = metrics.snapshot().ranges
-    assert 10_000 <= h.quantile(0.5) <= 16_384  # clamped to the min from below
+    assert 10_000 <= h.quantile(0.5) <= 10_240  # clamped to the min from below
     assert h.quantile(0.0) == 10_000
-    assert 4_194_304 <= h.quantile(0.99) <= 6_000_000
+    assert 4_980_736 <= h.quantile(0.99) <= 6_000_000
     assert h.quantile(1.0) == 6_000_000
-    assert RangeHistogram("e", 0, 0, 0, 0, (0,) * 29, metrics.BOUNDS_NS).quantile(0.5) == 0.0
+    empty = RangeHistogram("e", 0, 0, 0, 0, (0,) * metrics.BUCKETS, metrics.BOUNDS_NS)
+    assert empty.quantile(0.5) == 0.0
 
 
 def test_the_sync_wrappers_inline_update_is_metrics_record(fresh_metrics, monkeypatch):
@@ -165,9 +179,10 @@ def test_a_profiler_the_program_starts_takes_calls_off_the_metrics_only_path(fre
 
 def test_batches_fold_into_what_the_buckets_are_defined_to_hold(fresh_metrics):
     """Whatever the batches (sizes, order, outliers, 0, a bucket's edges, past the last
-    bucket), the histogram holds per bucket ``b`` the durations whose whole nanoseconds have
-    bit length ``b`` once rounded to float32 (the last bucket: all longer), their sum and
-    the exact min and max, as documented in ``instrument.metrics``."""
+    bucket, spans of one power of two to 50), the histogram holds per bucket ``i`` the
+    durations ``d`` with ``BOUNDS_NS[i-1] <= d < BOUNDS_NS[i]`` once rounded to float32 (the
+    first: all shorter, the last: all longer), their sum and the exact min and max, as
+    documented in ``instrument.metrics``."""
     import math
     import random
     import struct
@@ -177,20 +192,21 @@ def test_batches_fold_into_what_the_buckets_are_defined_to_hold(fresh_metrics):
         return struct.unpack("<f", struct.pack("<f", d))[0]
 
     rng = random.Random(7)
-    last = metrics.SUM - 1
-    edges = [0, 0.4, 1, 255, 255.9, 256, 2**30 - 1, 2**30, 2**62, 2**63]
-    for _ in range(300):
+    edges = [0, 0.4, 1, 255, 255.9, 256, 1023.9, 1024, 1055.99, 1056, 2**30 - 1, 2**30]
+    edges += [2**37 - 1, 2**37, 2**62, 2**63, 1e6, 1e6 + 31.25, 1e6 + 31.26]
+    for _ in range(150):
         folded: dict = {}
         durations: list[float] = []
         for _batch in range(rng.randint(1, 6)):
+            top = rng.choice((12, 20, 30, 50))  # a batch spans 1 to 40 powers of two
             batch = [
-                float(rng.choice(edges + [rng.randint(1, 2 ** rng.randint(1, 50))] * 4))
-                for _ in range(rng.randint(1, 40))
+                float(rng.choice(edges + [rng.randint(2**11, 2 ** rng.randint(12, top))] * 4))
+                for _ in range(rng.choice((1, 40, metrics.BATCH)))
             ]
             metrics._fold(folded, "x", batch[:])
             durations += batch
         shard = folded["x"]
-        expected = Counter(min(int(as_float32(d)).bit_length(), last) for d in durations)
+        expected = Counter(bisect.bisect_right(metrics.BOUNDS_NS, as_float32(d)) for d in durations)
         assert {b: c for b, c in enumerate(shard[: metrics.SUM]) if c} == dict(expected)
         assert math.isclose(shard[metrics.SUM], sum(durations), rel_tol=1e-12)
         assert (shard[metrics.MIN], shard[metrics.MAX]) == (min(durations), max(durations))
@@ -213,23 +229,55 @@ def test_batches_fold_into_what_the_buckets_are_defined_to_hold(fresh_metrics):
         )
 
 
+def test_full_batches_of_the_shapes_ranges_have_fold_exactly(fresh_metrics):
+    """Batches of ``BATCH`` durations of the shapes a range's calls take, each through the
+    fold's own way of splitting powers of two (the key's low byte as it is, one count per
+    key or a ``Counter``; bands of fields where two fields 8 apart share that byte): every
+    bucket holds what the bounds say it does."""
+    import random
+    import struct
+    from collections import Counter
+
+    def as_float32(d: float) -> float:
+        return struct.unpack("<f", struct.pack("<f", d))[0]
+
+    rng = random.Random(3)
+    shapes = {
+        "within 10%": lambda: rng.uniform(11e6, 13e6),  # one field, a few keys
+        "log-normal": lambda: rng.lognormvariate(16, 0.3),  # a few fields: a Counter
+        "hit or miss": lambda: rng.choice((rng.uniform(4e3, 6e3), rng.uniform(4e6, 6e6))),
+        "under 1 us, one late": lambda: rng.uniform(150, 400) if rng.random() > 1e-3 else 5e6,
+        "every decade": lambda: 10 ** rng.uniform(2, 12),  # bands of fields
+    }
+    for name, draw in shapes.items():
+        folded: dict = {}
+        durations = [draw() for _ in range(3 * metrics.BATCH)]
+        durations[1500] = 5e6  # (one late call for certain)
+        for i in range(0, len(durations), metrics.BATCH):
+            metrics._fold(folded, name, durations[i : i + metrics.BATCH])
+        expected = Counter(bisect.bisect_right(metrics.BOUNDS_NS, as_float32(d)) for d in durations)
+        got = {b: c for b, c in enumerate(folded[name][: metrics.SUM]) if c}
+        assert got == dict(expected), name
+
+
 def test_the_device_times_update_is_the_fold_of_one_duration(fresh_metrics):
     one: dict = {}
     metrics.add(one, "y", 3000.0)
-    assert one["y"][(3000).bit_length()] == 1 and sum(one["y"][: metrics.SUM]) == 1
+    assert one["y"][bisect.bisect_right(metrics.BOUNDS_NS, 3000)] == 1
+    assert sum(one["y"][: metrics.SUM]) == 1
     assert one["y"][metrics.SUM] == one["y"][metrics.MIN] == one["y"][metrics.MAX] == 3000.0
 
 
 def test_a_duration_past_float32_or_not_a_number_is_counted_not_raised(fresh_metrics):
     """No clock gives them; if one came, the fold (inside a user's call) must not raise."""
     folded: dict = {}
-    metrics._fold(folded, "z", [1e39, float("nan"), float("inf"), 2.0**70, 5.0])
+    metrics._fold(folded, "z", [1e39, float("nan"), float("inf"), 2.0**70, 5000.0])
     metrics._fold(folded, "z", [float("nan")])
     shard = folded["z"]
     assert sum(shard[: metrics.SUM]) == 6 and shard[metrics.SUM - 1] == 3  # past 2**62 ns
-    assert shard[0] == 2 and shard[(5).bit_length()] == 1  # a NaN counts as 0
+    assert shard[0] == 2 and shard[bisect.bisect_right(metrics.BOUNDS_NS, 5000)] == 1  # NaN: 0
     assert shard[metrics.MAX] == 2.0**64 and shard[metrics.MIN] == 0.0
-    assert shard[metrics.SUM] == 3 * 2.0**64 + 5.0  # a number still
+    assert shard[metrics.SUM] == 3 * 2.0**64 + 5000.0  # a number still
     metrics._fold(folded, "z", [-7.0, 6.0])  # negative: counted by its size, the exact extremes
     assert shard[metrics.MIN] == -7.0 and sum(shard[: metrics.SUM]) == 8
 
@@ -249,7 +297,7 @@ def test_threads_count_exactly_while_snapshots_fold_and_memory_stays_bounded(fre
     def snapshots():
         while not stop.is_set():
             metrics.snapshot()
-            longest.append(max(map(len, metrics.recorder.pending.values())))
+            longest.append(max(map(len, list(metrics.recorder.pending.values())), default=0))
 
     watcher = threading.Thread(target=snapshots)
     watcher.start()
@@ -515,10 +563,12 @@ def test_the_records_are_json_with_the_documented_keys(tmp_path):
         "world_size",
         "host",
         "pid",
+        "quantile_max_error",
         "ranges",
         "steps",
         "device_ranges",
     }
+    assert last["quantile_max_error"] == metrics.QUANTILE_ERROR == 1 / 32  # the bound, stated
     assert set(last["ranges"]["work"]) == {
         "count",
         "sum_s",

@@ -5,6 +5,8 @@ and its query API returns the per-range counts."""
 from __future__ import annotations
 
 import json
+import math
+import random
 import shutil
 import socket
 import subprocess
@@ -38,7 +40,11 @@ def train_step(x):
 x = torch.zeros(4)
 for _ in range(250):
     train_step(x)
-from instrument import state
+import math, random
+from instrument import metrics, state
+rng = random.Random(5)  # known durations, through the recording path the decorator inlines
+for _ in range(3000):
+    metrics.record(metrics.recorder, "known", rng.lognormvariate(math.log(3e6), 0.8))
 print("windows opened:", state.current.windows_opened, file=sys.stderr)  # alone: none
 print("ready", flush=True)
 sys.stdin.read()  # served until the test closes stdin
@@ -94,8 +100,18 @@ def program(tmp_path):
     assert "windows opened: 0" in err  # the prometheus exporter alone records no window
 
 
+KNOWN = 3000
+
+
+def _known(q: float) -> float:
+    """The exact ``q`` quantile of the program's known durations, in seconds."""
+    rng = random.Random(5)
+    ordered = sorted(rng.lognormvariate(math.log(3e6), 0.8) for _ in range(KNOWN))
+    return ordered[math.ceil(q * KNOWN) - 1] / 1e9
+
+
 def test_the_program_serves_exact_counts_on_metrics(program):
-    expected = {"work": 500, "train_step": 250}
+    expected = {"work": 500, "train_step": 250, "known": KNOWN}
     deadline = time.monotonic() + 30
     while True:  # served as of the last snapshot: one comes every interval
         page = _get(f"http://127.0.0.1:{program}/metrics")
@@ -135,16 +151,23 @@ def test_a_real_prometheus_server_scrapes_the_counts(program, tmp_path):
         query = urllib.parse.quote("profiled_range_duration_seconds_count")
         deadline = time.monotonic() + 60
         found: dict[str, float] = {}
-        while time.monotonic() < deadline and found != {"work": 500.0, "train_step": 250.0}:
+        expected = {"work": 500.0, "train_step": 250.0, "known": float(KNOWN)}
+        while time.monotonic() < deadline and found != expected:
             time.sleep(0.5)
             try:
                 doc = json.loads(_get(f"http://127.0.0.1:{web}/api/v1/query?query={query}"))
             except OSError:
                 continue  # not listening yet
             found = {r["metric"]["range"]: float(r["value"][1]) for r in doc["data"]["result"]}
-        assert found == {"work": 500.0, "train_step": 250.0}
+        assert found == expected
         (result,) = [r for r in doc["data"]["result"] if r["metric"]["range"] == "work"]
         assert result["metric"]["job"] == "profiled" and result["metric"]["rank"] == "0"
+        for q in (0.5, 0.9, 0.99):  # Prometheus's own quantile from the buckets: within 5%
+            series = 'profiled_range_duration_seconds_bucket{range="known"}'
+            expr = f"histogram_quantile({q}, {series})"
+            url = f"http://127.0.0.1:{web}/api/v1/query?query={urllib.parse.quote(expr)}"
+            (value,) = json.loads(_get(url))["data"]["result"]
+            assert abs(float(value["value"][1]) - _known(q)) / _known(q) < 0.05, (q, value)
     finally:
         server.terminate()
         server.wait(30)
@@ -176,7 +199,11 @@ def test_the_exposition_of_known_durations():
         metrics.reset()
     lines = [ln for ln in page.splitlines() if "_bucket" in ln]
     assert lines[0].endswith(" 0") and 'le="1.024e-06"' in lines[0]  # under 1.024 us: none
-    assert 'le="2.048e-06"} 1' in lines[1] and 'le="4.096e-06"} 3' in lines[2]  # cumulative
+    # then from the first non-empty bucket's lower bound (1472 ns) to the last one's upper
+    # (3008 ns), every bound of 32 a power of two, cumulative
+    assert 'le="1.472e-06"} 0' in lines[1] and 'le="1.504e-06"} 1' in lines[2]
+    assert 'le="2.944e-06"} 1' in lines[-3] and 'le="3.008e-06"} 3' in lines[-2]
+    assert 'le="+Inf"} 3' in lines[-1] and len(lines) == 1 + 19 + 15 + 1  # 1472..2048, ..3008
     assert 'range="a \\"quoted\\" name"' in lines[0]
     assert 'profiled_range_duration_seconds_sum{range="a \\"quoted\\" name",' in page
     assert page.rstrip().splitlines()[-1].startswith("# TYPE profiled_step_duration_seconds")
