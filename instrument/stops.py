@@ -283,7 +283,9 @@ class Stops:
                 recorded.reason,
             )
         )
-        if not taken:
+        if taken:
+            sess.windows_handed += 1
+        else:
             sess._warn(
                 f"window {index} was still open at the session's end, and torch's stop of it "
                 "(synchronous, no deadline can cut it short: it grows with the window's "
