@@ -160,7 +160,8 @@ class Stops:
             # device busy while Kineto processes its buffers (a device-wide synchronisation
             # would empty the queue first and leave the device idle meanwhile)
             try:
-                drain.event.synchronize()
+                with state.own_switch():  # (part of the stop: see ``state.OWN_SWITCHES``)
+                    drain.event.synchronize()
                 synced = True
             except Exception:  # noqa: BLE001 - a device error: take torch's own way out
                 synced = False
@@ -255,7 +256,8 @@ class Stops:
             window.abandon()
             return False
         try:
-            window.stop(sync=sync)
+            with state.own_switch():  # the metrics take it out of the call it lands in
+                window.stop(sync=sync)
         except TORCH_FAILURES as exc:  # anything else is the program's own (see above)
             sess._warn(f"the profiler could not be stopped cleanly ({exc!r}){lost}")
             return False
