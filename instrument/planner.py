@@ -150,7 +150,6 @@ class SlowSteps:
             median_step_us=median / 1000.0,
         )
 
-
     def _recurs(self, step: int, took: int, median: int) -> bool:
         """A slow step on the beat of a period learned (or learned now, with the slow steps
         before it): normal for this program, it opens no window."""

@@ -52,9 +52,7 @@ shutdown()
 
 
 @pytest.mark.parametrize("mode", ["step", "root", "outer"])
-def test_a_call_that_spans_a_window_start_or_stop_is_counted_without_it(
-    run_python, tmp_path, mode
-):
+def test_a_call_that_spans_a_window_start_or_stop_is_counted_without_it(run_python, tmp_path, mode):
     path = tmp_path / "m.jsonl"
     out = run_python(
         PROGRAM,

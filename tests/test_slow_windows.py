@@ -60,7 +60,8 @@ def test_a_slow_step_opens_a_window_after_the_schedule_is_used_up(run_python, tm
     """2 ms steps, the schedule's windows at the start, a 250x step at step 150 (0.3 s later):
     it opens a window (before, a fixed second of settling after the schedule's window judged
     none of those steps; the tests' PROFILED_SAMPLE_RATE=0, no window at the start, hid it)."""
-    records, stderr = _run(run_python, tmp_path, **({"PROFILED_SCHEDULE": schedule} if schedule else {}))
+    env = {"PROFILED_SCHEDULE": schedule} if schedule else {}
+    records, stderr = _run(run_python, tmp_path, **env)
     kinds = [r["reason"]["kind"] for r in records]
     assert "schedule" in kinds, records
     slow = [r for r in records if r["reason"]["kind"] == "slow_step"]
