@@ -9,7 +9,7 @@ one, or, with sampling (``every``/``sample_rate``), where ``Sampling.opens`` say
 one at the next step, spaced by ``min_interval_s`` too (``SlowSteps``), whether or not the
 schedule's own windows are used up; ``max_windows`` caps them all. Each plan that opens a window
 says why (``WindowReason``, carried to its report); what a slow step did not do, and why (a cap,
-a period learned), is said once in ``notes`` (the session hands them to the exporters).
+a period learned), is said once through ``tell`` (the session's: its exporters' notices).
 """
 
 from __future__ import annotations
@@ -208,6 +208,7 @@ class WindowPlanner:
         min_interval_s: float = 0.0,
         slow_step: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        tell: Callable[[str], None] | None = None,
     ) -> None:
         self.schedule = schedule
         self.sampling = sampling
@@ -222,6 +223,7 @@ class WindowPlanner:
         self.slow_pending: WindowReason | None = None  # the step that just ended was slow
         self.reason: WindowReason | None = None  # why the last cycle opened
         self.notes: list[str] = []  # what a slow step did not open, and why (each said once)
+        self._tell = tell or self.notes.append  # where they go (the session: its exporters)
         self._said: set[str] = set()
 
     # ------------------------------------------------------------ queries
@@ -256,8 +258,15 @@ class WindowPlanner:
 
     def next_possible(self, step: int) -> int | None:
         """The first step at or after ``step`` where a window may open (triggers aside); with
-        ``slow_step``, ``UNSCHEDULED`` where none is scheduled (a slow step may open one)."""
+        ``slow_step``, ``UNSCHEDULED`` where none is scheduled (a slow step may open one), and
+        once capped it says (once) that slow steps open no more."""
         if self.capped():
+            if self.slow is not None:
+                self.say(
+                    "max_windows",
+                    f"max_windows={self.max_windows} windows have opened (PROFILED_MAX_WINDOWS):"
+                    " slow steps open no more windows (and are no longer timed)",
+                )
             return None
         nxt = self._next_scheduled(step)
         return UNSCHEDULED if nxt is None and self.slow is not None else nxt
@@ -320,7 +329,7 @@ class WindowPlanner:
         """Add ``message`` to ``notes`` unless one for ``key`` was said already."""
         if key not in self._said:
             self._said.add(key)
-            self.notes.append(message)
+            self._tell(message)
 
     def triggered(self) -> None:
         """A trigger fired (signal handler or poll thread): a window opens at the next step."""
@@ -336,7 +345,7 @@ class WindowPlanner:
             return False
         self.slow_pending = slow.ended(step, now_ns, self.cycle_start is not None, switches, busy)
         if slow.learned is not None:
-            self.notes.append(slow.learned)
+            self._tell(slow.learned)
             slow.learned = None
         return self.slow_pending is not None
 

@@ -40,7 +40,7 @@ from .reporting import (
     why_no_report,
 )
 from .sampling import Action, Schedule
-from .stops import Stops
+from .stops import Handed, Stops
 from .window import Windows
 
 __all__ = ["ProfilerWarning", "Session"]
@@ -72,12 +72,8 @@ class Session:
             lambda: self._pipeline.closed,
             occurrence_budget(self.exporters),
         )
-        self._pipeline = ExportPipeline(self.exporters, self._build, self._cleanup)
-        # windows handed to the pipeline (``Stops.hand_over``) and those it is done with (no
-        # report, or every exporter done): the steps in between are not judged slow
-        self.windows_handed = 0
-        self._windows_done = 0
-        self._done_lock = threading.Lock()
+        self._handed = Handed(self._reports.build, remove_raw)  # (the steps it slows: not judged)
+        self._pipeline = ExportPipeline(self.exporters, self._handed.build, self._handed.cleanup)
         self._window_hooks = [
             e.window_started for e in self.exporters if callable(getattr(e, "window_started", None))
         ]
@@ -87,6 +83,7 @@ class Session:
             max_windows=config.max_windows,
             min_interval_s=config.min_interval_s,
             slow_step=config.slow_step,
+            tell=self._pipeline.notice,  # what a slow step did not open, and why
         )
         self._stops = Stops(self)
         self._windows = Windows(self, self._stops)
@@ -119,8 +116,7 @@ class Session:
     # ------------------------------------------------------------ public
 
     def step(self) -> None:
-        """End the current step (and, in the ambient session, from now on no root call ends
-        one)."""
+        """End the current step (in the ambient session, from now on no root call ends one)."""
         inside = decorator.IN_STEP_FUNCTION.get()
         if inside is not None and not self._warned_double_step:
             self._warned_double_step = True
@@ -248,15 +244,10 @@ class Session:
                     self._check_finished()
                     if self.finished:
                         return
-            planner = self._planner
-            if planner.slow is not None:
-                busy = self._stops.draining is not None or self._exporting()
-                if planner.step_ended(
-                    self.step_index, time.perf_counter_ns(), _torch.switches(), busy
-                ):
-                    self._idle_until = 0  # a slow step: the next one may open a window
-                if planner.notes:
-                    self._say_notes()
+            if self._planner.slow is not None and self._planner.step_ended(
+                self.step_index, time.perf_counter_ns(), _torch.switches(), self._stops.busy()
+            ):
+                self._idle_until = 0  # a slow step: the next one may open a window
             if (
                 not self._planner.in_cycle()
                 and windows.window is None
@@ -300,44 +291,9 @@ class Session:
             windows.steps.append(self.step_index)
         self.step_index += 1
         cur = self._planner.advance(self.step_index, window_open=windows.window is not None)
-        if self._planner.notes:
-            self._say_notes()
         windows.transition(prev, cur, self.step_index, lazy=self._lazy_start)
         self._action = cur
         self._check_finished()
-
-    def _say_notes(self) -> None:
-        """What slow steps did not do, and why (``WindowPlanner.notes``): to every exporter
-        that takes notices (the console prints them)."""
-        notes = self._planner.notes
-        while notes:
-            self._pipeline.notice(notes.pop(0))
-
-    def _exporting(self) -> bool:
-        """A window handed over is still being analysed or exported (a report the analysis
-        queue dropped counts as done)."""
-        if self.windows_handed <= self._windows_done:
-            return False
-        return self.windows_handed > self._windows_done + self._pipeline.dropped["analysis"]
-
-    def _build(self, window: Any) -> Any:
-        report = None
-        try:
-            report = self._reports.build(window)
-        finally:
-            if report is None:  # no report: nothing more will be done with this window
-                self._window_done()
-        return report
-
-    def _cleanup(self, report: Any) -> None:
-        try:
-            remove_raw(report)
-        finally:
-            self._window_done()
-
-    def _window_done(self) -> None:
-        with self._done_lock:
-            self._windows_done += 1
 
     def _check_finished(self) -> None:
         if self._windows.window is not None or self._planner.in_cycle():
@@ -346,14 +302,6 @@ class Session:
             self._idle_until = 0
             return
         nxt = self._planner.next_possible(self.step_index + 1)
-        if nxt is None and self._planner.slow is not None and self._planner.capped():
-            self._planner.say(
-                "max_windows",
-                f"max_windows={self._planner.max_windows} windows have opened "
-                "(PROFILED_MAX_WINDOWS): slow steps open no more windows (and are no longer "
-                "timed)",
-            )
-            self._say_notes()
         if nxt is None and self._trigger is None:
             self.finished = True
             state.refresh_idle()
