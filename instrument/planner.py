@@ -106,7 +106,7 @@ class SlowSteps:
         self._period_ns = 0  # their time
         self._period_last = 0  # the last of them
         self.periodic_steps = 0  # slow steps on that beat: they opened no window
-        self.learned: str | None = None  # says once what was learned (then the session clears it)
+        self.learned: str | None = None  # what was learned, once (the planner tells it)
 
     def ended(
         self, step: int, now_ns: int, in_window: bool, switches: int = 0, busy: bool = False
@@ -326,7 +326,8 @@ class WindowPlanner:
         )
 
     def say(self, key: str, message: str) -> None:
-        """Add ``message`` to ``notes`` unless one for ``key`` was said already."""
+        """Tell ``message`` (``tell``; by default into ``notes``) unless one for ``key`` was
+        told already."""
         if key not in self._said:
             self._said.add(key)
             self._tell(message)
