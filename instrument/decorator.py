@@ -85,6 +85,9 @@ _METRICS: Any = None
 _COUNT_ONLY: Any = None
 _QUIET_RECORDER: Any = None
 _now = time.perf_counter  # metrics' clock, seconds: a float difference allocates nothing
+_SWITCHED_AT = 0.0
+"""``_now()`` at the end of the last start or stop of any torch profiler (``_profiler_switched``):
+a timed call begun before it held one, the only calls that look further (``_timed``)."""
 
 
 def _mirror(idle: bool, session: Any, hook: Any, recorder: Any = None) -> None:
@@ -105,6 +108,8 @@ def _mirror(idle: bool, session: Any, hook: Any, recorder: Any = None) -> None:
 
 def _profiler_switched() -> None:
     """After every start and stop of a torch profiler (``_torch.on_switch``)."""
+    global _SWITCHED_AT
+    _SWITCHED_AT = _now()
     with state.mirror_lock:
         _apply_count_only()
 
@@ -152,7 +157,10 @@ def _exit(state: tuple[Any, ...], is_step: bool, root_ends_step: bool = True) ->
     m = _METRICS  # (read once: another thread may switch metrics off meanwhile)
     if t0 and m is not None:
         # a step in which a profiler started or stopped is no step time (``_timed``)
-        _record(m, name, (_now() - t0) * 1e9, is_step and switches == _torch.switches())
+        took = _now() - t0
+        if switches != _torch.switches():
+            took, is_step = _without_own_switches(took, t0), False
+        _record(m, name, took * 1e9, is_step)
     if sampled is not None:
         sampled[0].end(sampled)
     if sess is not None:
@@ -198,7 +206,6 @@ def _timed(
     ``_METRICS`` the caller saw (read once: another thread may switch metrics off)."""
     sampler = recorder.device  # (read once: metrics may be switched off meanwhile)
     sampled = sampler.start(name) if sampler is not None else None
-    switches = _torch.switches() if is_step else 0
     t0 = _now()
     try:
         if _SESSION is not None or (not _QUIET and state.session_for_calls() is not None):
@@ -209,13 +216,23 @@ def _timed(
             return _ranged_call(f, name, args, kwargs)
         return f(*args, **kwargs)
     finally:
-        # A step in which a profiler started or stopped (a window's start at its first call,
-        # its stop at its return) stays out of the step histogram: it holds torch's start-up
-        # or stop, not the program's step (the range's own histogram keeps the call).
-        is_step = is_step and switches == _torch.switches()
-        _record(recorder, name, (_now() - t0) * 1e9, is_step)
+        # A call in which a profiler started or stopped (a window's start at its first call,
+        # its stop at a step's end) holds the SDK's start or stop: the range's histogram gets
+        # the call without it, and a step stays out of the step histogram (and so out of the
+        # slow-step median's view of the metrics) as before.
+        took = _now() - t0
+        if _SWITCHED_AT > t0:  # one comparison on every other call
+            took, is_step = _without_own_switches(took, t0), False
+        _record(recorder, name, took * 1e9, is_step)
         if sampled is not None:
             sampled[0].end(sampled)
+
+
+def _without_own_switches(took: float, t0: float) -> float:
+    """``took`` seconds of a call begun at ``t0`` during which a profiler started or stopped,
+    less the SDK's own starts and stops on this thread meanwhile (``state.own_switch_s``):
+    the program's own time. Only such calls come here."""
+    return max(took - state.own_switch_s(t0), 0.0)
 
 
 def _call(

@@ -40,7 +40,7 @@ from .reporting import (
     why_no_report,
 )
 from .sampling import Action, Schedule
-from .stops import Stops
+from .stops import Handed, Stops
 from .window import Windows
 
 __all__ = ["ProfilerWarning", "Session"]
@@ -72,7 +72,8 @@ class Session:
             lambda: self._pipeline.closed,
             occurrence_budget(self.exporters),
         )
-        self._pipeline = ExportPipeline(self.exporters, self._reports.build, remove_raw)
+        self._handed = Handed(self._reports.build, remove_raw)  # (the steps it slows: not judged)
+        self._pipeline = ExportPipeline(self.exporters, self._handed.build, self._handed.cleanup)
         self._window_hooks = [
             e.window_started for e in self.exporters if callable(getattr(e, "window_started", None))
         ]
@@ -82,6 +83,7 @@ class Session:
             max_windows=config.max_windows,
             min_interval_s=config.min_interval_s,
             slow_step=config.slow_step,
+            tell=self._pipeline.notice,  # what a slow step did not open, and why
         )
         self._stops = Stops(self)
         self._windows = Windows(self, self._stops)
@@ -114,8 +116,7 @@ class Session:
     # ------------------------------------------------------------ public
 
     def step(self) -> None:
-        """End the current step (and, in the ambient session, from now on no root call ends
-        one)."""
+        """End the current step (in the ambient session, from now on no root call ends one)."""
         inside = decorator.IN_STEP_FUNCTION.get()
         if inside is not None and not self._warned_double_step:
             self._warned_double_step = True
@@ -244,7 +245,7 @@ class Session:
                     if self.finished:
                         return
             if self._planner.slow is not None and self._planner.step_ended(
-                self.step_index, time.perf_counter_ns(), _torch.switches()
+                self.step_index, time.perf_counter_ns(), _torch.switches(), self._stops.busy()
             ):
                 self._idle_until = 0  # a slow step: the next one may open a window
             if (

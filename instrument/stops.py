@@ -92,6 +92,42 @@ class PendingStop:
     then: Callable[[], None] | None = None
 
 
+class Handed:
+    """The windows a session handed to its pipeline (``Stops.hand_over`` counts them) and
+    those the pipeline is done with: no report came of it, or every exporter is done with
+    its report (``build`` and ``cleanup`` wrap the pipeline's own)."""
+
+    def __init__(self, build: Callable[[Any], Any], cleanup: Callable[[Any], None]) -> None:
+        self._build = build
+        self._cleanup = cleanup
+        self.handed = 0
+        self.done = 0
+        self._lock = threading.Lock()  # done moves on the pipeline's threads
+
+    def busy(self, pipeline: Any) -> bool:
+        """One is still analysed or exported (one the analysis queue dropped is done)."""
+        return self.handed > self.done and self.handed > self.done + pipeline.dropped["analysis"]
+
+    def build(self, window: Any) -> Any:
+        report = None
+        try:
+            report = self._build(window)
+        finally:
+            if report is None:  # nothing more comes of this window
+                self._done()
+        return report
+
+    def cleanup(self, report: Any) -> None:
+        try:
+            self._cleanup(report)
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        with self._lock:
+            self.done += 1
+
+
 @dataclass
 class Stops:
     """A session's deferred and pending stops."""
@@ -103,6 +139,12 @@ class Stops:
     drain_log: collections.deque[tuple[int, bool]] = field(
         default_factory=lambda: collections.deque(maxlen=64)
     )
+
+    def busy(self) -> bool:
+        """The last window is still stopping (a deferred stop), or being analysed or exported:
+        the steps meanwhile are slowed by it (``SlowSteps.ended``'s ``busy``)."""
+        sess = self.session
+        return self.draining is not None or sess._handed.busy(sess._pipeline)
 
     def defer(self, window: _torch.ProfilerWindow, event: Any, recorded: Recorded) -> None:
         """Let the profiler run on until ``event`` has completed (``finish_drain``, at a later
@@ -160,7 +202,8 @@ class Stops:
             # device busy while Kineto processes its buffers (a device-wide synchronisation
             # would empty the queue first and leave the device idle meanwhile)
             try:
-                drain.event.synchronize()
+                with state.own_switch():  # (part of the stop: see ``state.OWN_SWITCHES``)
+                    drain.event.synchronize()
                 synced = True
             except Exception:  # noqa: BLE001 - a device error: take torch's own way out
                 synced = False
@@ -255,7 +298,8 @@ class Stops:
             window.abandon()
             return False
         try:
-            window.stop(sync=sync)
+            with state.own_switch():  # the metrics take it out of the call it lands in
+                window.stop(sync=sync)
         except TORCH_FAILURES as exc:  # anything else is the program's own (see above)
             sess._warn(f"the profiler could not be stopped cleanly ({exc!r}){lost}")
             return False
@@ -283,7 +327,9 @@ class Stops:
                 recorded.reason,
             )
         )
-        if not taken:
+        if taken:
+            sess._handed.handed += 1
+        else:
             sess._warn(
                 f"window {index} was still open at the session's end, and torch's stop of it "
                 "(synchronous, no deadline can cut it short: it grows with the window's "

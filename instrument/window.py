@@ -328,7 +328,7 @@ def start_keeping_warnings(window: _torch.ProfilerWindow) -> bool:
     ``warnings.warn`` would raise out of its start and lose the window. The filters are
     process-wide, so another thread's warning given during the start is collected and
     issued the same way (never lost, never raised)."""
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, state.own_switch():
         warnings.simplefilter("always")
         started = window.start()
     for item in caught:

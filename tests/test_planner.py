@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from instrument.planner import (
-    SLOW_SETTLE_NS,
+    PERIOD_MATCHES,
+    SLOW_SETTLE_MAX_NS,
     SLOW_SETTLE_STEPS,
     SLOW_WARMUP,
     UNSCHEDULED,
@@ -129,10 +130,16 @@ def test_the_planner_needs_no_torch():
 MS = 1_000_000  # ns
 
 
-def _drive(planner: WindowPlanner, step_ms: list[float], clock: Clock | None = None) -> dict:
+def _drive(
+    planner: WindowPlanner,
+    step_ms: list[float],
+    clock: Clock | None = None,
+    busy: frozenset[int] = frozenset(),
+) -> dict:
     """Steps of ``step_ms[i]`` milliseconds, as the session drives the planner: at each
-    boundary the step's end (``step_ended``), then the next step's plan, then a window that
-    saved ends. Returns {step a window opened at: its reason}."""
+    boundary the step's end (``step_ended``; the steps in ``busy`` end while the last
+    window is still exported), then the next step's plan, then a window that saved ends.
+    Returns {step a window opened at: its reason}."""
     now_ns = 10**12
     opened = {}
     prev = planner.advance(0)
@@ -142,7 +149,7 @@ def _drive(planner: WindowPlanner, step_ms: list[float], clock: Clock | None = N
         now_ns += int(ms * MS)
         if clock is not None:
             clock.now += ms / 1000.0
-        planner.step_ended(step, now_ns)
+        planner.step_ended(step, now_ns, busy=step in busy)
         before = planner.windows_opened
         cur = planner.advance(step + 1, window_open=prev is not Action.NONE)
         if prev is Action.RECORD_AND_SAVE:
@@ -197,13 +204,88 @@ def test_a_window_and_the_steps_settling_after_it_are_not_judged():
     times[20] = 50.0  # opens a window at 21: steps 21-23
     for step in range(21, 24):
         times[step] = 200.0  # profiled steps are slow
-    for step in range(24, 46):  # the export slows the next second's steps (0.88 s)
+    for step in range(24, 46):  # the export slows the steps while it runs (0.88 s)
         times[step] = 40.0
-    times[200] = 50.0  # long after: opens the next one
+    times[60] = 50.0  # after the export: opens the next one (a fixed second kept it out)
+    opened = _drive(planner, times, busy=frozenset(range(24, 46)))
+    assert list(opened) == [21, 61]
+    assert opened[61].median_step_us == 10_000  # the window's steps were not counted
+    assert SLOW_SETTLE_STEPS >= 1 and SLOW_SETTLE_MAX_NS == 60_000_000_000
+
+
+def test_the_settle_after_a_window_is_steps_not_a_second():
+    """After a window, SLOW_SETTLE_STEPS steps and the export's are not judged, then every
+    step is: with 2 ms steps a slow step 0.3 s after the window opens one (a fixed second of
+    settling let none of the next ~500 steps be judged)."""
+    times = [2.0] * 200
+    times[20] = 20.0  # opens a window at 21
+    times[150] = 200.0
+    opened = _drive(_slow_only(), times, busy=frozenset(range(24, 40)))
+    assert list(opened) == [21, 151]
+    # the export is believed busy at most SLOW_SETTLE_MAX_NS: a report lost on the way does
+    # not end slow-step windows
+    times = [2.0] * 31_000
+    times[20] = 20.0
+    times[10_000] = 400.0  # 20 s after the window: still settling (believed busy)
+    times[30_500] = 400.0  # 61 s after: judged
+    opened = _drive(_slow_only(), times, busy=frozenset(range(24, 31_000)))
+    assert list(opened) == [21, 30_501]
+
+
+def test_slow_steps_open_windows_after_the_schedule_is_used_up():
+    """The default schedule (one window at the start) and slow_step: a slow step long after
+    it still opens a window; no scheduled one."""
+    planner = WindowPlanner(Schedule(), Sampling(), slow_step=3.0)
+    times = [2.0] * 300
+    times[250] = 200.0
     opened = _drive(planner, times)
-    assert list(opened) == [21, 201]
-    assert opened[201].median_step_us == 10_000  # the window's steps were not counted
-    assert SLOW_SETTLE_STEPS >= 1 and SLOW_SETTLE_NS == 1_000_000_000
+    assert [r.kind for r in opened.values()] == ["schedule", "slow_step"]
+    assert list(opened) == [0, 251]
+    assert planner.next_possible(300) == UNSCHEDULED
+
+
+def test_a_periodic_slow_step_is_learned_as_normal():
+    """Every 50th step a checkpoint: the first slow ones open windows, the third in a row at
+    the same period and a similar time is learned as normal (said once in notes), and from
+    then on they open none; a slow step off the beat, or of another time, still opens one."""
+    planner = _slow_only()
+    times = [10.0] * 700
+    for step in range(49, 700, 50):
+        times[step] = 80.0 if step != 449 else 78.0  # a step or two off time is still the beat
+    times[400] = 60.0  # off the beat
+    times[599] = 900.0  # on the beat but of another time
+    opened = _drive(planner, times)
+    assert list(opened) == [50, 100, 401, 600], opened
+    assert PERIOD_MATCHES == 3 and planner.slow is not None and planner.slow.period == 50
+    assert len(planner.notes) == 1 and "every 50 steps" in planner.notes[0]
+    assert "learned as periodic" in planner.notes[0]
+    assert planner.slow.periodic_steps == 11  # 149..649 but 599 (of another time)
+
+
+def test_periods_are_not_learned_from_irregular_or_unlike_slow_steps():
+    for slow, ms in (
+        ((49, 99, 170, 230, 310), (80.0,) * 5),  # irregular gaps
+        ((49, 99, 149, 199, 249), (40.0, 200.0, 40.0, 200.0, 40.0)),  # unlike times
+    ):
+        times = [10.0] * 320
+        for step, t in zip(slow, ms):
+            times[step] = t
+        planner = _slow_only()
+        opened = _drive(planner, times)
+        assert list(opened) == [s + 1 for s in slow], (slow, ms)
+        assert planner.notes == [] and planner.slow is not None and planner.slow.period is None
+
+
+def test_a_cap_that_holds_a_slow_step_back_says_so_once():
+    clock = Clock()
+    spaced = _slow_only(min_interval_s=100.0, clock=clock)
+    times = [10.0] * 300
+    for slow in (20, 150, 250):
+        times[slow] = 100.0
+    assert list(_drive(spaced, times, clock)) == [21]
+    (note,) = spaced.notes
+    assert note.startswith("a slow step opened no window: step 150 took 100.0 ms")
+    assert "min_interval_s=100 has not passed" in note and "PROFILED_MIN_INTERVAL_S" in note
 
 
 def test_max_windows_and_min_interval_apply_to_slow_steps():
