@@ -61,11 +61,15 @@ print(json.dumps(counts), flush=True)
 VARIANTS = {
     "default": ("", {}),
     "sync stop": ("import instrument.stops; instrument.stops.MAX_DRAIN_STEPS = 0\n", {}),
-    "cpu ops kept": ("import instrument.stops; instrument.stops.DRAIN_PAUSES_CPU_OPS = False\n", {}),
+    "cpu ops kept": (
+        "import instrument.stops; instrument.stops.DRAIN_PAUSES_CPU_OPS = False\n",
+        {},
+    ),
     "all threads": ("", {"PROFILED_ALL_THREADS": "1"}),
     "no helper process": ("", {"PROFILED_ANALYSIS_PROCESS": "0"}),
     "inductor asked": (
-        "import contextlib, instrument._torch as T2; T2._inductor_left_alone = contextlib.nullcontext\n",
+        "import contextlib, instrument._torch as T2\n"
+        "T2._inductor_left_alone = contextlib.nullcontext\n",
         {},
     ),
 }
@@ -82,7 +86,11 @@ def run(name: str, steps: int, size: int, workdir: str) -> None:
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     out = subprocess.run(
         [sys.executable, script, str(steps), str(size)],
-        env=env, cwd=workdir, capture_output=True, text=True, timeout=120,
+        env=env,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     if out.returncode:
         print(f"{name}: exit {out.returncode}\n{out.stderr[-2000:]}")
@@ -97,8 +105,9 @@ def run(name: str, steps: int, size: int, workdir: str) -> None:
                     health = (r.get("health") or {}).get("status", "?")
                     reports.append((r["self_device_time_total_us"], r["event_count"], health))
     print(f"{name}:")
-    print(f"  at torch's stop (device, launches, other, sync): "
-          f"{[(c['kineto_device'], c['kineto_launch'], c['kineto_other'], c['sync']) for c in counts]}")
+    print(
+        f"  at torch's stop (device, launches, other, sync): {[tuple(c.values()) for c in counts]}"
+    )
     print(f"  reports (device us, events, health): {reports}")
 
 

@@ -211,7 +211,7 @@ def test_a_profiler_the_program_starts_while_a_cuda_window_drains_survives(tmp_p
     proc = _proc.run("-c", script, str(tmp_path / "theirs.json"), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["windows"] == 0
+    assert out["windows"] == 0, (out, proc.stderr[-3000:])
     assert any("your own torch.profiler started" in m for m in out["said"]), out["said"]
     # What the program's profiler holds is torch's business: on an H200 (torch 2.11) a
     # profiler started while a CUDA one runs records no CPU ranges; the contract here is

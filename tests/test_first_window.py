@@ -60,7 +60,8 @@ def _result(code: str) -> dict:
 def test_the_window_start_and_stop_steps_stay_out_of_the_step_histogram():
     out = _result(WINDOWS)
     # two windows of three recorded steps: started in the first, stopped in the last of each
-    assert out["switched"] == [6, 8, 15, 17]
+    # (with CUDA, torch 2.11 on an H100: the flag turns on at the warm-up step's prepare)
+    assert out["switched"] in ([6, 8, 15, 17], [5, 8, 14, 17]), out
     assert out["histogram_steps"] == 30 - len(out["switched"])  # was 30
     # torch's first start no longer imports Inductor (was 2.2-4.5 s here, in step 6)...
     assert out["inductor"] is False

@@ -191,9 +191,10 @@ def program(tmp_path):
 def test_a_program_with_hostile_names_serves_and_appends_them_all(program):
     port, jsonl = program
     deadline = time.monotonic() + 60
-    while True:  # the page of the first interval onwards (it stayed empty)
+    while True:  # the live page, and the first interval's record
         found = _page_counts(_get(f"http://127.0.0.1:{port}/metrics"))
-        if len(found) == len(PAGE_SHOWS) + 1 or time.monotonic() > deadline:
+        written = jsonl.exists() and b"metrics/1" in jsonl.read_bytes()  # (the page is live)
+        if (len(found) == len(PAGE_SHOWS) + 1 and written) or time.monotonic() > deadline:
             break
         time.sleep(0.1)
     assert found == _program_expected(PROGRAM_PAGE_SHOWS)
