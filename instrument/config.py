@@ -306,9 +306,11 @@ SETTINGS: tuple[Setting, ...] = (
             number(1.0, MAX_SLOW_STEP, low_open=True, note="a factor of the median step time")
         ),
         doc="a factor, e.g. `3`: a step slower than that many times the median of the last "
-        "100 steps opens a window at the next step (after a warm-up of 10 steps; steps in "
-        "and just after a window are not judged; `PROFILED_MAX_WINDOWS` and "
-        "`PROFILED_MIN_INTERVAL_S` apply); unset: off (more than 1, at most 1000)",
+        "100 steps opens a window at the next step (after a warm-up of 10 steps; a window's "
+        "steps, the next 5 and those while its report is exported are not judged; a slow "
+        "step recurring at a regular period, 3 in a row of similar times, is learned as "
+        "normal; `PROFILED_MAX_WINDOWS` and `PROFILED_MIN_INTERVAL_S` apply, and a notice "
+        "says when one holds a slow step back); unset: off (more than 1, at most 1000)",
     ),
     Setting(
         "export_timeout_s",
