@@ -104,7 +104,9 @@ def _health_lines(report: WindowReport) -> list[str]:
     if health is None or health.complete:
         return ["health: complete"]
     reasons = "; ".join(r.detail for r in health.reasons) or "no reason recorded"
-    return _wrap(f"!! HEALTH: {health.status.upper()} (numbers marked so are incomplete): {reasons}")
+    return _wrap(
+        f"!! HEALTH: {health.status.upper()} (numbers marked so are incomplete): {reasons}"
+    )
 
 
 def _unsure(report: WindowReport) -> str:

@@ -580,74 +580,28 @@ def window_health(events: list[Event], *, device_in_use: bool = False) -> Health
       operators launch device work in the window's other steps, with no recorded device work
       of their own: ``partial``;
     - ``profiler-dropped``: records the profiler said it dropped (``DROPPED_RECORDS``)."""
-    launches: list[Event] = []
-    device_by_link: dict[int, int] = {}
-    device_count = aten_ops = dropped = 0
-    op_names: dict[int, str] = {}
-    ops: list[Event] = []
-    steps: list[tuple[int, int]] = []
-    markers: list[int] = []
-    for ev in events:
-        kind = ev.kind
-        if kind == "cpu":
-            if ev.name in LAUNCH_NAMES:
-                launches.append(ev)
-            elif ev.ext:
-                op_names[ev.ext] = ev.name
-                ops.append(ev)
-                if ev.name.startswith("aten::"):
-                    aten_ops += 1
-        elif kind == "overhead":
-            name = ev.name
-            if name.startswith(STEP_PREFIX) and ev.dur > 0:
-                steps.append((ev.start, ev.start + ev.dur))
-            elif name.startswith(STEP_MARKER) or name == WINDOW_END:
-                markers.append(ev.start)
-            elif name == DEVICE_IN_USE:
-                device_in_use = True
-            elif name == DROPPED_RECORDS:
-                dropped += ev.flops
-        elif kind in _DEVICE_KINDS:
-            device_count += 1
-            device_by_link[ev.link] = device_by_link.get(ev.link, 0) + 1
+    t = _tally(events, device_in_use)
     reasons: list[HealthReason] = []
-    if dropped:
+    if t.dropped:
         reasons.append(
             HealthReason(
                 "profiler-dropped",
-                f"the profiler reported {dropped} dropped record(s) in this window's trace",
-                dropped,
+                f"the profiler reported {t.dropped} dropped record(s) in this window's trace",
+                t.dropped,
             )
         )
-    if not device_count:
-        if launches:
-            reasons.append(
-                HealthReason(
-                    "no-device-events",
-                    f"{len(launches)} launch(es) on the host but no device event at all: "
-                    "device time, busy share and MFU are missing",
-                    len(launches),
-                )
-            )
-            return Health("device-missing", tuple(reasons))
-        if device_in_use and aten_ops:
-            reasons.append(
-                HealthReason(
-                    "no-device-events",
-                    f"{aten_ops} aten operator(s) ran in a process using CUDA, yet the window "
-                    "holds no runtime call and no device event: device time, busy share and "
-                    "MFU are missing",
-                    aten_ops,
-                )
-            )
-            return Health("device-missing", tuple(reasons))
+    if not t.device_count:
+        missing = _no_device_events(t)
+        if missing is not None:
+            return Health("device-missing", (*reasons, missing))
         return Health("partial", tuple(reasons)) if reasons else Health()
-    matched = _matched_launches(launches, device_by_link, device_count)
-    reasons.extend(_launch_reasons(launches, matched))
-    if not steps and len(markers) > 1:
-        markers.sort()
+    matched = _matched_launches(t.launches, t.device_by_link, t.device_count)
+    reasons.extend(_launch_reasons(t.launches, matched))
+    steps = t.steps
+    if not steps and len(t.markers) > 1:
+        markers = sorted(t.markers)
         steps = list(zip(markers, markers[1:]))
-    lost = _steps_without_device(steps, launches, matched, ops, op_names)
+    lost = _steps_without_device(steps, t.launches, matched, t.ops, t.op_names)
     if lost:
         reasons.append(
             HealthReason(
@@ -658,6 +612,71 @@ def window_health(events: list[Event], *, device_in_use: bool = False) -> Health
             )
         )
     return Health("partial", tuple(reasons)) if reasons else Health()
+
+
+@dataclass
+class _Tally:
+    """What ``window_health`` reads from a window's events."""
+
+    device_in_use: bool
+    launches: list[Event] = field(default_factory=list)
+    device_by_link: dict[int, int] = field(default_factory=dict)  # operator id -> device events
+    device_count: int = 0
+    aten_ops: int = 0
+    dropped: int = 0
+    op_names: dict[int, str] = field(default_factory=dict)  # operator id -> name
+    ops: list[Event] = field(default_factory=list)
+    steps: list[tuple[int, int]] = field(default_factory=list)  # ProfilerStep#N spans
+    markers: list[int] = field(default_factory=list)  # the SDK's step and window-end markers
+
+
+def _tally(events: list[Event], device_in_use: bool) -> _Tally:
+    t = _Tally(device_in_use)
+    for ev in events:
+        kind = ev.kind
+        if kind == "cpu":
+            if ev.name in LAUNCH_NAMES:
+                t.launches.append(ev)
+            elif ev.ext:
+                t.op_names[ev.ext] = ev.name
+                t.ops.append(ev)
+                if ev.name.startswith("aten::"):
+                    t.aten_ops += 1
+        elif kind == "overhead":
+            name = ev.name
+            if name.startswith(STEP_PREFIX) and ev.dur > 0:
+                t.steps.append((ev.start, ev.start + ev.dur))
+            elif name.startswith(STEP_MARKER) or name == WINDOW_END:
+                t.markers.append(ev.start)
+            elif name == DEVICE_IN_USE:
+                t.device_in_use = True
+            elif name == DROPPED_RECORDS:
+                t.dropped += ev.flops
+        elif kind in _DEVICE_KINDS:
+            t.device_count += 1
+            t.device_by_link[ev.link] = t.device_by_link.get(ev.link, 0) + 1
+    return t
+
+
+def _no_device_events(t: _Tally) -> HealthReason | None:
+    """A window without one device event that should have had some: launches on the host, or
+    operators in a process using CUDA (None: a CPU window)."""
+    if t.launches:
+        return HealthReason(
+            "no-device-events",
+            f"{len(t.launches)} launch(es) on the host but no device event at all: "
+            "device time, busy share and MFU are missing",
+            len(t.launches),
+        )
+    if t.device_in_use and t.aten_ops:
+        return HealthReason(
+            "no-device-events",
+            f"{t.aten_ops} aten operator(s) ran in a process using CUDA, yet the window "
+            "holds no runtime call and no device event: device time, busy share and "
+            "MFU are missing",
+            t.aten_ops,
+        )
+    return None
 
 
 def _matched_launches(
@@ -720,7 +739,9 @@ def _steps_without_device(
         i = bisect_right(starts, t) - 1
         return i if i >= 0 and t < steps[i][1] else -1
 
-    device_ops = {op_names[ev.link] for ev, ok in zip(launches, matched) if ok and ev.link in op_names}
+    device_ops = {
+        op_names[ev.link] for ev, ok in zip(launches, matched) if ok and ev.link in op_names
+    }
     with_device = [False] * len(steps)
     for ev, ok in zip(launches, matched):
         i = step_of(ev.start)

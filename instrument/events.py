@@ -315,7 +315,18 @@ def trace_facts(trace: Mapping[str, Any], events: list[Event]) -> list[Event]:
     return [
         _tuple_new(
             Event,
-            ("overhead", name, at, 0, thread, 0, 0, dropped if name == DROPPED_RECORDS else 0, 0, 0),
+            (
+                "overhead",
+                name,
+                at,
+                0,
+                thread,
+                0,
+                0,
+                dropped if name == DROPPED_RECORDS else 0,
+                0,
+                0,
+            ),
         )
         for name in facts + ([DROPPED_RECORDS] if dropped else [])
     ]
