@@ -260,7 +260,9 @@ def _analyze(events: list[Event], names: frozenset[str], top: int) -> Analysis:
     for evs in by_thread.values():
         _walk_thread(host, evs)
     dev = _attribute_device(device, host)
-    return _summarize(host, dev, top, len(events))
+    # the trace's facts (``events.trace_facts``, appended last) are no recorded events
+    facts = sum(1 for ev in events[-2:] if ev.name == DEVICE_IN_USE or ev.name == DROPPED_RECORDS)
+    return _summarize(host, dev, top, len(events) - facts)
 
 
 def _split(events: list[Event]) -> tuple[dict[Any, list[Event]], list[Event]]:
