@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -333,20 +334,36 @@ def trace_facts(trace: Mapping[str, Any], events: list[Event]) -> list[Event]:
 
 
 def dropped_records(trace: Mapping[str, Any]) -> int:
-    """Records the profiler says it dropped: the sum of positive counts under top-level keys
-    (and keys of top-level objects) named with "dropped" or "overflow" (0: none said)."""
+    """Records the profiler says it dropped (0: none said): the sum of positive counts under
+    top-level keys (and keys of top-level objects) named with "dropped" or "overflow", and the
+    messages of Kineto's logger metadata (top-level ``WARNING`` / ``ERROR`` lists, written on
+    its on-demand path, pytorch/kineto#1336) that say so, each its first number (else 1)."""
     total = 0
     for key, value in trace.items():
         if key == "traceEvents":
+            continue
+        if key.upper() in _LOG_KEYS and isinstance(value, (list, str)):
+            total += _dropped_in_messages([value] if isinstance(value, str) else value)
             continue
         items = value.items() if isinstance(value, Mapping) else ((key, value),)
         for name, count in items:
             if not isinstance(name, str) or not any(w in name.lower() for w in _DROPPED_WORDS):
                 continue
-            if isinstance(count, bool):
-                continue
-            if isinstance(count, (int, float)) and count > 0:
+            if isinstance(count, (int, float)) and not isinstance(count, bool) and count > 0:
                 total += int(count)
+    return total
+
+
+_LOG_KEYS = frozenset({"WARNING", "WARNINGS", "ERROR", "ERRORS"})
+_NUMBER = re.compile(r"\d+")
+
+
+def _dropped_in_messages(messages: Iterable[Any]) -> int:
+    total = 0
+    for message in messages:
+        if isinstance(message, str) and any(w in message.lower() for w in _DROPPED_WORDS):
+            number = _NUMBER.search(message)
+            total += int(number.group()) if number else 1
     return total
 
 
