@@ -583,6 +583,7 @@ def window_health(events: list[Event], *, device_in_use: bool = False) -> Health
       of their own: ``partial``;
     - ``profiler-dropped``: records the profiler said it dropped (``DROPPED_RECORDS``)."""
     t = _tally(events, device_in_use)
+    _drop_captured(t)
     reasons: list[HealthReason] = []
     if t.dropped:
         reasons.append(
@@ -630,6 +631,7 @@ class _Tally:
     ops: list[Event] = field(default_factory=list)
     steps: list[tuple[int, int]] = field(default_factory=list)  # ProfilerStep#N spans
     markers: list[int] = field(default_factory=list)  # the SDK's step and window-end markers
+    captures: list[tuple[Any, int, bool]] = field(default_factory=list)  # (thread, at, begins)
 
 
 def _tally(events: list[Event], device_in_use: bool) -> _Tally:
@@ -639,6 +641,8 @@ def _tally(events: list[Event], device_in_use: bool) -> _Tally:
         if kind == "cpu":
             if ev.name in LAUNCH_NAMES:
                 t.launches.append(ev)
+            elif ev.name in _CAPTURE_BEGIN or ev.name in _CAPTURE_END:
+                t.captures.append((ev.thread, ev.start, ev.name in _CAPTURE_BEGIN))
             elif ev.ext:
                 t.op_names[ev.ext] = ev.name
                 t.ops.append(ev)
@@ -658,6 +662,30 @@ def _tally(events: list[Event], device_in_use: bool) -> _Tally:
             t.device_count += 1
             t.device_by_link[ev.link] = t.device_by_link.get(ev.link, 0) + 1
     return t
+
+
+_CAPTURE_BEGIN = frozenset({"cudaStreamBeginCapture", "cudaStreamBeginCapture_v2"})
+_CAPTURE_END = frozenset({"cudaStreamEndCapture"})
+
+
+def _drop_captured(t: _Tally) -> None:
+    """Launches made while a stream was being captured into a CUDA graph (torch.compile's
+    ``reduce-overhead``, ``torch.cuda.graph``) run nothing then: no device event is due."""
+    if not t.captures:
+        return
+    spans: list[tuple[Any, int, int]] = []
+    open_at: dict[Any, int] = {}
+    for thread, start, begins in sorted(t.captures, key=lambda c: c[1]):
+        if begins:
+            open_at.setdefault(thread, start)
+        elif thread in open_at:
+            spans.append((thread, open_at.pop(thread), start))
+    spans.extend((thread, at, 1 << 62) for thread, at in open_at.items())
+    t.launches = [
+        ev
+        for ev in t.launches
+        if not any(th == ev.thread and lo <= ev.start <= hi for th, lo, hi in spans)
+    ]
 
 
 def _no_device_events(t: _Tally) -> HealthReason | None:

@@ -217,3 +217,26 @@ def test_exporters_show_health():
     assert "(partial)" in page
     assert "health: complete" in build_page([PageWindow(whole)])
     assert lost.to_dict()["health"]["reasons"][0]["count"] == 6
+
+
+def test_launches_captured_into_a_cuda_graph_owe_no_device_event():
+    """Between cudaStreamBeginCapture and cudaStreamEndCapture launches run nothing: the
+    launches of a captured step are no lost events (the same trace without the capture is)."""
+    trace = load_trace(os.path.join(DATA, "launches_without_kernels.json"))
+    evs = trace["traceEvents"]
+    first = min(e["ts"] for e in evs if e.get("cat") == "cuda_driver")
+    last = max(e["ts"] for e in evs if e.get("cat") == "cuda_runtime")
+    for name, ts in (("cudaStreamBeginCapture", first - 1), ("cudaStreamEndCapture", last + 7)):
+        evs.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": name,
+                "pid": 624,
+                "tid": 624,
+                "ts": ts,
+                "dur": 0.5,
+                "args": {"External id": 0, "correlation": 1},
+            }
+        )
+    assert analyze(events_from_trace(trace), {"train_step"}).health.status == "complete"
