@@ -240,3 +240,19 @@ def test_launches_captured_into_a_cuda_graph_owe_no_device_event():
             }
         )
     assert analyze(events_from_trace(trace), {"train_step"}).health.status == "complete"
+
+
+@pytest.mark.parametrize("in_use", [True, False])
+def test_the_builder_tells_the_helper_through_the_shaped_trace(in_use, tmp_path):
+    """The report builder passes ``device_in_use`` with the window's distributed info; shaping
+    writes it into the trace (``profiledWindow``), where the helper's analysis and later the
+    CLI read it: a window of operators without any device event is then device-missing."""
+    raw = tmp_path / "w.json"
+    shutil.copy(os.path.join(DATA, "cpu_only_no_runtime.json"), raw)
+    dist = {"rank": 0, "world_size": 1, "device_in_use": in_use}
+    analysis = shape_and_analyze(str(raw), frozenset({"train_step"}), dist)
+    assert analysis.health.status == ("device-missing" if in_use else "complete")
+    assert ("profiledWindow" in load_trace(str(raw))) is in_use
+    again = run("-m", "instrument", "summarize", str(raw), "--json") if in_use else None
+    if again is not None:
+        assert json.loads(again.stdout)["health"]["status"] == "device-missing", again.stderr
