@@ -1,6 +1,8 @@
 """``ConsoleExporter``: the window table a person reads first.
 
-First the window's verdict with the numbers behind it, then one line per ``@profiled`` range:
+First the window's health (``complete``, or loud: what was lost, with its numbers; device
+numbers it cannot stand behind say ``(partial)`` / ``(device-missing)``), then its verdict with
+the numbers behind it, then one line per ``@profiled`` range:
 calls, inclusive CPU time, device time of the kernels it launched, device time over CPU time,
 the share of the range's wall time the device was busy, and the verdict (overhead-bound,
 compute-bound, cpu-only; see ``instrument.verdict``). Then the top operators and device
@@ -59,6 +61,7 @@ def format_report(report: WindowReport, rows: int = 15) -> str:
     the order a person reads it: title, verdict, ranges, top operators and kernels, totals."""
     rule = "-" * WIDTH
     lines = [_title(report)]
+    lines.extend(_health_lines(report))
     reason = getattr(report, "reason", None)
     if reason is not None:  # why the window opened
         lines.extend(
@@ -67,7 +70,7 @@ def format_report(report: WindowReport, rows: int = 15) -> str:
     lines.append(rule)
     verdict = getattr(report, "verdict", None)
     if verdict is not None and verdict.reason:
-        lines.extend(_wrap(f"window: {verdict}: {verdict.reason}"))
+        lines.extend(_wrap(f"window: {verdict}: {verdict.reason}{_unsure(report)}"))
         lines.append(rule)
     lines.extend(_range_lines(report, rows))
     if report.top_ops:
@@ -92,6 +95,24 @@ def _title(report: WindowReport) -> str:
         f"rank {report.rank}/{report.world_size} | recorded {format_time_us(report.duration_us)}"
     )
     return fit(title, WIDTH)
+
+
+def _health_lines(report: WindowReport) -> list[str]:
+    """Whether the window's numbers can be stood behind: one quiet line when nothing was found
+    missing, a loud one (wrapped) with the reasons and their numbers when events were lost."""
+    health = getattr(report, "health", None)
+    if health is None or health.complete:
+        return ["health: complete"]
+    reasons = "; ".join(r.detail for r in health.reasons) or "no reason recorded"
+    return _wrap(
+        f"!! HEALTH: {health.status.upper()} (numbers marked so are incomplete): {reasons}"
+    )
+
+
+def _unsure(report: WindowReport) -> str:
+    """The mark after a device number this window cannot stand behind."""
+    health = getattr(report, "health", None)
+    return "" if health is None or health.complete else f" ({health.status})"
 
 
 def _range_lines(report: WindowReport, rows: int) -> list[str]:
@@ -143,7 +164,7 @@ def flops_line(report: WindowReport, r: RangeStats) -> str:
     if not r.flops_per_s:
         if r.cpu_time_us:
             text += f", {_si(r.flops / (r.cpu_time_us * 1e-6))}FLOP/s over its CPU time"
-        return text + " (no device work: no MFU)"
+        return text + " (no device work: no MFU)" + _unsure(report)
     text += f", {_si(r.flops_per_s)}FLOP/s on the device"
     dtype = r.flops_dtype or "dtype unknown"
     peak = report.peak_flops_per_s(r.flops_dtype)
@@ -154,7 +175,7 @@ def flops_line(report: WindowReport, r: RangeStats) -> str:
         text += f", MFU: peak unknown for {report.device} ({dtype}; set PROFILED_PEAK_TFLOPS)"
     if r.arithmetic_intensity:
         text += f", {r.arithmetic_intensity:.0f} FLOP/byte"
-    return text
+    return text + _unsure(report)
 
 
 def _operator_lines(report: WindowReport, rows: int) -> list[str]:
@@ -205,7 +226,10 @@ def _total_lines(report: WindowReport) -> list[str]:
     accelerators = [a for a in report.activities if a != "cpu"]
     if accelerators:
         label = accelerators[0].upper()  # torch's table: "Self CUDA time total", "Self XPU ..."
-        lines.append(f"Self {label} time total: {format_time_us(report.self_device_time_total_us)}")
+        lines.append(
+            f"Self {label} time total: {format_time_us(report.self_device_time_total_us)}"
+            + _unsure(report)
+        )
     if report.profiler_overhead_us:
         lines.append(
             f"Profiler bookkeeping (not in the totals): "

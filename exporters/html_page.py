@@ -95,6 +95,26 @@ def _steps(steps: Sequence[int]) -> str:
     return "steps " + ",".join(str(s) for s in steps)
 
 
+def _health(report: WindowReport) -> str:
+    """The window's health: a quiet line when complete, a loud one with the reasons (and their
+    numbers) when it lost events (``report.Health``)."""
+    health = getattr(report, "health", None)
+    if health is None or health.complete:
+        return '<p class="health h-complete">health: complete</p>'
+    items = "".join(f"<li>{_e(r.detail)}</li>" for r in health.reasons)
+    return (
+        f'<div class="health h-{_e(health.status)}" role="alert" style="border: 2px solid '
+        f'#c0392b; background: #fdecea; padding: 4px 8px; margin: 6px 0"><b>health: '
+        f"{_e(health.status)}</b>: device numbers marked ({_e(health.status)}) are incomplete"
+        f"<ul>{items}</ul></div>"
+    )
+
+
+def _unsure(report: WindowReport) -> str:
+    health = getattr(report, "health", None)
+    return "" if health is None or health.complete else f" ({health.status})"
+
+
 def _header(index: int, report: WindowReport) -> str:
     title = (
         f"window {report.window} | rank {report.rank}/{report.world_size} | {report.device} | "
@@ -108,15 +128,17 @@ def _header(index: int, report: WindowReport) -> str:
         + (f" | trace: <code>{_e(report.trace_file)}</code>" if report.trace_file else "")
         + (f" | opened by {_e(report.reason)}" if report.reason else "")
         + "</p>",
+        _health(report),
         f'<p class="verdict">{_badge(report.verdict)} '
-        f'<span class="reason">{_e(report.verdict.reason)}</span></p>',
+        f'<span class="reason">{_e(report.verdict.reason)}{_e(_unsure(report))}</span></p>',
         '<p class="totals">'
         f"Self CPU time total: <b>{format_time_us(report.self_cpu_time_total_us)}</b>",
     ]
     if report.self_device_time_total_us or "cuda" in report.activities:
+        unsure = _e(_unsure(report))
         parts[-1] += (
             f" | Self CUDA time total: <b>{format_time_us(report.self_device_time_total_us)}</b>"
-            f" | device busy: <b>{format_time_us(report.device_busy_us)}</b>"
+            f"{unsure} | device busy: <b>{format_time_us(report.device_busy_us)}</b>{unsure}"
         )
     parts[-1] += f" | profiler overhead: {format_time_us(report.profiler_overhead_us)}</p>"
     return "\n".join(parts)
@@ -138,7 +160,8 @@ def _range_row(report: WindowReport, stats: RangeStats, most: float, mfu_col: bo
         f'<td class="num">{_rate(stats.flops_per_s) if stats.flops_per_s else "-"}</td>',
     ]
     if mfu_col:
-        cells.append(f'<td class="num">{"-" if mfu is None else f"{100 * mfu:.1f}%"}</td>')
+        shown = "-" if mfu is None else f"{100 * mfu:.1f}%{_e(_unsure(report))}"
+        cells.append(f'<td class="num">{shown}</td>')
     cells.append(
         f"<td>{_badge(stats.verdict)}"
         f'<div class="reason small">{_e(stats.verdict.reason)}</div></td>'

@@ -93,6 +93,10 @@ ATTRIBUTES: dict[str, str] = {
     "profiled.window.range_occurrences": "range occurrences recorded in the window",
     "profiled.window.reason": "why the window opened: schedule, every, sample, trigger, slow_step",
     "profiled.window.reason_detail": "the same in a sentence (slow_step: the step's time, median)",
+    "profiled.health": "complete, partial or device-missing: whether the window lost events",
+    "profiled.health.reasons": "why it is not complete: one sentence with numbers each (array)",
+    "profiled.health.reason_kinds": "the same as stable keys (launch-without-device, ...)",
+    "profiled.health.lost": "launches, steps or records the reasons concern, summed",
     "profiled.rank": "torch.distributed rank (0 without it)",
     "profiled.world_size": "torch.distributed world size (1 without it)",
     "profiled.device": "'cpu' or the accelerator's name",
@@ -735,6 +739,13 @@ def _window_attributes(report: WindowReport) -> dict[str, Any]:
         _rate_attributes(
             attrs, report, report.flops, report.self_device_time_total_us, report.flops_dtype
         )
+    health = getattr(report, "health", None)
+    if health is not None:
+        attrs["profiled.health"] = health.status
+        if health.reasons:
+            attrs["profiled.health.reasons"] = [r.detail for r in health.reasons]
+            attrs["profiled.health.reason_kinds"] = [r.kind for r in health.reasons]
+            attrs["profiled.health.lost"] = sum(r.count for r in health.reasons)
     reason = getattr(report, "reason", None)
     if reason is not None:
         attrs["profiled.window.reason"] = reason.kind

@@ -30,12 +30,16 @@ How the numbers are made:
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
 from .events import (
+    DEVICE_IN_USE,
+    DROPPED_RECORDS,
+    LAUNCH_NAMES,
     PROFILER_WORK_NAMES,
     UNFINISHED,
     USER_ANNOTATION,
@@ -49,6 +53,8 @@ from .events import (
 )
 from .report import (
     FrozenMap,
+    Health,
+    HealthReason,
     KernelStats,
     OccurrenceBudget,
     Occurrences,
@@ -56,7 +62,7 @@ from .report import (
     PageTimeline,
     RangeStats,
 )
-from .tracefile import STEP_MARKER, WINDOW_END
+from .tracefile import STEP_MARKER, STEP_PREFIX, WINDOW_END
 from .verdict import CPU_ONLY, Verdict, judge
 
 __all__ = [
@@ -68,6 +74,7 @@ __all__ = [
     "analyze_trace",
     "events_from_trace",
     "is_bookkeeping",
+    "window_health",
 ]
 
 
@@ -107,6 +114,7 @@ class Analysis:
     event_count: int = 0
     occurrences: Occurrences | None = None  # when asked for (``analyze(occurrences=...)``)
     timeline: PageTimeline | None = None  # when asked for (``OccurrenceBudget.timeline_events``)
+    health: Health = field(default_factory=Health)  # lost events (``window_health``)
 
     def report_fields(self, **overrides: Any) -> dict[str, Any]:
         """The ``WindowReport`` fields this analysis fills (the session and the CLI add who,
@@ -127,6 +135,7 @@ class Analysis:
             "event_count": self.event_count,
             "occurrences": self.occurrences,
             "timeline": self.timeline,
+            "health": self.health,
         }
         fields.update(overrides)
         return fields
@@ -219,15 +228,20 @@ def analyze(
     top: int = 20,
     occurrences: OccurrenceBudget | None = None,
     base_ns: int = 0,
+    device_in_use: bool = False,
 ) -> Analysis:
     """Aggregate one window's normalised events (see module docstring).
 
     With ``occurrences`` (the span budget of the exporters that want per-call data) the
     analysis also carries the window's range occurrences, fitted to it (``occurrences.py``);
-    ``base_ns`` turns the events' times into epoch ns (a trace's ``baseTimeNanoseconds``)."""
+    ``base_ns`` turns the events' times into epoch ns (a trace's ``baseTimeNanoseconds``).
+    ``device_in_use``: the profiled process had initialized CUDA (a trace says so itself with
+    a ``DEVICE_IN_USE`` event): a window of operators without any device event is then
+    ``device-missing`` (``window_health``)."""
     with no_gc():
         events = events if isinstance(events, list) else list(events)
         analysis = _analyze(events, frozenset(range_names), top)
+        analysis.health = window_health(events, device_in_use=device_in_use)
         if occurrences is not None and occurrences.max_spans:
             from .occurrences import window_occurrences
 
@@ -246,7 +260,9 @@ def _analyze(events: list[Event], names: frozenset[str], top: int) -> Analysis:
     for evs in by_thread.values():
         _walk_thread(host, evs)
     dev = _attribute_device(device, host)
-    return _summarize(host, dev, top, len(events))
+    # the trace's facts (``events.trace_facts``, appended last) are no recorded events
+    facts = sum(1 for ev in events[-2:] if ev.name == DEVICE_IN_USE or ev.name == DROPPED_RECORDS)
+    return _summarize(host, dev, top, len(events) - facts)
 
 
 def _split(events: list[Event]) -> tuple[dict[Any, list[Event]], list[Event]]:
@@ -536,3 +552,237 @@ def analyze_events(
 ) -> Analysis:
     """Analyse raw Chrome trace event dicts (``trace["traceEvents"]``)."""
     return analyze(events_from_trace({"traceEvents": events}), range_names, top=top)
+
+
+# ---------------------------------------------------------------- window health
+
+TAIL_LAUNCHES = 2
+"""Launches without their device work tolerated at a window's very end (after the last launch
+whose device work was recorded). Kineto keeps only device work that ran before the profiler
+stopped (later records are "out of range", pytorch/kineto#996); torch's stop synchronizes the
+device first and the SDK's deferred stop waits for the window's end event, so nothing should
+be missing there. Two launches cover a stop that raced the very last kernel (a deferred stop
+that gave up waiting); more than that is reported."""
+
+_DEVICE_KINDS = frozenset({"kernel", "memcpy", "memset"})
+
+
+def window_health(events: list[Event], *, device_in_use: bool = False) -> Health:
+    """Whether a window lost events (``report.Health``), from its events alone (so a trace read
+    back by the CLI gets the same answer as the live window). Signs, each with its numbers:
+
+    - ``no-device-events``: launches (``events.LAUNCH_NAMES``) but not one device event, or,
+      where the process had initialized CUDA (``device_in_use``), ``aten::`` operators and no
+      runtime or device event at all (CUPTI's runtime and kernel records come in the same
+      buffers and are lost together): ``device-missing``;
+    - ``launch-without-device``: launches whose device work is not in the window (matched per
+      operator: each launch makes one kernel, memcpy or memset linked to the same operator),
+      beyond ``TAIL_LAUNCHES`` at the window's end: ``partial``;
+    - ``step-without-device``: steps (``ProfilerStep#N``, the SDK's step markers) whose
+      operators launch device work in the window's other steps, with no recorded device work
+      of their own: ``partial``;
+    - ``profiler-dropped``: records the profiler said it dropped (``DROPPED_RECORDS``)."""
+    t = _tally(events, device_in_use)
+    _drop_captured(t)
+    reasons: list[HealthReason] = []
+    if t.dropped:
+        reasons.append(
+            HealthReason(
+                "profiler-dropped",
+                f"the profiler reported {t.dropped} dropped record(s) in this window's trace",
+                t.dropped,
+            )
+        )
+    if not t.device_count:
+        missing = _no_device_events(t)
+        if missing is not None:
+            return Health("device-missing", (*reasons, missing))
+        return Health("partial", tuple(reasons)) if reasons else Health()
+    matched = _matched_launches(t.launches, t.device_by_link, t.device_count)
+    reasons.extend(_launch_reasons(t.launches, matched))
+    steps = t.steps
+    if not steps and len(t.markers) > 1:
+        markers = sorted(t.markers)
+        steps = list(zip(markers, markers[1:]))
+    lost = _steps_without_device(steps, t.launches, matched, t.ops, t.op_names)
+    if lost:
+        reasons.append(
+            HealthReason(
+                "step-without-device",
+                f"{lost} of {len(steps)} step(s) ran operators that launch device work in the "
+                "other steps, but recorded no device work",
+                lost,
+            )
+        )
+    return Health("partial", tuple(reasons)) if reasons else Health()
+
+
+@dataclass
+class _Tally:
+    """What ``window_health`` reads from a window's events."""
+
+    device_in_use: bool
+    launches: list[Event] = field(default_factory=list)
+    device_by_link: dict[int, int] = field(default_factory=dict)  # operator id -> device events
+    device_count: int = 0
+    aten_ops: int = 0
+    dropped: int = 0
+    op_names: dict[int, str] = field(default_factory=dict)  # operator id -> name
+    ops: list[Event] = field(default_factory=list)
+    steps: list[tuple[int, int]] = field(default_factory=list)  # ProfilerStep#N spans
+    markers: list[int] = field(default_factory=list)  # the SDK's step and window-end markers
+    captures: list[tuple[Any, int, bool]] = field(default_factory=list)  # (thread, at, begins)
+
+
+def _tally(events: list[Event], device_in_use: bool) -> _Tally:
+    t = _Tally(device_in_use)
+    for ev in events:
+        kind = ev.kind
+        if kind == "cpu":
+            if ev.name in LAUNCH_NAMES:
+                t.launches.append(ev)
+            elif ev.name in _CAPTURE_BEGIN or ev.name in _CAPTURE_END:
+                t.captures.append((ev.thread, ev.start, ev.name in _CAPTURE_BEGIN))
+            elif ev.ext:
+                t.op_names[ev.ext] = ev.name
+                t.ops.append(ev)
+                if ev.name.startswith("aten::"):
+                    t.aten_ops += 1
+        elif kind == "overhead":
+            name = ev.name
+            if name.startswith(STEP_PREFIX) and ev.dur > 0:
+                t.steps.append((ev.start, ev.start + ev.dur))
+            elif name.startswith(STEP_MARKER) or name == WINDOW_END:
+                t.markers.append(ev.start)
+            elif name == DEVICE_IN_USE:
+                t.device_in_use = True
+            elif name == DROPPED_RECORDS:
+                t.dropped += ev.flops
+        elif kind in _DEVICE_KINDS:
+            t.device_count += 1
+            t.device_by_link[ev.link] = t.device_by_link.get(ev.link, 0) + 1
+    return t
+
+
+_CAPTURE_BEGIN = frozenset({"cudaStreamBeginCapture", "cudaStreamBeginCapture_v2"})
+_CAPTURE_END = frozenset({"cudaStreamEndCapture"})
+
+
+def _drop_captured(t: _Tally) -> None:
+    """Launches made while a stream was being captured into a CUDA graph (torch.compile's
+    ``reduce-overhead``, ``torch.cuda.graph``) run nothing then: no device event is due."""
+    if not t.captures:
+        return
+    spans: list[tuple[Any, int, int]] = []
+    open_at: dict[Any, int] = {}
+    for thread, start, begins in sorted(t.captures, key=lambda c: c[1]):
+        if begins:
+            open_at.setdefault(thread, start)
+        elif thread in open_at:
+            spans.append((thread, open_at.pop(thread), start))
+    spans.extend((thread, at, 1 << 62) for thread, at in open_at.items())
+    t.launches = [
+        ev
+        for ev in t.launches
+        if not any(th == ev.thread and lo <= ev.start <= hi for th, lo, hi in spans)
+    ]
+
+
+def _no_device_events(t: _Tally) -> HealthReason | None:
+    """A window without one device event that should have had some: launches on the host, or
+    operators in a process using CUDA (None: a CPU window)."""
+    if t.launches:
+        return HealthReason(
+            "no-device-events",
+            f"{len(t.launches)} launch(es) on the host but no device event at all: "
+            "device time, busy share and MFU are missing",
+            len(t.launches),
+        )
+    if t.device_in_use and t.aten_ops:
+        return HealthReason(
+            "no-device-events",
+            f"{t.aten_ops} aten operator(s) ran in a process using CUDA, yet the window "
+            "holds no runtime call and no device event: device time, busy share and "
+            "MFU are missing",
+            t.aten_ops,
+        )
+    return None
+
+
+def _matched_launches(
+    launches: list[Event], device_by_link: dict[int, int], device_count: int
+) -> list[bool]:
+    """Per launch (in ``launches``' order): whether its device work is in the window. Per
+    operator, its first launches in time get its device events. Where no launch matches at
+    all although device work is there, the trace links them some other way: every launch
+    counts as matched (never a false alarm from links we cannot read)."""
+    order = sorted(range(len(launches)), key=lambda i: launches[i].start)
+    left = dict(device_by_link)
+    matched = [False] * len(launches)
+    for i in order:
+        link = launches[i].link
+        if left.get(link, 0) > 0:
+            left[link] -= 1
+            matched[i] = True
+    if launches and not any(matched) and device_count:
+        return [True] * len(launches)
+    return matched
+
+
+def _launch_reasons(launches: list[Event], matched: list[bool]) -> list[HealthReason]:
+    """``launch-without-device``: launches whose device work is missing, the tail at the
+    window's end (after the last matched launch) tolerated up to ``TAIL_LAUNCHES``."""
+    missing = [ev.start for ev, ok in zip(launches, matched) if not ok]
+    if not missing:
+        return []
+    last_ok = max((ev.start for ev, ok in zip(launches, matched) if ok), default=None)
+    tail = sum(1 for t in missing if last_ok is not None and t > last_ok)
+    count = len(missing) - (tail if tail <= TAIL_LAUNCHES else 0)
+    if not count:
+        return []
+    return [
+        HealthReason(
+            "launch-without-device",
+            f"{count} of {len(launches)} launch(es) have no device event: device time and "
+            "kernel counts are short by their work",
+            count,
+        )
+    ]
+
+
+def _steps_without_device(
+    steps: list[tuple[int, int]],
+    launches: list[Event],
+    matched: list[bool],
+    ops: list[Event],
+    op_names: dict[int, str],
+) -> int:
+    """Steps that ran operators which launch device work in the window's other steps (named
+    by the launches' operators) but have no launch with its device work: their device events
+    were lost (0 where no step has device work, or there are fewer than two steps)."""
+    if len(steps) < 2:
+        return 0
+    steps = sorted(steps)
+    starts = [s for s, _e in steps]
+
+    def step_of(t: int) -> int:
+        i = bisect_right(starts, t) - 1
+        return i if i >= 0 and t < steps[i][1] else -1
+
+    device_ops = {
+        op_names[ev.link] for ev, ok in zip(launches, matched) if ok and ev.link in op_names
+    }
+    with_device = [False] * len(steps)
+    for ev, ok in zip(launches, matched):
+        i = step_of(ev.start)
+        if ok and i >= 0:
+            with_device[i] = True
+    if not any(with_device):
+        return 0
+    wants = [False] * len(steps)
+    for ev in ops:
+        if ev.name in device_ops:
+            i = step_of(ev.start)
+            if i >= 0:
+                wants[i] = True
+    return sum(1 for want, has in zip(wants, with_device) if want and not has)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -18,6 +19,9 @@ from .peaks import dtype_name
 
 __all__ = [
     "BOOKKEEPING_NAMES",
+    "DEVICE_IN_USE",
+    "DROPPED_RECORDS",
+    "LAUNCH_NAMES",
     "CPU_OP_CATEGORIES",
     "DEVICE_CATEGORIES",
     "Event",
@@ -91,6 +95,47 @@ DEVICE_CATEGORIES = {
     "gpu_memset": "memset",
     "mtia_ccp_events": "kernel",
 }
+# Runtime (and driver) calls that put exactly one piece of device work (a kernel, memcpy or
+# memset) on the device: each has its device event, linked to the same operator, unless events
+# were lost (``analysis.window_health``). ``cudaGraphLaunch`` (many kernels) and synchronous
+# calls that put nothing on a stream are not among them.
+LAUNCH_NAMES = frozenset(
+    {
+        "cudaLaunchKernel",
+        "cudaLaunchKernelExC",
+        "cudaLaunchCooperativeKernel",
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
+        "cuLaunchCooperativeKernel",
+        "cudaMemcpyAsync",
+        "cudaMemcpy",
+        "cudaMemcpy2DAsync",
+        "cudaMemsetAsync",
+        "cudaMemset",
+        "cuMemcpyAsync",
+        "cuMemcpyHtoDAsync_v2",
+        "cuMemcpyDtoHAsync_v2",
+        "cuMemsetD8Async",
+        "cuMemsetD32Async",
+        "hipLaunchKernel",
+        "hipExtLaunchKernel",
+        "hipModuleLaunchKernel",
+        "hipExtModuleLaunchKernel",
+        "hipMemcpyAsync",
+        "hipMemcpyWithStream",
+        "hipMemsetAsync",
+    }
+)
+# What a window's trace says about the window beyond its events, carried to the analysis as a
+# zero-length bookkeeping event (``trace_facts``): the profiled process had initialized CUDA
+# (the trace's ``profiledWindow.device_in_use``, written when the SDK shapes it), and records
+# the profiler itself said it dropped (the count in the event's ``flops`` slot).
+DEVICE_IN_USE = "profiled::device_in_use"
+DROPPED_RECORDS = "profiled::dropped_records"
+# top-level trace keys whose numbers count records the profiler dropped (Kineto/CUPTI
+# versions name them differently; any key with these words and a positive count counts)
+_DROPPED_WORDS = ("dropped", "overflow")
+
 # Names torch's own table drops (torch.autograd.profiler_util._filter_name).
 FILTERED_NAMES = frozenset(
     {
@@ -248,9 +293,78 @@ def input_bytes(dims: Iterable[Any], dtypes: Iterable[Any]) -> int:
 
 
 def events_from_trace(trace: Mapping[str, Any]) -> list[Event]:
-    """Normalise a Chrome/Kineto trace's events (``export_chrome_trace`` output)."""
+    """Normalise a Chrome/Kineto trace's events (``export_chrome_trace`` output), with the
+    trace's facts about its window (``trace_facts``) as bookkeeping events after them."""
     with no_gc():
-        return _events_from_trace(trace)
+        out = _events_from_trace(trace)
+    out.extend(trace_facts(trace, out))
+    return out
+
+
+def trace_facts(trace: Mapping[str, Any], events: list[Event]) -> list[Event]:
+    """The trace's facts the window's health needs (``DEVICE_IN_USE``, ``DROPPED_RECORDS``),
+    as zero-length bookkeeping events at the window's first event (so they move no span)."""
+    facts = []
+    info = trace.get("profiledWindow")
+    if isinstance(info, Mapping) and info.get("device_in_use") is True:
+        facts.append(DEVICE_IN_USE)
+    dropped = dropped_records(trace)
+    if not facts and not dropped:
+        return []
+    at = min((ev.start for ev in events), default=0)
+    thread = ("profiled", "facts")
+    return [
+        _tuple_new(
+            Event,
+            (
+                "overhead",
+                name,
+                at,
+                0,
+                thread,
+                0,
+                0,
+                dropped if name == DROPPED_RECORDS else 0,
+                0,
+                0,
+            ),
+        )
+        for name in facts + ([DROPPED_RECORDS] if dropped else [])
+    ]
+
+
+def dropped_records(trace: Mapping[str, Any]) -> int:
+    """Records the profiler says it dropped (0: none said): the sum of positive counts under
+    top-level keys (and keys of top-level objects) named with "dropped" or "overflow", and the
+    messages of Kineto's logger metadata (top-level ``WARNING`` / ``ERROR`` lists, written on
+    its on-demand path, pytorch/kineto#1336) that say so, each its first number (else 1)."""
+    total = 0
+    for key, value in trace.items():
+        if key == "traceEvents":
+            continue
+        if key.upper() in _LOG_KEYS and isinstance(value, (list, str)):
+            total += _dropped_in_messages([value] if isinstance(value, str) else value)
+            continue
+        items = value.items() if isinstance(value, Mapping) else ((key, value),)
+        for name, count in items:
+            if not isinstance(name, str) or not any(w in name.lower() for w in _DROPPED_WORDS):
+                continue
+            if isinstance(count, (int, float)) and not isinstance(count, bool) and count > 0:
+                total += int(count)
+    return total
+
+
+_LOG_KEYS = frozenset({"WARNING", "WARNINGS", "ERROR", "ERRORS"})
+_NUMBER = re.compile(r"\d+")
+
+
+def _dropped_in_messages(messages: Iterable[Any]) -> int:
+    total = 0
+    for message in messages:
+        if isinstance(message, str) and any(w in message.lower() for w in _DROPPED_WORDS):
+            number = _NUMBER.search(message)
+            total += int(number.group()) if number else 1
+    return total
 
 
 def _events_from_trace(trace: Mapping[str, Any]) -> list[Event]:

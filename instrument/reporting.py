@@ -93,7 +93,11 @@ class ReportBuilder:
             return None
 
     def _build(self, ended: EndedWindow) -> WindowReport | None:
-        window, names, dist = ended.window, ended.names, ended.dist
+        window, names = ended.window, ended.names
+        device = _torch.device_name(self.activities)
+        # the window's health: a process using CUDA whose window holds no device event at all
+        # lost them (the shaped trace says so too: ``tracefile.shape_trace``)
+        dist = {**ended.dist, "device_in_use": device != "cpu"}
         ended.window = None  # the profiler's results go when this report is built
         if self._cancelled():
             return None
@@ -109,7 +113,12 @@ class ReportBuilder:
             del window
             analysis: Analysis | None
             if events is not None:  # Kineto's times are epoch ns already
-                analysis = analyze(drop_warmup(events), names, occurrences=self.occurrences)
+                analysis = analyze(
+                    drop_warmup(events),
+                    names,
+                    occurrences=self.occurrences,
+                    device_in_use=dist["device_in_use"],
+                )
                 del events
                 shape_file(raw, names, dist)  # the trace exporters get (tracefile.shape_trace)
             else:
@@ -133,7 +142,7 @@ class ReportBuilder:
             world_size=int(dist["world_size"]),
             host=_torch.host_name(),
             pid=os.getpid(),
-            device=_torch.device_name(self.activities),
+            device=device,
             activities=tuple(self.activities),
             raw_trace_path=raw,
             reason=ended.reason,

@@ -11,6 +11,9 @@ Shaping a window's raw trace (``shape_trace``):
   is dropped, with the device work it launched.
 - ``distributedInfo`` is always present and carries rank and world size, written with
   ``"rank": N`` spacing (HTA finds ranks with the regex ``"rank":\\s+(\\d+)``).
+- ``profiledWindow`` (``{"device_in_use": true}``) says the profiled process had initialized
+  CUDA (``distributed["device_in_use"]``): the window's health needs it where a window lost
+  every device event (``analysis.window_health``).
 - Range names come back as they were given: torch writes names into its JSON as they are (a
   ``"`` or ``\\`` unescaped) or changed (Kineto turns ``\\`` into ``/``, drops newlines and
   writes ``unknown`` for a name with any character it cannot print); where a name read from the
@@ -306,6 +309,10 @@ def shape_trace(
     info["rank"] = int(distributed.get("rank", 0))
     info["world_size"] = int(distributed.get("world_size", 1))
     trace["distributedInfo"] = info
+    if distributed.get("device_in_use"):
+        # the window's health reads it back (``events.trace_facts``): a window of operators
+        # with no device event at all is then device-missing, not a CPU-only window
+        trace["profiledWindow"] = {"device_in_use": True}
     return trace
 
 
