@@ -452,6 +452,10 @@ def report_from_trace(
     if names and only_named:
         ranges = FrozenMap({n: r for n, r in ranges.items() if n in names})
     host = trace.get("host_name")
+    # a window that lost its device events still ran on the device (the SDK's shaped trace
+    # says its process used CUDA): its title names the device, its health says what is missing
+    info = trace.get("profiledWindow")
+    on_device = facts.device or (isinstance(info, dict) and info.get("device_in_use") is True)
     report = WindowReport(
         window=window,
         steps=tuple(sorted(facts.steps)),
@@ -462,8 +466,8 @@ def report_from_trace(
         world_size=world_size,
         host=host if isinstance(host, str) else "",
         pid=facts.pid,
-        device=_device_name(trace) if facts.device else "cpu",
-        activities=("cpu", "cuda") if facts.device else ("cpu",),
+        device=_device_name(trace) if on_device else "cpu",
+        activities=("cpu", "cuda") if on_device else ("cpu",),
         trace_file=path,
         **analysis.report_fields(ranges=ranges),
     )

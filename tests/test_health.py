@@ -255,4 +255,6 @@ def test_the_builder_tells_the_helper_through_the_shaped_trace(in_use, tmp_path)
     assert ("profiledWindow" in load_trace(str(raw))) is in_use
     again = run("-m", "instrument", "summarize", str(raw), "--json") if in_use else None
     if again is not None:
-        assert json.loads(again.stdout)["health"]["status"] == "device-missing", again.stderr
+        doc = json.loads(again.stdout)
+        assert doc["health"]["status"] == "device-missing", again.stderr
+        assert doc["device"] != "cpu" and "cuda" in doc["activities"], doc  # its title: the GPU
