@@ -8,7 +8,9 @@ same steps losing theirs. This runs the SDK's program (``PROFILED_EVERY=10``, 16
 with ``instrument._torch.ProfilerWindow.stop`` wrapped: right after torch's stop it counts the
 device events and CUDA runtime events in Kineto's results (what torch handed back, before any
 SDK analysis), and prints them beside the window's report (what the analysis kept). Variants
-differ in one SDK knob each, to find the one that loses them.
+differ in one SDK knob each, to find the one that loses them; *trace written late* turns off
+``instrument.reporting.WRITE_BEFORE_NEXT_START`` (the window's trace written by the export
+worker only, possibly after the next window started: the SDK before the fix).
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ print(json.dumps(counts), flush=True)
 
 VARIANTS = {
     "default": ("", {}),
+    "trace written late": (
+        "import instrument.reporting as R; R.WRITE_BEFORE_NEXT_START = False\n",
+        {},
+    ),
     "sync stop": ("import instrument.stops; instrument.stops.MAX_DRAIN_STEPS = 0\n", {}),
     "cpu ops kept": (
         "import instrument.stops; instrument.stops.DRAIN_PAUSES_CPU_OPS = False\n",

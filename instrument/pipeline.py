@@ -415,15 +415,16 @@ class ExportPipeline:
             out[lane.label] = lane.dropped
         return out
 
-    def submit(self, window: Any) -> bool:
+    def submit(self, window: Any, on_done: Callable[[], None] | None = None) -> bool:
         """Hand over a stopped window (the caller's whole cost of a window end). False (not
         taken) once the closing deadline (``close_by``) has passed: its analysis would only
         hold the interpreter's lock (reading a big window's events) past the deadline, for a
-        report nobody waits for; it is counted as not exported."""
+        report nobody waits for; it is counted as not exported. ``on_done`` runs once the
+        window is analysed or dropped."""
         if time.monotonic() >= self._close_by:
             self.refused += 1
             return False
-        self._analysis.put(_Job("window", window))
+        self._analysis.put(_Job("window", window, on_done))
         return True
 
     def close_by(self, deadline: float) -> None:

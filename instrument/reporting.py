@@ -10,9 +10,10 @@ why a rank profiles nothing.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import _torch, analysis_process, rawtraces, state
@@ -29,7 +30,11 @@ __all__ = [
     "ReportBuilder",
     "occurrence_budget",
     "rank_skip_reason",
+    "forget",
+    "pending",
     "remove_raw",
+    "write_pending",
+    "write_raw",
     "why_no_report",
 ]
 
@@ -37,6 +42,17 @@ EXPORT_DELAY_S = 0.3
 """After a deferred stop the export worker waits this long (from the stop) before torch's
 ``export_chrome_trace``, which holds the GIL for ~15-30 ms: right after the stop the device's
 queue is short, and the training thread must refill it first."""
+
+WRITE_BEFORE_NEXT_START = True
+"""Write an ended window's trace (torch's ``export_chrome_trace``) before the next window's
+profiler starts, on the starting thread if the export worker has not done it yet
+(``write_pending``). On an H100 with torch 2.11, windows of tiny steps whose trace was written
+after the next window had started lost every CUDA runtime and kernel event
+(``bench/kineto_loss_sdk.py``); plain torch.profiler, which exports before it starts again,
+kept them."""
+
+_PENDING: list[EndedWindow] = []  # handed to the pipeline, trace not written yet
+_PENDING_LOCK = threading.Lock()
 
 
 @dataclass
@@ -53,6 +69,66 @@ class EndedWindow:
     dist: dict[str, Any]
     stopped_at: float | None = None  # time.monotonic() of a deferred stop, else None
     reason: WindowReason | None = None  # why the window opened (the planner's decision)
+    raw: str | None = None  # its trace file, once written (``write_raw``)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+
+def pending(ended: EndedWindow) -> None:
+    """``ended`` was handed to the pipeline: its trace is written before the next start."""
+    if WRITE_BEFORE_NEXT_START:
+        with _PENDING_LOCK:
+            _PENDING.append(ended)
+
+
+def forget(ended: EndedWindow) -> None:
+    """``ended``'s trace is not wanted (the pipeline did not take it, or its report is
+    built or lost)."""
+    with _PENDING_LOCK:
+        if ended in _PENDING:
+            _PENDING.remove(ended)
+
+
+def write_raw(ended: EndedWindow) -> str:
+    """Write ``ended``'s trace to a raw trace file once (whichever thread comes first: the
+    export worker, or one starting the next window) and return its path."""
+    with ended.lock:
+        if ended.raw is None:
+            window = ended.window
+            if window is None:
+                raise RuntimeError(f"window {ended.index}'s profiler results are gone")
+            raw = rawtraces.new_path(ended.index)
+            try:
+                window.export_chrome_trace(raw)  # needs the profiler's results: this process
+            except BaseException:
+                rawtraces.remove(raw)
+                raise
+            ended.raw = raw
+    forget(ended)
+    return ended.raw
+
+
+def _let_the_queue_refill(ended: EndedWindow) -> None:
+    """After a deferred stop, wait until ``EXPORT_DELAY_S`` after it before torch's export
+    (unless a window start wrote the trace meanwhile: then at once)."""
+    if ended.stopped_at is not None:
+        delay = ended.stopped_at + EXPORT_DELAY_S - time.monotonic()
+        if delay > 0 and ended.raw is None:
+            time.sleep(delay)
+
+
+def write_pending() -> None:
+    """Before a window's profiler starts: write every ended window's trace the export worker
+    has not written yet (``WRITE_BEFORE_NEXT_START``). A failure is left to the worker, which
+    meets it again and warns; nothing is raised here."""
+    while True:
+        with _PENDING_LOCK:
+            if not _PENDING:
+                return
+            ended = _PENDING[0]
+        try:
+            write_raw(ended)
+        except Exception:  # noqa: BLE001 - the worker reports it with the window's report
+            forget(ended)
 
 
 def occurrence_budget(exporters: Sequence[Any]) -> OccurrenceBudget | None:
@@ -98,18 +174,16 @@ class ReportBuilder:
         # the window's health: a process using CUDA whose window holds no device event at all
         # lost them (the shaped trace says so too: ``tracefile.shape_trace``)
         dist = {**ended.dist, "device_in_use": device != "cpu"}
-        ended.window = None  # the profiler's results go when this report is built
         if self._cancelled():
+            ended.window = None  # (the pipeline's on_done forgets it: ``pending``)
             return None
-        raw = rawtraces.new_path(ended.index)
+        raw = None
         try:
-            if ended.stopped_at is not None:  # a deferred stop: let the device's queue refill
-                delay = ended.stopped_at + EXPORT_DELAY_S - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
+            _let_the_queue_refill(ended)
             # straight from Kineto's events where this torch allows it, on the export thread
             events = None if self.config.analysis_process else window.events()
-            window.export_chrome_trace(raw)  # needs the profiler's results: in this process
+            raw = write_raw(ended)
+            ended.window = None  # the profiler's results go when this report is built
             del window
             analysis: Analysis | None
             if events is not None:  # Kineto's times are epoch ns already
@@ -130,7 +204,9 @@ class ReportBuilder:
                 if analysis is None:
                     analysis = shape_and_analyze(raw, names, dist, self.occurrences)
         except BaseException:
-            rawtraces.remove(raw)  # no report will carry it: nobody else would remove it
+            ended.window = None
+            if raw is not None:
+                rawtraces.remove(raw)  # no report will carry it: nobody else would remove it
             raise
         report = WindowReport(
             window=ended.index,

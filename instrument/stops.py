@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import _torch, state
+from . import _torch, reporting, state
 from .report import WindowReason
 from .reporting import EndedWindow
 
@@ -313,23 +313,24 @@ class Stops:
         index = sess._window_index
         sess._window_index += 1
         sess.windows_ended += 1
-        taken = sess._pipeline.submit(
-            EndedWindow(
-                window,
-                index,
-                recorded.steps,
-                recorded.partial,
-                recorded.start_ns,
-                recorded.end_ns,
-                frozenset(state.RANGE_NAMES),
-                _torch.distributed_info(),
-                time.monotonic() if deferred else None,
-                recorded.reason,
-            )
+        ended = EndedWindow(
+            window,
+            index,
+            recorded.steps,
+            recorded.partial,
+            recorded.start_ns,
+            recorded.end_ns,
+            frozenset(state.RANGE_NAMES),
+            _torch.distributed_info(),
+            time.monotonic() if deferred else None,
+            recorded.reason,
         )
+        reporting.pending(ended)  # its trace is written before the next window starts
+        taken = sess._pipeline.submit(ended, lambda: reporting.forget(ended))
         if taken:
             sess._handed.handed += 1
         else:
+            reporting.forget(ended)
             sess._warn(
                 f"window {index} was still open at the session's end, and torch's stop of it "
                 "(synchronous, no deadline can cut it short: it grows with the window's "

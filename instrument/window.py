@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from exporters._warn import warn
 
-from . import _torch, state, stops
+from . import _torch, reporting, state, stops
 from ._atomic import atomic
 from .pipeline import describe
 from .report import WindowReason
@@ -330,6 +330,7 @@ def start_keeping_warnings(window: _torch.ProfilerWindow) -> bool:
     issued the same way (never lost, never raised)."""
     with warnings.catch_warnings(record=True) as caught, state.own_switch():
         warnings.simplefilter("always")
+        reporting.write_pending()  # the last window's trace first (reporting: why)
         started = window.start()
     for item in caught:
         category = item.category if issubclass(item.category, Warning) else UserWarning
