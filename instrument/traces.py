@@ -455,7 +455,11 @@ def report_from_trace(
     # a window that lost its device events still ran on the device (the SDK's shaped trace
     # says its process used CUDA): its title names the device, its health says what is missing
     info = trace.get("profiledWindow")
-    on_device = facts.device or (isinstance(info, dict) and info.get("device_in_use") is True)
+    on_device = (
+        facts.device
+        or (isinstance(info, dict) and info.get("device_in_use") is True)
+        or analysis.health.status == "device-missing"  # its launches say it used one
+    )
     report = WindowReport(
         window=window,
         steps=tuple(sorted(facts.steps)),

@@ -258,3 +258,28 @@ def test_the_builder_tells_the_helper_through_the_shaped_trace(in_use, tmp_path)
         doc = json.loads(again.stdout)
         assert doc["health"]["status"] == "device-missing", again.stderr
         assert doc["device"] != "cpu" and "cuda" in doc["activities"], doc  # its title: the GPU
+
+
+def test_the_gate_refuses_windows_that_lost_events(tmp_path):
+    """``diff --fail-over`` in a real process: a side whose windows lost device events
+    (partial, device-missing) is not comparable, each left-out trace named; with
+    ``--allow-partial`` it is gated."""
+    base, after = tmp_path / "base", tmp_path / "after"
+    base.mkdir()
+    after.mkdir()
+    lost = ("launches_without_kernels", "step_without_kernels", "device_missing_launches")
+    for i in range(5):
+        shutil.copy(os.path.join(DATA, "healthy_steps.json"), base / f"w{i}.json")
+        shutil.copy(os.path.join(DATA, lost[i % 3] + ".json"), after / f"w{i}.json")
+    proc = run("-m", "instrument", "diff", str(base), str(after), "--fail-over", "10%")
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert "1 not comparable" in proc.stdout, proc.stdout
+    text = " ".join(proc.stdout.split())
+    for i in range(5):
+        assert f"w{i}.json" in text, text  # each left-out window named
+    assert "partial" in text and "device-missing" in text, text
+    again = run(
+        "-m", "instrument", "diff", str(base), str(after), "--fail-over", "10%", "--allow-partial"
+    )
+    assert again.returncode == 0, (again.stdout, again.stderr)  # the same per-call times
+    assert "0 not comparable" in again.stdout and "1 passed" in again.stdout, again.stdout
