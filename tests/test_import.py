@@ -50,3 +50,41 @@ def test_a_step_function_compiled_after_the_import_still_ends_its_steps(run_pyth
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "seen [1, 2, 3, 4] [(2, 3)]" in result.stdout, result.stdout
+
+
+def test_the_package_face_is_lazy_and_binds_what_it_always_bound(run_python):
+    """``import instrument`` loads no torch and none of the runtime; the first public name
+    loads it all at once, each name the very object its module defines; ``import *``, ``dir``
+    and submodules as attributes work as with an eager face; a name that is nowhere is an
+    AttributeError (not an import error)."""
+    result = run_python(
+        "import importlib, sys\n"
+        "import instrument\n"
+        "runtime = ('torch', 'instrument.decorator', 'instrument.lifetime', 'instrument.state')\n"
+        "print('after import', [m for m in runtime if m in sys.modules])\n"
+        "homes = {'profiled': 'decorator', 'session': 'lifetime', 'Session': 'sessions',\n"
+        "         'Schedule': 'sampling', 'WindowReport': 'report', 'ModuleHandle': 'module',\n"
+        "         'Config': 'config', 'step': 'lifetime', 'ProfilerWarning': 'sessions'}\n"
+        "def home(m):\n"
+        "    return importlib.import_module('instrument.' + m)\n"
+        "same = all(getattr(instrument, n) is getattr(home(m), n) for n, m in homes.items())\n"
+        "print('after use', [m for m in runtime if m in sys.modules], same)\n"
+        "ns = {}\n"
+        "exec('from instrument import *', ns)\n"
+        "star = sorted(n for n in ns if not n.startswith('__'))\n"
+        "print('star', star == sorted(instrument.__all__))\n"
+        "print('dir', set(instrument.__all__) <= set(dir(instrument)))\n"
+        "print('sub', instrument.testing.__name__)\n"
+        "try:\n"
+        "    instrument.no_such_thing\n"
+        "except AttributeError as exc:\n"
+        "    print('missing', exc)\n",
+        env={"PROFILED_EXPORTERS": "memory"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "after import []" in out, out
+    assert "after use ['torch', 'instrument.decorator', 'instrument.lifetime', " in out, out
+    assert "'instrument.state'] True" in out, out
+    assert "star True" in out and "dir True" in out and "sub instrument.testing" in out, out
+    assert "missing module 'instrument' has no attribute 'no_such_thing'" in out, out

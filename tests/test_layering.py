@@ -134,3 +134,76 @@ def test_no_import_cycle_among_the_sdks_modules():
     cycles = find_cycles(graph)
     found = "\n".join(f"  {', '.join(c)}: {'; '.join(_edges_within(graph, c))}" for c in cycles)
     assert not cycles, "import cycles (each a set of modules that import each other):\n" + found
+
+
+# ---------------------------------------------------------------- the command imports no torch
+
+# The command's rooms: every import in them counts, a lazy one too (it runs when a command
+# does). The rest of what they reach counts at module level: a runtime function's lazy import
+# (``collectives._wrap`` reaching ``state``) runs only in a profiled program.
+CLI_ROOMS = (
+    "instrument",
+    "instrument.__main__",
+    "instrument.cli",
+    "instrument.traces",
+    "instrument.diff",
+    "instrument.gate",
+    "instrument.metrics_summary",
+    "instrument.html_report",
+    "instrument.settings_table",
+)
+# the package face binds its public names in _load_runtime, at a program's first use of one
+FACE_LOADER = "_load_runtime"
+
+
+def _top_level_imports(tree: ast.Module, module: str, is_package: bool) -> set[str]:
+    """``_imports`` of the statements that run at import: not inside a function or class."""
+    body = [n for n in tree.body if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    return _imports(ast.Module(body=body, type_ignores=[]), module, is_package)
+
+
+def _without(tree: ast.Module, function: str) -> ast.Module:
+    body = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name == function)]
+    return ast.Module(body=body, type_ignores=[])
+
+
+def torch_reached_by_the_command() -> dict[str, list[str]]:
+    """Module -> the torch modules it imports, for every module the command can import."""
+    files = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    found: dict[str, list[str]] = {}
+    todo, seen = list(CLI_ROOMS), set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in files:
+            continue
+        seen.add(name)
+        path = files[name]
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        is_package = path.name == "__init__.py"
+        if name == "instrument":
+            deps = _imports(_without(tree, FACE_LOADER), name, is_package)
+        elif name in CLI_ROOMS:
+            deps = _imports(tree, name, is_package)
+        else:
+            deps = _top_level_imports(tree, name, is_package)
+        torch = sorted(d for d in deps if d.partition(":")[0].partition(".")[0] == "torch")
+        if torch:
+            found[name] = torch
+        todo.extend(_resolve(d, files) for d in deps)
+    assert "instrument.analysis" in seen and "instrument.triggers" in seen, sorted(seen)
+    return found
+
+
+def test_the_command_and_the_package_face_reach_no_torch():
+    """``torch-profiled`` (``instrument.cli``, ``python -m instrument``) and ``import
+    instrument`` import no torch, read from the source (tests/test_cli_start.py runs them):
+    a module-level ``import torch`` anywhere they reach would cost every command ~1-3 s."""
+    assert torch_reached_by_the_command() == {}
+
+
+def test_the_torch_check_sees_a_lazy_import_in_the_command_and_a_module_level_one_beyond():
+    lazy = ast.parse("import os\ndef f():\n    import torch\nclass C:\n    import json\n")
+    assert _top_level_imports(lazy, "p.a", False) == {"os", "json"}
+    assert _imports(lazy, "p.a", False) == {"os", "torch", "json"}
+    face = ast.parse(f"from . import a\ndef {FACE_LOADER}():\n    from .b import c\n")
+    assert _imports(_without(face, FACE_LOADER), "p", True) == {"p:a"}
