@@ -88,50 +88,22 @@ def window_names() -> frozenset[str]:
     size = len(RANGE_NAMES)
     if size == seen:
         return names
-    if len(names) >= WINDOW_NAMES_MAX:
-        if not _window_names_told:
-            _window_names_told = True
-            warn(
-                f"torch-profiled: more than {WINDOW_NAMES_MAX} distinct range names were "
-                f"made; window reports tell the first {WINDOW_NAMES_MAX} from operators, the "
-                "ranges of later names show as operators there (their metrics are counted "
-                "as PROFILED_METRICS_MAX_RANGES says); give ranges fixed names",
-                UserWarning,
-            )
-        _window_names = (size, names)
-        return names
-    try:  # in C under the GIL: no name is added meanwhile
-        names = frozenset(itertools.islice(RANGE_NAMES, WINDOW_NAMES_MAX))
-    except RuntimeError:  # (it changed size all the same): the last copy will do
-        return names
+    if len(names) < WINDOW_NAMES_MAX:
+        try:  # in C under the GIL: no name is added meanwhile
+            names = frozenset(itertools.islice(RANGE_NAMES, WINDOW_NAMES_MAX))
+        except RuntimeError:  # (it changed size all the same): the last copy will do
+            return names
     _window_names = (size, names)
+    if size > WINDOW_NAMES_MAX and not _window_names_told:
+        _window_names_told = True
+        warn(
+            f"torch-profiled: more than {WINDOW_NAMES_MAX} distinct range names were made; "
+            f"window reports tell the first {WINDOW_NAMES_MAX} from operators, the ranges of "
+            "later names show as operators there (their metrics are counted as "
+            "PROFILED_METRICS_MAX_RANGES says); give ranges fixed names",
+            UserWarning,
+        )
     return names
-
-
-OWN_SWITCHES: collections.deque[tuple[float, float, int]] = collections.deque(maxlen=32)
-"""The SDK's own profiler starts and stops, the last few: (began, took: seconds on
-``time.perf_counter``, the metrics' clock; the thread that did it). A decorated call during
-which a profiler started or stopped (``_torch.switches`` moved) takes the time of the SDK's
-own on its thread out of its duration in the metrics (``own_switch_s``): a window's start or
-stop is the SDK's cost, not the program's latency (the p99 of a 1 ms step read 10.7 ms at
-``PROFILED_EVERY=100``). Only such calls read it: the others pay nothing."""
-
-
-@contextmanager
-def own_switch() -> Iterator[None]:
-    """Around the SDK's own start or stop of a profiler (see ``OWN_SWITCHES``)."""
-    began = time.perf_counter()
-    try:
-        yield
-    finally:
-        OWN_SWITCHES.append((began, time.perf_counter() - began, threading.get_ident()))
-
-
-def own_switch_s(since: float) -> float:
-    """Seconds the SDK spent starting and stopping profilers on this thread since ``since``
-    (``time.perf_counter``)."""
-    me = threading.get_ident()
-    return sum(took for began, took, ident in list(OWN_SWITCHES) if ident == me and began >= since)
 
 
 # ---------------------------------------------------------------- bindings
