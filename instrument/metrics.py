@@ -144,9 +144,11 @@ def _new_shard() -> Shard:
     return shard
 
 
-def dense(shard: Shard) -> list[Any]:
-    """``shard`` as a list of every bucket's count, then sum, min and max (what a report's
-    ``RangeHistogram`` carries, and how histograms were kept before issue 31)."""
+def dense(shard: Shard | list[Any]) -> list[Any]:
+    """``shard`` as a list of every bucket's count, then sum, min and max (how histograms
+    were kept before issue 31; the device times' still are)."""
+    if isinstance(shard, list):
+        return shard[:]
     out: list[Any] = [0] * _SHARD
     for i, n in shard.items():
         out[i] = n
@@ -251,7 +253,18 @@ class Recorder:
         self.overflowed = False
 
 
-def _fold(folded: dict[str, Shard], name: str, pending: list[float]) -> None:
+def _new_dense_shard() -> list[Any]:
+    shard: list[Any] = [0] * _SHARD
+    shard[SUM], shard[MIN], shard[MAX] = 0.0, float("inf"), 0.0
+    return shard
+
+
+def _fold(
+    folded: dict[str, Any],
+    name: str,
+    pending: list[float],
+    new: Callable[[], Any] = _new_shard,
+) -> None:
     """``pending``'s durations into ``folded[name]`` (caller holds the lock). Appends that land
     meanwhile stay: only the copied ones are deleted, from the front."""
     items = pending[:]
@@ -260,7 +273,7 @@ def _fold(folded: dict[str, Shard], name: str, pending: list[float]) -> None:
     del pending[: len(items)]
     shard = folded.get(name)
     if shard is None:
-        shard = folded[name] = _new_shard()
+        shard = folded[name] = new()
     total = sum(items)
     if not total < _LONGEST:  # a NaN, an infinity or centuries: no clock gives them, and the
         # fold runs inside a user's call, so it counts them (as 0 and the longest) and goes on
@@ -441,13 +454,14 @@ recorder = Recorder()
 """The process's recorder; decorated calls use it while metrics are on (``state``)."""
 
 
-def add(shards: dict[str, Shard], name: str, ns: float) -> None:
+def add(shards: dict[str, list[Any]], name: str, ns: float) -> None:
     """One duration of ``ns`` nanoseconds into ``name``'s histogram in ``shards`` (made on
-    first use): the device times' update, under their own lock. A name past the cap (not
-    admitted by ``recorder``) is counted under ``OTHER`` there too."""
+    first use, dense: ``device_time`` copies them as lists): the device times' update, under
+    their own lock. A name past the cap (not admitted by ``recorder``) is counted under
+    ``OTHER`` there too."""
     if recorder.overflowed and name not in recorder.pending:
         name = OTHER
-    _fold(shards, name, [ns])
+    _fold(shards, name, [ns], _new_dense_shard)
 
 
 def record(recorder: Recorder, name: str, ns: float, is_step: bool = False) -> None:
@@ -461,12 +475,13 @@ def record(recorder: Recorder, name: str, ns: float, is_step: bool = False) -> N
         record(recorder, STEP, ns)
 
 
-def _histogram(name: str, shard: Shard, device: str | None = None) -> RangeHistogram:
+def _histogram(name: str, shard: Shard | list[Any], device: str | None = None) -> RangeHistogram:
     """``shard`` as a report's histogram, *compact*: its bounds are the first bound, then those
     from its first non-empty bucket to its last (``RangeHistogram.kept``, what the exports
     send), not all 866. A report is held between exports (a ``/metrics`` page is served from
     the last one): dense, 10k ranges held 70 MB there. Quantiles read the same."""
-    counts = {i: n for i, n in shard.items() if i < BUCKETS and n}
+    pairs = shard.items() if isinstance(shard, dict) else enumerate(shard)
+    counts = {i: n for i, n in pairs if i < BUCKETS and n}
     count = sum(counts.values())
     bounds, kept = _compact(counts)
     return RangeHistogram(
