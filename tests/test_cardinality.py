@@ -86,7 +86,7 @@ def test_pending_durations_are_given_back_between_exports(tmp_path):
     """50 names called 500 times each (under ``BATCH``: no call folds them), then the
     program idles: the feed's thread folds them within ``TIDY_S`` (the export is a minute
     away), so a name holds its histogram, not 500 floats (16 KB)."""
-    got, _ = _memory(tmp_path, 50, 500, 2.5, 1000)
+    got, _ = _memory(tmp_path, 50, 500, 1.6, 1000)
     assert got["total"] == 50 * 500 + 1
     assert got["held"] < 50 * PENDING_PER_NAME_BYTES, got
 
