@@ -15,6 +15,11 @@ each; a Prometheus bucket counts what is at most its bound, ours what is below i
 for a duration of exactly a bound. Window reports are not served (``export`` does nothing with
 them), so with no other exporter no profiler window opens at all (``takes_windows``).
 
+The page's size is bounded whatever names the program makes: at most
+``PROFILED_METRICS_MAX_RANGES`` ranges (default 1000) have a series of their own, the calls of
+every name past it are one series, ``range="other"`` (10k run-time names once made a 28.5 MB
+page); and a report's histograms arrive compact (``metrics._histogram``: the kept span only).
+
 A scrape reads the histograms as they are at that moment (``LiveMetrics``, set by the metrics
 feed): the calls made so far, not the last ``PROFILED_METRICS_INTERVAL_S`` snapshot (before the
 first one, 60 s by default, the page used to be empty). The page is built on the serving

@@ -367,6 +367,16 @@ SETTINGS: tuple[Setting, ...] = (
         "`0`: none",
     ),
     Setting(
+        "metrics_max_ranges",
+        "PROFILED_METRICS_MAX_RANGES",
+        1000,
+        **integer(1, note="distinct range names with a histogram of their own"),
+        doc="at most this many distinct range names get metrics of their own; the calls of "
+        "every name past it are counted under one range, `other` (one warning names the "
+        'cap): names made at run time (`profiled(f"req{id}")`) cost bounded memory and '
+        "series. Each name costs about 1-3 KB",
+    ),
+    Setting(
         "metrics_modules",
         "PROFILED_METRICS_MODULES",
         False,
@@ -435,6 +445,7 @@ class Config:
     metrics: bool | None = _default("metrics")  # None: auto
     metrics_interval_s: float = _default("metrics_interval_s")
     metrics_device_every: int = _default("metrics_device_every")
+    metrics_max_ranges: int = _default("metrics_max_ranges")
     metrics_modules: bool = _default("metrics_modules")
     # distributed and disk
     ranks: RankSet = _default("ranks")  # noqa: RUF009 - immutable: shared safely
@@ -623,6 +634,12 @@ def peak_tflops_from_env(environ: Mapping[str, str] | None = None) -> float | No
     """``PROFILED_PEAK_TFLOPS`` alone (the CLI's reports of saved traces use it for MFU)."""
     env = os.environ if environ is None else environ
     return _BY_NAME["peak_tflops"].read(env, STRICT.read(env, strict=False))
+
+
+def max_ranges_from_env(environ: Mapping[str, str] | None = None) -> int:
+    """``PROFILED_METRICS_MAX_RANGES`` alone (the metrics feed, where no config is given)."""
+    env = os.environ if environ is None else environ
+    return int(_BY_NAME["metrics_max_ranges"].read(env, STRICT.read(env, strict=False)))
 
 
 def __getattr__(name: str) -> str:

@@ -13,10 +13,27 @@ reaches the maximum's (minimum's), tested on the same big integer for the whole 
 Amortized, the fold costs a call about 27 ns where its range's calls take under 1 µs (no
 sub-buckets to split), 41 ns where they stay within 10% of one duration, 60-86 ns where they
 spread over several powers of two (25-35 ns with whole powers of two; CPU time on the 2-core
-box, ``bench/metrics_pieces.py --fold-of``). Memory is bounded whatever the number
-of calls: a range holds at most about ``BATCH`` pending durations and one histogram of
-``BUCKETS`` + 3 numbers (869, about 7 KB). ``snapshot()`` folds what is pending and copies the
-histograms; a scrape of ``/metrics`` runs it at any moment (``LiveMetrics``).
+box, ``bench/metrics_pieces.py --fold-of``). ``snapshot()`` folds what is pending and copies
+the histograms; a scrape of ``/metrics`` runs it at any moment (``LiveMetrics``).
+
+Memory is bounded whatever the number of calls and of names (issue 31: 10k names made with
+f-strings once cost 364 MB, a dense histogram of 869 numbers and up to 1023 pending durations
+each, kept for good):
+
+- a histogram is *sparse*: a dict of its non-empty buckets (and sum, min, max), not a list of
+  every bucket: a range whose calls span a factor of four holds ~70 entries, most far fewer;
+- a range's pending durations are given back when folded (an emptied list frees its array),
+  and while metrics are on the feed's thread folds every range holding ``TIDY_MIN`` or more of
+  them each ``TIDY_S`` (``Recorder.tidy``): a range called less than ``BATCH`` times a second no
+  longer keeps up to ``BATCH`` durations until the next export;
+- at most ``max_ranges`` names get a histogram of their own (``PROFILED_METRICS_MAX_RANGES``,
+  default ``MAX_RANGES``): the calls of every name past it are counted under one range, ``other``
+  (``OTHER``), with one warning naming the cap. So run-time names (``profiled(f"req{id}")``)
+  cost at most the cap's histograms, never one per name ever seen.
+
+Measured (``tests/test_cardinality.py``, tracemalloc, 10k names): about 1 KB a name at rest,
+its histogram, its name and its entry in the report a scrape is served from (it was ~15 KB;
+prometheus_client: ~4.3 KB a label value); a pending duration costs 32 B until folded.
 
 Buckets are HdrHistogram's: each power of two of nanoseconds is split into ``SUB`` (32)
 buckets of equal width, so a bucket is at most 1/32 (3.1%) of any duration in it wide, and a
@@ -36,25 +53,33 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from exporters._warn import warn
+
 from . import _torch
+from .config import max_ranges_from_env
 from .device_time import DeviceTimes
 from .report import LiveMetrics, MetricsReport, RangeHistogram
 
 __all__ = [
     "BATCH",
     "BOUNDS_NS",
+    "MAX_RANGES",
+    "OTHER",
     "QUANTILE_ERROR",
     "STEP",
     "Collector",
     "Feed",
     "Recorder",
     "add",
+    "dense",
+    "full_counts",
     "record",
     "reset",
     "sample_device",
@@ -97,12 +122,38 @@ SETTLE_S = 0.5
 STEP = "\x00step"
 """The key of the step-time histogram (``step=True`` calls), apart from the range of the same
 function."""
+OTHER = "\x00other"
+"""The key of the one range every name past ``max_ranges`` is counted under (exported as
+``other``; apart from a range the program itself names ``other``)."""
+OTHER_NAME = "other"
+MAX_RANGES = 1000
+"""``PROFILED_METRICS_MAX_RANGES``'s default: distinct range names with a histogram of their own
+(prometheus_client's advice: keep a metric's label values in the hundreds, at most a few
+thousand). Past it, at most about ``MAX_RANGES`` times a few KB: a few MB."""
+TIDY_S = 1.0
+"""How often, while metrics are on, ranges holding ``TIDY_MIN`` pending durations are folded."""
+TIDY_MIN = 64
+"""Pending durations (2 KB) a range may keep between tidies; fewer are not worth a fold."""
+
+Shard = dict[int, Any]
+"""A histogram: bucket index -> count for its non-empty buckets, and ``SUM``, ``MIN``, ``MAX``."""
 
 
-def _new_shard() -> list[Any]:
-    shard: list[Any] = [0] * _SHARD
+def _new_shard() -> Shard:
+    shard: Shard = defaultdict(int)
     shard[SUM], shard[MIN], shard[MAX] = 0.0, float("inf"), 0.0
     return shard
+
+
+def dense(shard: Shard | list[Any]) -> list[Any]:
+    """``shard`` as a list of every bucket's count, then sum, min and max (how histograms
+    were kept before issue 31; the device times' still are)."""
+    if isinstance(shard, list):
+        return shard[:]
+    out: list[Any] = [0] * _SHARD
+    for i, n in shard.items():
+        out[i] = n
+    return out
 
 
 class Recorder:
@@ -115,23 +166,67 @@ class Recorder:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.pending: dict[str, list[float]] = {}  # name -> durations not yet folded
-        self.folded: dict[str, list[Any]] = {}  # name -> histogram (under the lock)
+        # name -> durations not yet folded: the names admitted (at most max_ranges, besides
+        # STEP and OTHER); every other name's calls go to OTHER's list
+        self.pending: dict[str, list[float]] = {STEP: [], OTHER: []}
+        self.folded: dict[str, Shard] = {}  # name -> histogram (under the lock)
         self.since_ns = time.time_ns()
+        # PROFILED_METRICS_MAX_RANGES: read at the first name (decorations come before the
+        # feed), set again by the feed from the session's config
+        self.max_ranges: int | None = None
+        self.overflowed = False  # a name was refused (told once a process)
 
     def pending_list(self, name: str) -> list[float]:
-        """``name``'s pending durations: append one, and ``fold(name)`` once ``BATCH`` wait."""
+        """``name``'s pending durations: append one, and ``fold(name)`` once ``BATCH`` wait.
+        A name past ``max_ranges`` gets ``OTHER``'s list (the first such name warns once)."""
         pending = self.pending.get(name)
         if pending is None:
-            pending = self.pending.setdefault(name, [])  # (atomic: one list per name)
+            if self.overflowed and len(self.pending) - 2 >= (self.max_ranges or 0):
+                return self.pending[OTHER]  # a refused name's call (no lock: no new name)
+            with self.lock:  # once per name admitted
+                pending = self.pending.get(name)
+                if pending is None:
+                    if self.max_ranges is None:
+                        self.max_ranges = max_ranges_from_env()
+                    if len(self.pending) - 2 < self.max_ranges:
+                        pending = self.pending[name] = []
+                    else:
+                        pending = self.pending[OTHER]
+                        told, self.overflowed = self.overflowed, True
+                        if not told:
+                            self._tell_overflow(name)
         return pending
 
-    def fold(self, name: str) -> None:
-        """Move ``name``'s pending durations into its histogram."""
-        with self.lock:
-            _fold(self.folded, name, self.pending[name])
+    def _tell_overflow(self, name: str) -> None:
+        shown = name if len(name) <= 60 else name[:57] + "..."
+        warn(
+            f"torch-profiled: more than {self.max_ranges} distinct range names reached the "
+            f"metrics (PROFILED_METRICS_MAX_RANGES={self.max_ranges}); the calls of {shown!r} "
+            f"and of every new name after it are counted under one range named "
+            f"{OTHER_NAME!r} from now on (each name's own histogram would cost memory and "
+            "series without bound). Raise PROFILED_METRICS_MAX_RANGES to keep more names "
+            "apart, or give ranges fixed names; this is told once",
+            UserWarning,
+        )
 
-    def histograms(self) -> dict[str, list[Any]]:
+    def fold(self, name: str) -> None:
+        """Move ``name``'s pending durations into its histogram (``OTHER``'s for a name past
+        the cap)."""
+        pending = self.pending.get(name)
+        if pending is None:
+            name, pending = OTHER, self.pending[OTHER]
+        with self.lock:
+            _fold(self.folded, name, pending)
+
+    def tidy(self) -> None:
+        """Fold every range holding ``TIDY_MIN`` or more pending durations (``TIDY_S``, on the
+        feed's thread): its list's memory is given back, whatever its call rate."""
+        for name, pending in list(self.pending.items()):
+            if len(pending) >= TIDY_MIN:
+                with self.lock:
+                    _fold(self.folded, name, pending)
+
+    def histograms(self) -> dict[str, Shard]:
         """Every range's histogram, with what was pending folded in (copies). The lock is
         taken once per range (a user's call that folds its batch meanwhile waits for one
         range's fold at most, not for all of them): a scrape may run this at any moment."""
@@ -140,20 +235,37 @@ class Recorder:
                 with self.lock:
                     _fold(self.folded, name, pending)
         with self.lock:
-            return {name: shard[:] for name, shard in self.folded.items()}
+            return {name: dict(shard) for name, shard in self.folded.items()}
 
     def clear(self) -> None:
-        """Forget every count (the pending lists stay, emptied: decorated functions hold them);
-        a new lock (a forked child's copy may have been held by a thread it does not have)."""
+        """Forget every count; the pending lists of names still in use stay, emptied
+        (decorated functions hold them), the others go (their names are admitted again at
+        their next call); a new lock (a forked child's copy may have been held by a thread it
+        does not have)."""
         self.lock = threading.Lock()
-        for pending in list(self.pending.values()):
+        for name, pending in list(self.pending.items()):
             pending.clear()
+            # held by this dict, the loop's tuple and ``pending`` (and getrefcount's argument)
+            if name not in (STEP, OTHER) and sys.getrefcount(pending) <= 4:
+                del self.pending[name]
         self.folded = {}
         self.since_ns = time.time_ns()
         self.device = None
+        self.overflowed = False
 
 
-def _fold(folded: dict[str, list[Any]], name: str, pending: list[float]) -> None:
+def _new_dense_shard() -> list[Any]:
+    shard: list[Any] = [0] * _SHARD
+    shard[SUM], shard[MIN], shard[MAX] = 0.0, float("inf"), 0.0
+    return shard
+
+
+def _fold(
+    folded: dict[str, Any],
+    name: str,
+    pending: list[float],
+    new: Callable[[], Any] = _new_shard,
+) -> None:
     """``pending``'s durations into ``folded[name]`` (caller holds the lock). Appends that land
     meanwhile stay: only the copied ones are deleted, from the front."""
     items = pending[:]
@@ -162,7 +274,7 @@ def _fold(folded: dict[str, list[Any]], name: str, pending: list[float]) -> None
     del pending[: len(items)]
     shard = folded.get(name)
     if shard is None:
-        shard = folded[name] = _new_shard()
+        shard = folded[name] = new()
     total = sum(items)
     if not total < _LONGEST:  # a NaN, an infinity or centuries: no clock gives them, and the
         # fold runs inside a user's call, so it counts them (as 0 and the longest) and goes on
@@ -218,7 +330,7 @@ def _exponent_field(d: float) -> int:
     return (_float32_bits(d) >> 23) & 0xFF
 
 
-def _count_buckets(shard: list[Any], packed: int, n: int) -> tuple[int, int]:
+def _count_buckets(shard: Shard, packed: int, n: int) -> tuple[int, int]:
     """Add the batch's bucket counts to ``shard``; the lowest and highest exponent field
     holding any duration.
 
@@ -262,7 +374,7 @@ def _count_buckets(shard: list[Any], packed: int, n: int) -> tuple[int, int]:
     return low, high
 
 
-def _count_band(shard: list[Any], small: bytes, band: list[tuple[int, int, int, int]]) -> None:
+def _count_band(shard: Shard, small: bytes, band: list[tuple[int, int, int, int]]) -> None:
     """Add the counts of ``band``'s fields to ``shard`` from ``small``, a byte a duration:
     ``slot << SUB_BITS`` plus the sub-bucket for a duration of the field in ``slot``, each
     field of the band given as (field, its count of durations, slot, the field whose first
@@ -345,8 +457,12 @@ recorder = Recorder()
 
 def add(shards: dict[str, list[Any]], name: str, ns: float) -> None:
     """One duration of ``ns`` nanoseconds into ``name``'s histogram in ``shards`` (made on
-    first use): the device times' update, under their own lock."""
-    _fold(shards, name, [ns])
+    first use, dense: ``device_time`` copies them as lists): the device times' update, under
+    their own lock. A name past the cap (not admitted by ``recorder``) is counted under
+    ``OTHER`` there too."""
+    if recorder.overflowed and name not in recorder.pending:
+        name = OTHER
+    _fold(shards, name, [ns], _new_dense_shard)
 
 
 def record(recorder: Recorder, name: str, ns: float, is_step: bool = False) -> None:
@@ -360,19 +476,53 @@ def record(recorder: Recorder, name: str, ns: float, is_step: bool = False) -> N
         record(recorder, STEP, ns)
 
 
-def _histogram(name: str, shard: list[Any], device: str | None = None) -> RangeHistogram:
-    counts = shard[:BUCKETS]
-    count = sum(counts)
+def _histogram(name: str, shard: Shard | list[Any], device: str | None = None) -> RangeHistogram:
+    """``shard`` as a report's histogram, *compact*: its bounds are the first bound, then those
+    from its first non-empty bucket to its last (``RangeHistogram.kept``, what the exports
+    send), not all 866. A report is held between exports (a ``/metrics`` page is served from
+    the last one): dense, 10k ranges held 70 MB there. Quantiles read the same."""
+    pairs = shard.items() if isinstance(shard, dict) else enumerate(shard)
+    counts = {i: n for i, n in pairs if i < BUCKETS and n}
+    count = sum(counts.values())
+    bounds, kept = _compact(counts)
     return RangeHistogram(
-        name=name,
+        name=OTHER_NAME if name == OTHER else name,
         count=count,
         sum_ns=round(shard[SUM]),
         min_ns=round(shard[MIN]) if count else 0,
         max_ns=round(shard[MAX]),
-        bucket_counts=tuple(counts),
-        bounds_ns=BOUNDS_NS,
+        bucket_counts=kept,
+        bounds_ns=bounds,
         device=device,
     )
+
+
+def _compact(counts: dict[int, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The non-empty buckets ``counts`` as ``RangeHistogram.kept`` keeps them (the first
+    bound, then the bounds from the first non-empty bucket's lower bound to the last one's
+    upper bound), without the 866 dense buckets: a snapshot of 10k ranges took seconds."""
+    if not counts:
+        return (BOUNDS_NS[0],), (0, 0)
+    used = sorted(counts)
+    first = max(used[0] - 1, 1)
+    last = min(used[-1], len(BOUNDS_NS) - 1)
+    keep = [0, *range(first, last + 1)]
+    out = [counts.get(0, 0), sum(counts.get(i, 0) for i in range(1, first + 1))]
+    if len(keep) == 1:
+        out.pop()
+    out += [counts.get(i, 0) for i in keep[2:]]
+    out.append(sum(n for i, n in counts.items() if i > keep[-1]))
+    return tuple(BOUNDS_NS[i] for i in keep), tuple(out)
+
+
+def full_counts(h: RangeHistogram) -> list[int]:
+    """A report's (compact) histogram's counts on every bucket of ``BOUNDS_NS`` (the
+    merged empty buckets stay empty)."""
+    out = [0] * BUCKETS
+    index = {b: i for i, b in enumerate(BOUNDS_NS)}
+    for i, n in enumerate(h.bucket_counts):
+        out[index[h.bounds_ns[i - 1]] + 1 if i else 0] += n
+    return out
 
 
 def snapshot(
@@ -392,7 +542,9 @@ def snapshot(
         rank=rank,
         world_size=world_size,
         bounds_ns=BOUNDS_NS,
-        ranges=tuple(_histogram(n, s) for n, s in sorted(total.items()) if any(s[:SUM])),
+        ranges=tuple(
+            _histogram(n, s) for n, s in sorted(total.items()) if len(s) > 3 and _counted(s)
+        ),
         steps=_histogram("step", step) if step is not None else None,
         device_ranges=tuple(
             _histogram(n, s, sampler.devices.get(n)) for n, s in sorted(device.items())
@@ -400,6 +552,10 @@ def snapshot(
         if sampler is not None
         else (),
     )
+
+
+def _counted(shard: Shard) -> bool:
+    return any(n for i, n in shard.items() if i < BUCKETS)
 
 
 def sample_device(every: int) -> None:
@@ -416,19 +572,36 @@ def reset() -> None:
 
 
 class Collector:
-    """Calls ``deliver()`` every ``interval_s`` seconds on a daemon thread until ``stop()``."""
+    """Calls ``deliver()`` every ``interval_s`` seconds on a daemon thread until ``stop()``;
+    ``tidy()`` (when given) every ``TIDY_S`` between them."""
 
-    def __init__(self, interval_s: float, deliver: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        interval_s: float,
+        deliver: Callable[[], None],
+        tidy: Callable[[], None] | None = None,
+    ) -> None:
         self._stop = threading.Event()
         self._deliver = deliver
+        self._tidy = tidy
         self._interval_s = interval_s
         self._thread = threading.Thread(target=self._run, name="torch-profiled-metrics")
         self._thread.daemon = True
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            self._deliver()
+        due = time.monotonic() + self._interval_s
+        while True:
+            left = due - time.monotonic()
+            if self._tidy is not None:
+                left = min(left, TIDY_S)
+            if self._stop.wait(max(left, 0.0)):
+                return
+            if time.monotonic() >= due:
+                due = time.monotonic() + self._interval_s
+                self._deliver()
+            elif self._tidy is not None:
+                self._tidy()
 
     def stop(self) -> None:
         """No more periodic deliveries (the caller makes the last one)."""
@@ -459,10 +632,13 @@ class Feed:
         interval_s: float,
         submit: Callable[[MetricsReport], None],
         switch_off: Callable[[], None],
+        max_ranges: int | None = None,
     ) -> None:
         self._submit = submit
         self._switch_off = switch_off
-        self._collector = Collector(interval_s, self.deliver)
+        # PROFILED_METRICS_MAX_RANGES: given by the session's config, else read here
+        recorder.max_ranges = max_ranges if max_ranges is not None else max_ranges_from_env()
+        self._collector = Collector(interval_s, self.deliver, recorder.tidy)
         LiveMetrics.source = self.now  # a scrape reads the calls so far, not the last interval
 
     def now(self, sampler: DeviceTimes | None = None) -> MetricsReport:

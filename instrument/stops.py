@@ -320,7 +320,7 @@ class Stops:
             recorded.partial,
             recorded.start_ns,
             recorded.end_ns,
-            frozenset(state.RANGE_NAMES),
+            state.window_names(),  # copied only when names were added, bounded
             _torch.distributed_info(),
             time.monotonic() if deferred else None,
             recorded.reason,
