@@ -130,6 +130,7 @@ def _build_ambient() -> Session | None:
                     config.metrics_interval_s,
                     sess._pipeline.submit_metrics,
                     lambda: state.set_metrics(False),
+                    max_ranges=config.metrics_max_ranges,
                 )
             state.ambient = state.current = sess
             if sess.metrics is not None:
