@@ -62,6 +62,9 @@ def format_report(report: WindowReport, rows: int = 15) -> str:
     rule = "-" * WIDTH
     lines = [_title(report)]
     lines.extend(_health_lines(report))
+    cost = getattr(report, "cost", None)
+    if cost is not None:  # what the window cost the program (its ledger)
+        lines.extend(_wrap(cost.line()))
     reason = getattr(report, "reason", None)
     if reason is not None:  # why the window opened
         lines.extend(
