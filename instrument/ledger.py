@@ -5,13 +5,15 @@ A window's cost is measured where it happens: the caller's stall in the profiler
 the trace and its analysis (``reporting.ReportBuilder``), the helper process's CPU, the trace's
 bytes, and its steps' wall time against the median of the window-free steps since the previous
 window (the metrics' step histogram, read at each window's open and end: nothing is added to
-a decorated call).
+a decorated call; with none since, the last such median).
 
 ``PROFILED_OVERHEAD_BUDGET`` (a percentage) is compared with the windows' summed cost over the
 last ``INTERVAL_S`` of wall time. When a window opens and the cost measured since the last
-back-off is over it, the budget backs off one notch: first the detail (stacks, shapes, memory)
-where any is on, then the frequency (halved: ``planner.WindowPlanner.halve_frequency``), once
-per window measured after the previous notch, so it halves until the cost is under it.
+back-off is over it too (the windows opened since, over the time since: the rolling share
+still holds the dearer windows from before), the budget backs off one notch: first the detail
+(stacks, shapes, memory) where any is on, then the frequency (halved:
+``planner.WindowPlanner.halve_frequency``), at most once per window measured after the
+previous notch, so it halves until the cost is under it.
 """
 
 from __future__ import annotations
@@ -100,7 +102,10 @@ class Ledger:
         self.last_export: tuple[int, float, int] | None = None  # window, seconds, bytes
         self._costs: deque[tuple[float, float]] = deque()  # (clock(), cost µs)
         self._fresh = False  # a window opened since the last back-off has been measured
+        self._epoch_cost = 0.0  # µs: the cost of those windows
+        self._epoch_since = clock()  # the last back-off (or the start)
         self._end_counts: list[int] | None = None  # the step histogram at the last window end
+        self._baseline: tuple[float | None, int] = (None, 0)  # the last (median, steps)
         self._lock = threading.Lock()  # add (export worker) / decide (the stepping thread)
 
     # ------------------------------------------------------------ the caller's side
@@ -109,6 +114,9 @@ class Ledger:
         """A window opens: its entry, with the window-free steps' baseline and what the
         budget backs off now (``halve`` halves the frequency and says how)."""
         median, n = median_ns(self._end_counts, step_counts())
+        if median is None:  # no window-free step since the last window: the last baseline
+            median, n = self._baseline
+        self._baseline = (median, n)
         entry = Entry(baseline_step_ns=median, baseline_steps=n)
         entry.backed_off = self._decide(detail_on, halve)
         entry.epoch = self.epoch
@@ -123,11 +131,17 @@ class Ledger:
         with self._lock:
             if not budget or not self._fresh:
                 return ""
-            share = self._share(self.clock())
-            if share <= budget:
+            now = self.clock()
+            share = self._share(now)
+            # since the last back-off (its windows' cost over the time since): the rolling
+            # share still holds the costlier windows before it, and must not back off twice
+            # for them
+            rate = self._epoch_cost / max((now - self._epoch_since) * 1e6, 1.0) * 100.0
+            if share <= budget or rate <= budget:
                 return ""
             self._fresh = False
             self.epoch += 1
+            self._epoch_cost, self._epoch_since = 0.0, now
         if detail_on and not self.detail_off:
             self.detail_off = True
             what = "stacks, shapes and memory are no longer recorded"
@@ -148,6 +162,7 @@ class Ledger:
             self._costs.append((now, cost_us))
             if epoch == self.epoch:
                 self._fresh = True
+                self._epoch_cost += cost_us
             return self._share(now)
 
     def _share(self, now: float) -> float:
