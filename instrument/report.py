@@ -407,25 +407,19 @@ class Cost:
         return out
 
     def line(self) -> str:
-        """One short line for people: ``cost: 41.2 ms (steps +12.0 ms over 3, start 8.1 ms,
-        stop 5.0 ms, cpu 16.1 ms, 1.2 MB); 0.8% of wall over 60 s (budget 5%)``."""
+        """One short line for people: ``cost 41.2 ms: steps +12.0 ms (3), start 8.1, stop 5.0,
+        cpu 16.1 ms, 120 kB; 0.8% of 60 s, budget 5%``, then what was backed off."""
         excess = self.steps_excess_us
-        steps = (
-            f"steps {excess / 1e3:+.1f} ms over {self.steps}"
-            if excess is not None
-            else "steps: no baseline"
-        )
+        steps = f"steps {excess / 1e3:+.1f} ms ({self.steps})" if excess is not None else "steps ?"
         cpu_s = self.export_cpu_s + self.analysis_cpu_s + (self.helper_cpu_s or 0.0)
+        size = self.bytes_written
+        written = f"{size / 1e6:.1f} MB" if size >= 1e6 else f"{size / 1e3:.0f} kB"
         text = (
-            f"cost: {self.total_us / 1e3:.1f} ms ({steps}, start {self.start_stall_us / 1e3:.1f}"
-            f" ms, stop {self.stop_stall_us / 1e3:.1f} ms, cpu {cpu_s * 1e3:.1f} ms, "
-            f"{self.bytes_written / 1e6:.1f} MB)"
+            f"cost {self.total_us / 1e3:.1f} ms: {steps}, start {self.start_stall_us / 1e3:.1f}"
+            f", stop {self.stop_stall_us / 1e3:.1f}, cpu {cpu_s * 1e3:.1f} ms, {written}"
         )
         if self.budget_pct:
-            text += (
-                f"; {self.share_pct:.2g}% of wall over {self.interval_s:g} s "
-                f"(budget {self.budget_pct:g}%)"
-            )
+            text += f"; {self.share_pct:.2g}% of {self.interval_s:g} s, budget {self.budget_pct:g}%"
         if self.backed_off:
             text += f"; backed off: {self.backed_off}"
         return text
