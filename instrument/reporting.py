@@ -109,13 +109,15 @@ def write_raw(ended: EndedWindow) -> str:
     return ended.raw
 
 
-def _let_the_queue_refill(ended: EndedWindow) -> None:
+def _let_the_queue_refill(ended: EndedWindow) -> float:
     """After a deferred stop, wait until ``EXPORT_DELAY_S`` after it before torch's export
-    (unless a window start wrote the trace meanwhile: then at once)."""
+    (unless a window start wrote the trace meanwhile: then at once). Returns this thread's
+    CPU time after the wait (the window's ledger counts the worker's CPU from there)."""
     if ended.stopped_at is not None:
         delay = ended.stopped_at + EXPORT_DELAY_S - time.monotonic()
         if delay > 0 and ended.raw is None:
             time.sleep(delay)
+    return time.thread_time()
 
 
 def write_pending() -> None:
@@ -182,10 +184,8 @@ class ReportBuilder:
             ended.window = None  # (the pipeline's on_done forgets it: ``pending``)
             return None
         raw = None
-        self._helper_cpu_s = None
         try:
-            _let_the_queue_refill(ended)
-            began = time.thread_time()  # (the wait above costs no CPU)
+            began = _let_the_queue_refill(ended)  # the worker's CPU clock after the wait
             # straight from Kineto's events where this torch allows it, on the export thread
             events = None if self.config.analysis_process else window.events()
             raw = write_raw(ended)
@@ -232,14 +232,14 @@ class ReportBuilder:
             cost=self._cost(ended, raw, exported_at - began, time.thread_time() - exported_at),
             **analysis.report_fields(),
         )
-        if report.cost is not None:
-            self.ledger.building(report.cost, ended.index)
+        self.ledger.building(report.cost, ended.index)
         return with_peaks(report, self.config.peak_tflops)
 
     def _cost(self, ended: EndedWindow, raw: str, export_s: float, analysis_s: float) -> Cost:
         """The window's ledger: what the caller measured, this worker's CPU for the trace
         and its analysis, the helper's, the trace's bytes; then its share of the budget."""
         entry = ended.cost or ledger.Entry()
+        helper_s, self._helper_cpu_s = self._helper_cpu_s, None  # (``_in_helper``'s, if run)
         try:
             size = os.path.getsize(raw)
         except OSError:
@@ -255,7 +255,7 @@ class ReportBuilder:
             stop_stall_us=entry.stop_stall_ns / 1e3,
             export_cpu_s=export_s,
             analysis_cpu_s=analysis_s,
-            helper_cpu_s=self._helper_cpu_s,
+            helper_cpu_s=helper_s,
             bytes_written=size,
             exporters_window=last[0] if last else None,
             exporters_s=last[1] if last else 0.0,

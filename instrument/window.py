@@ -109,10 +109,7 @@ class Windows:
             sess._skip_reason = foreign_reason()
             return False
         config = sess.config
-        costs = sess._reports.ledger
-        detail_on = config.record_shapes or config.profile_memory or config.with_stack
-        cost = costs.opened(bool(detail_on), sess._planner.halve_frequency)
-        detail = not costs.detail_off  # the budget's first back-off: no stacks, shapes, memory
+        cost, detail = _opened(sess)
         try:
             # Not prepared here: Kineto is prepared and started together at the first
             # recorded step. A prepared CUDA profiler makes a profiler the user starts during
@@ -290,7 +287,6 @@ class Windows:
             # its last recorded step, not with the idle time until this stop
             end_ns = self.step_start_ns
         recorded = Recorded(steps, partial, self.start_ns, end_ns, self.reason, self.cost)
-        self.cost = None
         sess._reports.ledger.ended()  # window-free steps count from here
         self.stops.stop_stall_ns = 0
         sess._planner.window_ended()
@@ -319,6 +315,15 @@ class Windows:
             and window.overtaken()
             and not _torch.profiler_on()
         )
+
+
+def _opened(sess: Session) -> tuple[ledger.Entry, bool]:
+    """A window opens: its ledger entry (the budget may back off here), and whether it
+    records the detail (stacks, shapes, memory: the budget's first back-off turns it off)."""
+    config, costs = sess.config, sess._reports.ledger
+    detail_on = config.record_shapes or config.profile_memory or config.with_stack
+    cost = costs.opened(bool(detail_on), sess._planner.halve_frequency)
+    return cost, not costs.detail_off
 
 
 def foreign_reason() -> str:
