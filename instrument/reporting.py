@@ -109,15 +109,13 @@ def write_raw(ended: EndedWindow) -> str:
     return ended.raw
 
 
-def _let_the_queue_refill(ended: EndedWindow) -> float:
+def _let_the_queue_refill(ended: EndedWindow) -> None:
     """After a deferred stop, wait until ``EXPORT_DELAY_S`` after it before torch's export
-    (unless a window start wrote the trace meanwhile: then at once). Returns this thread's
-    CPU time after the wait (the window's ledger counts the worker's CPU from there)."""
+    (unless a window start wrote the trace meanwhile: then at once)."""
     if ended.stopped_at is not None:
         delay = ended.stopped_at + EXPORT_DELAY_S - time.monotonic()
         if delay > 0 and ended.raw is None:
             time.sleep(delay)
-    return time.thread_time()
 
 
 def write_pending() -> None:
@@ -185,13 +183,11 @@ class ReportBuilder:
             return None
         raw = None
         try:
-            began = _let_the_queue_refill(ended)  # the worker's CPU clock after the wait
-            # straight from Kineto's events where this torch allows it, on the export thread
-            events = None if self.config.analysis_process else window.events()
-            raw = write_raw(ended)
+            _let_the_queue_refill(ended)
+            events, raw, export_s = self._trace(ended, window)
             ended.window = None  # the profiler's results go when this report is built
             del window
-            exported_at = time.thread_time()
+            exported_at = time.thread_time()  # this worker's CPU for the analysis from here
             analysis: Analysis | None
             if events is not None:  # Kineto's times are epoch ns already
                 analysis = analyze(
@@ -229,11 +225,19 @@ class ReportBuilder:
             activities=tuple(self.activities),
             raw_trace_path=raw,
             reason=ended.reason,
-            cost=self._cost(ended, raw, exported_at - began, time.thread_time() - exported_at),
+            cost=self._cost(ended, raw, export_s, time.thread_time() - exported_at),
             **analysis.report_fields(),
         )
         self.ledger.building(report.cost, ended.index)
         return with_peaks(report, self.config.peak_tflops)
+
+    def _trace(self, ended: EndedWindow, window: Any) -> tuple[Any, str, float]:
+        """The window's events straight from Kineto where this torch allows it (None: the
+        trace is read instead), its trace file, and this worker's CPU seconds for both."""
+        began = time.thread_time()
+        events = None if self.config.analysis_process else window.events()
+        raw = write_raw(ended)
+        return events, raw, time.thread_time() - began
 
     def _cost(self, ended: EndedWindow, raw: str, export_s: float, analysis_s: float) -> Cost:
         """The window's ledger: what the caller measured, this worker's CPU for the trace
