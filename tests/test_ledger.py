@@ -175,3 +175,37 @@ def test_no_budget_backs_nothing_off() -> None:
     )
     assert len(ledgers) == 15, len(ledgers)
     assert not any(c["backed_off"] for c in ledgers)
+
+
+def test_halving_the_frequency_for_every_kind_of_plan() -> None:
+    """The budget's second notch on each policy: every doubles, a sample rate halves, and a
+    repeating schedule opens one cycle in two (then four)."""
+    from instrument.planner import WindowPlanner
+    from instrument.sampling import Sampling, Schedule
+
+    def starts(planner: WindowPlanner, steps: int) -> list[int]:
+        out = []
+        for s in range(steps):
+            plan = planner.plan(s)
+            planner.commit(plan, s)
+            if plan.opens:
+                out.append(s)
+        return out
+
+    every = WindowPlanner(Schedule(warmup=1, active=3), Sampling(every=4))
+    assert "every 8 steps instead of 4" in every.halve_frequency()
+    assert starts(every, 40) == [0, 8, 16, 24, 32]
+
+    rate = WindowPlanner(Schedule(), Sampling(sample_rate=0.5))
+    assert "sample_rate 0.25 instead of 0.5" in rate.halve_frequency()
+    assert rate.sampling.sample_rate == 0.25
+
+    sched = WindowPlanner(Schedule(wait=1, warmup=1, active=2, repeat=0), Sampling())
+    assert starts(sched, 16) == [1, 5, 9, 13]
+    sched = WindowPlanner(Schedule(wait=1, warmup=1, active=2, repeat=0), Sampling())
+    assert "one in 2" in sched.halve_frequency()
+    assert starts(sched, 32) == [1, 9, 17, 25]
+    sched = WindowPlanner(Schedule(wait=1, warmup=1, active=2, repeat=0), Sampling())
+    sched.halve_frequency()
+    assert "one in 4" in sched.halve_frequency()
+    assert starts(sched, 64) == [1, 17, 33, 49]
