@@ -67,6 +67,9 @@ def format_report(report: WindowReport, rows: int = 15) -> str:
         lines.extend(
             _wrap(f"opened by {reason.kind}" + (f": {reason.detail}" if reason.detail else ""))
         )
+    cost = getattr(report, "cost", None)
+    if cost is not None:  # what the window cost the program (its ledger)
+        lines.extend(_wrap(cost.line()))
     lines.append(rule)
     verdict = getattr(report, "verdict", None)
     if verdict is not None and verdict.reason:

@@ -129,6 +129,7 @@ def _header(index: int, report: WindowReport) -> str:
         + (f" | opened by {_e(report.reason)}" if report.reason else "")
         + "</p>",
         _health(report),
+        *([f'<p class="cost">{_e(report.cost.line())}</p>'] if report.cost is not None else []),
         f'<p class="verdict">{_badge(report.verdict)} '
         f'<span class="reason">{_e(report.verdict.reason)}{_e(_unsure(report))}</span></p>',
         '<p class="totals">'

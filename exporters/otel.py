@@ -118,6 +118,9 @@ ATTRIBUTES: dict[str, str] = {
     "profiled.profiler_overhead_us": "the profiler's own bookkeeping in the window, µs",
     "profiled.event_count": "events in the window's trace",
     "profiled.trace_file": "the trace file a trace exporter wrote for the window",
+    "profiled.cost.*": "the window's ledger (WindowReport.cost): total_us, steps_excess_us, "
+    "start_stall_us, stop_stall_us, export_cpu_s, analysis_cpu_s, helper_cpu_s, bytes_written, "
+    "share_pct, budget_pct, backed_off, ...",
     "profiled.otel.detail": "PROFILED_OTEL_DETAIL in force",
     "profiled.otel.max_spans": "PROFILED_OTEL_MAX_SPANS in force",
     "profiled.otel.folded_occurrences": "range occurrences folded into aggregate spans",
@@ -746,12 +749,26 @@ def _window_attributes(report: WindowReport) -> dict[str, Any]:
             attrs["profiled.health.reasons"] = [r.detail for r in health.reasons]
             attrs["profiled.health.reason_kinds"] = [r.kind for r in health.reasons]
             attrs["profiled.health.lost"] = sum(r.count for r in health.reasons)
+    cost = getattr(report, "cost", None)
+    if cost is not None:
+        attrs.update(cost_attributes(cost))
     reason = getattr(report, "reason", None)
     if reason is not None:
         attrs["profiled.window.reason"] = reason.kind
         attrs["profiled.window.reason_detail"] = reason.detail
     if report.trace_file:
         attrs["profiled.trace_file"] = report.trace_file
+    return attrs
+
+
+def cost_attributes(cost: Any) -> dict[str, Any]:
+    """The window's ledger as ``profiled.cost.*`` span attributes (a value that is unknown,
+    such as the steps' excess without a step histogram, is left out: OTel has no null)."""
+    attrs: dict[str, Any] = {}
+    for key, value in cost.to_dict().items():
+        if value is None or (key == "backed_off" and not value):
+            continue
+        attrs[f"profiled.cost.{key}"] = value
     return attrs
 
 

@@ -313,6 +313,18 @@ SETTINGS: tuple[Setting, ...] = (
         "says when one holds a slow step back); unset: off (more than 1, at most 1000)",
     ),
     Setting(
+        "overhead_budget",
+        "PROFILED_OVERHEAD_BUDGET",
+        5.0,
+        **number(0.0, 100.0, note="a percentage of wall time"),
+        shown="5",
+        doc="the most the windows may cost the program, as a percentage of wall time over a "
+        "rolling 60 s (each window's cost is its report's ledger: step time over the median "
+        "window-free step, start and stop stalls, trace export and analysis CPU); over it, "
+        "the next window records no stacks, shapes or memory, then each further window "
+        "over it halves how often windows open, and the next report says so; 0: no budget",
+    ),
+    Setting(
         "export_timeout_s",
         "PROFILED_EXPORT_TIMEOUT_S",
         10.0,
@@ -440,6 +452,7 @@ class Config:
     seed: int = _default("seed")
     trigger: str | None = _default("trigger")
     slow_step: float | None = _default("slow_step")
+    overhead_budget: float = _default("overhead_budget")
     export_timeout_s: float = _default("export_timeout_s")
     analysis_process: bool = _default("analysis_process")
     metrics: bool | None = _default("metrics")  # None: auto

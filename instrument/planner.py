@@ -14,6 +14,7 @@ a period learned), is said once through ``tell`` (the session's: its exporters' 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from bisect import bisect_left, insort
 from collections import deque
@@ -225,6 +226,7 @@ class WindowPlanner:
         self.notes: list[str] = []  # what a slow step did not open, and why (each said once)
         self._tell = tell or self.notes.append  # where they go (the session: its exporters)
         self._said: set[str] = set()
+        self.stride = 1  # the schedule's cycles: only every stride-th opens (the budget)
 
     # ------------------------------------------------------------ queries
 
@@ -353,6 +355,21 @@ class WindowPlanner:
     def window_ended(self) -> None:
         self.last_window_end = self.clock()
 
+    def halve_frequency(self) -> str:
+        """Open half as many windows from now on (``PROFILED_OVERHEAD_BUDGET``): ``every``
+        doubled, else the sample rate halved, else only every other cycle of the schedule
+        opens (and so on); what it did, for the next report."""
+        sampling = self.sampling
+        if sampling.every is not None:
+            self.sampling = dataclasses.replace(sampling, every=sampling.every * 2)
+            return f"a window every {sampling.every * 2} steps instead of {sampling.every}"
+        if sampling.enabled:
+            rate = sampling.sample_rate / 2
+            self.sampling = dataclasses.replace(sampling, sample_rate=rate)
+            return f"sample_rate {rate:g} instead of {sampling.sample_rate:g}"
+        self.stride *= 2
+        return f"one in {self.stride} of the schedule's cycles opens a window"
+
     # ------------------------------------------------------------ the rule
 
     def _opens_at(self, step: int, window_open: bool) -> tuple[WindowReason | None, bool]:
@@ -394,4 +411,6 @@ class WindowPlanner:
             return None
         if step and sched.action(step - 1) not in (Action.NONE, Action.RECORD_AND_SAVE):
             return None
+        if ((step - sched.skip_first) // sched.cycle) % self.stride:
+            return None  # the budget's back-off skips this cycle
         return WindowReason("schedule", f"the schedule ({sched.to_env()}) opens one at step {step}")

@@ -27,6 +27,7 @@ __all__ = [
     "DETAILS",
     "FrozenMap",
     "HEALTH_STATUSES",
+    "Cost",
     "Health",
     "HealthReason",
     "KernelCall",
@@ -350,6 +351,81 @@ class Health:
 
 
 @dataclass(frozen=True)
+class Cost:
+    """What a window cost the program (its ledger), measured where it happened.
+
+    ``steps_time_us``: the wall time of its recorded steps; ``baseline_step_us``: the median
+    of the window-free steps between the previous window and this one (the metrics' step
+    histogram: None without it), so ``steps_excess_us`` (None where the baseline is unknown)
+    is what recording added to the steps. ``start_stall_us`` / ``stop_stall_us``: the caller's
+    wait in the profiler's start (the previous window's trace written first included) and
+    stop. ``export_cpu_s`` / ``analysis_cpu_s``: thread CPU time on the export worker for
+    torch's trace export and for reading, shaping and analysing it; ``helper_cpu_s``: the
+    helper process's CPU for it (None where it did not run there). ``bytes_written``: the
+    window's trace file. ``exporters_s``/``exporters_bytes`` are the *previous* window's
+    (``exporters_window``; None: none finished yet): a report cannot wait for its own
+    exporters. ``budget_pct``/``share_pct``: ``PROFILED_OVERHEAD_BUDGET`` and the measured
+    cost, as a percentage of wall time over the rolling interval, with this window counted;
+    ``backed_off``: what the budget turned down before this window, and why ("" nothing)."""
+
+    steps: int = 0
+    steps_time_us: float = 0.0
+    baseline_step_us: float | None = None
+    baseline_steps: int = 0  # the window-free steps the baseline is the median of
+    start_stall_us: float = 0.0
+    stop_stall_us: float = 0.0
+    export_cpu_s: float = 0.0
+    analysis_cpu_s: float = 0.0
+    helper_cpu_s: float | None = None
+    bytes_written: int = 0
+    exporters_window: int | None = None
+    exporters_s: float = 0.0
+    exporters_bytes: int = 0
+    budget_pct: float = 0.0
+    share_pct: float = 0.0
+    interval_s: float = 0.0
+    backed_off: str = ""
+
+    @property
+    def steps_excess_us(self) -> float | None:
+        if self.baseline_step_us is None:
+            return None
+        return self.steps_time_us - self.steps * self.baseline_step_us
+
+    @property
+    def total_us(self) -> float:
+        """The program's cost: the steps' excess (never below 0), both stalls, and the CPU
+        the window's trace and analysis took (its own thread's and the helper's)."""
+        excess = max(self.steps_excess_us or 0.0, 0.0)
+        cpu_s = self.export_cpu_s + self.analysis_cpu_s + (self.helper_cpu_s or 0.0)
+        return excess + self.start_stall_us + self.stop_stall_us + cpu_s * 1e6
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["steps_excess_us"] = self.steps_excess_us
+        out["total_us"] = self.total_us
+        return out
+
+    def line(self) -> str:
+        """One short line for people: ``cost 41.2 ms: steps +12.0 ms (3), start 8.1, stop 5.0,
+        cpu 16.1 ms, 120 kB; 0.8% of 60 s, budget 5%``, then what was backed off."""
+        excess = self.steps_excess_us
+        steps = f"steps {excess / 1e3:+.1f} ms ({self.steps})" if excess is not None else "steps ?"
+        cpu_s = self.export_cpu_s + self.analysis_cpu_s + (self.helper_cpu_s or 0.0)
+        size = self.bytes_written
+        written = f"{size / 1e6:.1f} MB" if size >= 1e6 else f"{size / 1e3:.0f} kB"
+        text = (
+            f"cost {self.total_us / 1e3:.1f} ms: {steps}, start {self.start_stall_us / 1e3:.1f}"
+            f", stop {self.stop_stall_us / 1e3:.1f}, cpu {cpu_s * 1e3:.1f} ms, {written}"
+        )
+        if self.budget_pct:
+            text += f"; {self.share_pct:.2g}% of {self.interval_s:g} s, budget {self.budget_pct:g}%"
+        if self.backed_off:
+            text += f"; backed off: {self.backed_off}"
+        return text
+
+
+@dataclass(frozen=True)
 class WindowReport:
     """What one profiler window measured."""
 
@@ -393,6 +469,8 @@ class WindowReport:
     wall_time_us: float = 0.0
     # whether the window recorded all it should have (lost device events, ``Health``)
     health: Health = field(default_factory=Health)
+    # what the window cost the program (None: a report read back from a trace file)
+    cost: Cost | None = None
 
     @property
     def duration_us(self) -> float:
@@ -427,6 +505,7 @@ class WindowReport:
         # FrozenMap is a Mapping but not a dict: convert it by hand
         out["ranges"] = {name: self._range_dict(r) for name, r in self.ranges.items()}
         out["peak_tflops"] = dict(self.peak_tflops)
+        out["cost"] = self.cost.to_dict() if self.cost is not None else None
         out["flops_per_s"] = self.flops_per_s
         out["mfu"] = self.mfu()
         return out

@@ -9,6 +9,7 @@ why a rank profiles nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -16,11 +17,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _torch, analysis_process, rawtraces, state
+from . import _torch, analysis_process, ledger, rawtraces, state
 from .analysis import Analysis, analyze, drop_warmup
 from .analysis_process import shape_and_analyze
 from .config import Config
-from .report import OccurrenceBudget, WindowReason, WindowReport
+from .report import Cost, OccurrenceBudget, WindowReason, WindowReport
 from .sampling import Schedule
 from .throughput import with_peaks
 from .tracefile import shape_file
@@ -70,6 +71,7 @@ class EndedWindow:
     stopped_at: float | None = None  # time.monotonic() of a deferred stop, else None
     reason: WindowReason | None = None  # why the window opened (the planner's decision)
     raw: str | None = None  # its trace file, once written (``write_raw``)
+    cost: ledger.Entry | None = None  # what the caller measured of its cost
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
@@ -159,6 +161,8 @@ class ReportBuilder:
         self.activities = tuple(activities)
         self._warn = warn_
         self._cancelled = cancelled  # the session ended past its deadline: nobody waits
+        self.ledger = ledger.Ledger(config.overhead_budget)  # the windows' costs, the budget
+        self._helper_cpu_s: float | None = None  # the helper's CPU for the window in build
 
     def build(self, ended: EndedWindow) -> WindowReport | None:
         """The window's report and its shaped trace file; None (with a warning) on failure."""
@@ -180,11 +184,10 @@ class ReportBuilder:
         raw = None
         try:
             _let_the_queue_refill(ended)
-            # straight from Kineto's events where this torch allows it, on the export thread
-            events = None if self.config.analysis_process else window.events()
-            raw = write_raw(ended)
+            events, raw, export_s = self._trace(ended, window)
             ended.window = None  # the profiler's results go when this report is built
             del window
+            exported_at = time.thread_time()  # this worker's CPU for the analysis from here
             analysis: Analysis | None
             if events is not None:  # Kineto's times are epoch ns already
                 analysis = analyze(
@@ -222,9 +225,51 @@ class ReportBuilder:
             activities=tuple(self.activities),
             raw_trace_path=raw,
             reason=ended.reason,
+            cost=self._cost(ended, raw, export_s, time.thread_time() - exported_at),
             **analysis.report_fields(),
         )
+        self.ledger.building(report.cost, ended.index)
         return with_peaks(report, self.config.peak_tflops)
+
+    def _trace(self, ended: EndedWindow, window: Any) -> tuple[Any, str, float]:
+        """The window's events straight from Kineto where this torch allows it (None: the
+        trace is read instead), its trace file, and this worker's CPU seconds for both."""
+        began = time.thread_time()
+        events = None if self.config.analysis_process else window.events()
+        raw = write_raw(ended)
+        return events, raw, time.thread_time() - began
+
+    def _cost(self, ended: EndedWindow, raw: str, export_s: float, analysis_s: float) -> Cost:
+        """The window's ledger: what the caller measured, this worker's CPU for the trace
+        and its analysis, the helper's, the trace's bytes; then its share of the budget."""
+        entry = ended.cost or ledger.Entry()
+        helper_s, self._helper_cpu_s = self._helper_cpu_s, None  # (``_in_helper``'s, if run)
+        try:
+            size = os.path.getsize(raw)
+        except OSError:
+            size = 0
+        last = self.ledger.last_export
+        baseline = entry.baseline_step_ns
+        cost = Cost(
+            steps=len(ended.steps),
+            steps_time_us=(ended.end_ns - ended.start_ns) / 1e3,
+            baseline_step_us=baseline / 1e3 if baseline is not None else None,
+            baseline_steps=entry.baseline_steps,
+            start_stall_us=entry.start_stall_ns / 1e3,
+            stop_stall_us=entry.stop_stall_ns / 1e3,
+            export_cpu_s=export_s,
+            analysis_cpu_s=analysis_s,
+            helper_cpu_s=helper_s,
+            bytes_written=size,
+            exporters_window=last[0] if last else None,
+            exporters_s=last[1] if last else 0.0,
+            exporters_bytes=last[2] if last else 0,
+            budget_pct=self.ledger.budget_pct,
+            interval_s=ledger.INTERVAL_S,
+            backed_off=entry.backed_off,
+        )
+        share = self.ledger.add(cost.total_us, entry.epoch)
+        return dataclasses.replace(cost, share_pct=share)
 
     def _in_helper(self, raw: str, names: frozenset[str], dist: dict[str, Any]) -> Any:
         """The window's trace work in the shared helper process; None (the caller does it
@@ -234,6 +279,7 @@ class ReportBuilder:
         helper = analysis_process.shared()
         if helper.failed is not None:
             return None
+        cpu_before = ledger.helper_cpu_s(helper.pid)
         try:
             analysis, said = helper.analyze(raw, names, dist, occurrences=self.occurrences)
         except analysis_process.AnalysisProcessError as exc:
@@ -244,14 +290,21 @@ class ReportBuilder:
             else:  # this window's trace only
                 self._warn(str(exc) + "; analyzing it in this process instead")
             return None
+        cpu_after = ledger.helper_cpu_s(helper.pid)
+        if cpu_after is not None:  # (not running before: its start-up was this window's)
+            self._helper_cpu_s = cpu_after - (cpu_before or 0.0)
         for message in said:
             self._warn(message)
         return analysis
 
 
 def remove_raw(report: WindowReport) -> None:
-    """The pipeline is done with a report's raw trace."""
-    rawtraces.remove(report.raw_trace_path)
+    """The pipeline is done with a report's raw trace (its exporters are done: their time
+    and the trace file they wrote go to the ledger, for the next report)."""
+    try:
+        ledger.exported(report)
+    finally:
+        rawtraces.remove(report.raw_trace_path)
 
 
 def why_no_report(skip_reason: str | None, steps: int, schedule: Schedule, ambient: bool) -> str:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import _torch, reporting, state
+from . import _torch, ledger, reporting, state
 from .report import WindowReason
 from .reporting import EndedWindow
 
@@ -67,6 +67,7 @@ class Recorded:
     start_ns: int
     end_ns: int
     reason: WindowReason | None = None  # why the window opened
+    cost: ledger.Entry | None = None  # its ledger figures, measured by the caller
 
 
 @dataclass
@@ -139,6 +140,7 @@ class Stops:
     drain_log: collections.deque[tuple[int, bool]] = field(
         default_factory=lambda: collections.deque(maxlen=64)
     )
+    stop_stall_ns: int = 0  # the caller's wait in the ending window's stop (its ledger)
 
     def busy(self) -> bool:
         """The last window is still stopping (a deferred stop), or being analysed or exported:
@@ -201,12 +203,14 @@ class Stops:
             # wait for the window's own kernels only: the steps queued after them keep the
             # device busy while Kineto processes its buffers (a device-wide synchronisation
             # would empty the queue first and leave the device idle meanwhile)
+            began = time.perf_counter_ns()
             try:
                 with state.own_switch():  # (part of the stop: see ``state.OWN_SWITCHES``)
                     drain.event.synchronize()
                 synced = True
             except Exception:  # noqa: BLE001 - a device error: take torch's own way out
                 synced = False
+            self.stop_stall_ns += time.perf_counter_ns() - began
         self.stop_then(
             window,
             sync=not synced,
@@ -297,12 +301,15 @@ class Stops:
             sess._warn(sess._skip_reason)
             window.abandon()
             return False
+        began = time.perf_counter_ns()
         try:
             with state.own_switch():  # the metrics take it out of the call it lands in
                 window.stop(sync=sync)
         except TORCH_FAILURES as exc:  # anything else is the program's own (see above)
             sess._warn(f"the profiler could not be stopped cleanly ({exc!r}){lost}")
             return False
+        finally:
+            self.stop_stall_ns += time.perf_counter_ns() - began
         return True
 
     def hand_over(
@@ -325,6 +332,10 @@ class Stops:
             time.monotonic() if deferred else None,
             recorded.reason,
         )
+        if recorded.cost is not None:  # the stop's stall is known now: the stop is done
+            recorded.cost.stop_stall_ns = self.stop_stall_ns
+            ended.cost = recorded.cost
+        self.stop_stall_ns = 0
         reporting.pending(ended)  # its trace is written before the next window starts
         taken = sess._pipeline.submit(ended, lambda: reporting.forget(ended))
         if taken:

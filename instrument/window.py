@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from exporters._warn import warn
 
-from . import _torch, reporting, state, stops
+from . import _torch, ledger, reporting, state, stops
 from ._atomic import atomic
 from .pipeline import describe
 from .report import WindowReason
@@ -68,6 +68,7 @@ class Windows:
     told: bool = False  # the exporters' window_started hooks were called
     start_due: bool = False  # its profiler waits for the step's first decorated call
     reason: WindowReason | None = None  # why the open window opened (the planner's)
+    cost: ledger.Entry | None = None  # the open window's figures as the caller measures them
 
     def transition(self, prev: Action, cur: Action, step: int, *, lazy: bool = False) -> None:
         """Do what ``TRANSITIONS`` names for (prev, cur) at the boundary into ``step``."""
@@ -108,6 +109,7 @@ class Windows:
             sess._skip_reason = foreign_reason()
             return False
         config = sess.config
+        cost, detail = _opened(sess)
         try:
             # Not prepared here: Kineto is prepared and started together at the first
             # recorded step. A prepared CUDA profiler makes a profiler the user starts during
@@ -115,9 +117,9 @@ class Windows:
             # telemetry must never break the program. Warm-up steps are still counted.
             window = _torch.ProfilerWindow(
                 sess.activities,
-                record_shapes=config.record_shapes or config.with_flops,  # attention FLOPs
-                profile_memory=config.profile_memory,
-                with_stack=config.with_stack,
+                record_shapes=(config.record_shapes and detail) or config.with_flops,
+                profile_memory=config.profile_memory and detail,
+                with_stack=config.with_stack and detail,
                 with_flops=config.with_flops,
                 all_threads=config.all_threads,
             )
@@ -127,6 +129,7 @@ class Windows:
             return False
         self.window = window
         self.reason = sess._planner.reason
+        self.cost = cost
         self.steps = []
         self.active_started = False
         self.start_due = False
@@ -211,6 +214,7 @@ class Windows:
             sess._skip_reason = foreign_reason()
             self.drop()
             return False
+        began = time.perf_counter_ns()
         try:
             started = start_keeping_warnings(window)
         except TORCH_FAILURES as exc:
@@ -223,6 +227,9 @@ class Windows:
             # and ``ProfilerWindow.start`` left no profiler on
             self.drop()
             raise
+        finally:  # the caller's stall in the start (the last window's trace written first)
+            if self.cost is not None:
+                self.cost.start_stall_ns += time.perf_counter_ns() - began
         if not started:  # another session's window (ending on its thread) is on
             sess._skip_reason = (
                 "another torch-profiled window's profiler was still on when this one was due"
@@ -279,7 +286,9 @@ class Windows:
             # ended between steps (the session's close, the exit): what it recorded ends with
             # its last recorded step, not with the idle time until this stop
             end_ns = self.step_start_ns
-        recorded = Recorded(steps, partial, self.start_ns, end_ns, self.reason)
+        recorded = Recorded(steps, partial, self.start_ns, end_ns, self.reason, self.cost)
+        sess._reports.ledger.ended()  # window-free steps count from here
+        self.stops.stop_stall_ns = 0
         sess._planner.window_ended()
         short_steps = steps and (recorded.end_ns - recorded.start_ns) / len(steps) < (
             stops.DEFER_MAX_STEP_NS
@@ -306,6 +315,15 @@ class Windows:
             and window.overtaken()
             and not _torch.profiler_on()
         )
+
+
+def _opened(sess: Session) -> tuple[ledger.Entry, bool]:
+    """A window opens: its ledger entry (the budget may back off here), and whether it
+    records the detail (stacks, shapes, memory: the budget's first back-off turns it off)."""
+    config, costs = sess.config, sess._reports.ledger
+    detail_on = config.record_shapes or config.profile_memory or config.with_stack
+    cost = costs.opened(bool(detail_on), sess._planner.halve_frequency)
+    return cost, not costs.detail_off
 
 
 def foreign_reason() -> str:
