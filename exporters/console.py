@@ -1,6 +1,6 @@
 """``ConsoleExporter``: the window table a person reads first.
 
-First the window's health (``complete``, or loud: what was lost, with its numbers; device
+First why the window opened, then its health (``complete``, or loud: what was lost, with its numbers; device
 numbers it cannot stand behind say ``(partial)`` / ``(device-missing)``), then its verdict with
 the numbers behind it, then one line per ``@profiled`` range:
 calls, inclusive CPU time, device time of the kernels it launched, device time over CPU time,
@@ -61,12 +61,12 @@ def format_report(report: WindowReport, rows: int = 15) -> str:
     the order a person reads it: title, verdict, ranges, top operators and kernels, totals."""
     rule = "-" * WIDTH
     lines = [_title(report)]
-    lines.extend(_health_lines(report))
     reason = getattr(report, "reason", None)
     if reason is not None:  # why the window opened
         lines.extend(
             _wrap(f"opened by {reason.kind}" + (f": {reason.detail}" if reason.detail else ""))
         )
+    lines.extend(_health_lines(report))
     cost = getattr(report, "cost", None)
     if cost is not None:  # what the window cost the program (its ledger)
         lines.extend(_wrap(cost.line()))

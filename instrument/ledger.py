@@ -62,7 +62,9 @@ def step_counts() -> list[int] | None:
         recorder.fold(metrics.STEP)
     with recorder.lock:
         shard = recorder.folded.get(metrics.STEP)
-        return list(shard[: metrics.BUCKETS]) if shard is not None else [0] * metrics.BUCKETS
+        return (
+            metrics.dense(shard)[: metrics.BUCKETS] if shard is not None else [0] * metrics.BUCKETS
+        )
 
 
 def median_ns(before: list[int] | None, after: list[int] | None) -> tuple[float | None, int]:

@@ -35,6 +35,8 @@ ACCEPTED = {
     "PROFILED_EXPORT_TIMEOUT_S": {"1e-9"},  # the exit waits for nothing, and says what it lost
     "PROFILED_METRICS_INTERVAL_S": set(),  # at least 0.1: each export takes the GIL
     "PROFILED_METRICS_DEVICE_EVERY": {"0"},  # 0: off
+    "PROFILED_OVERHEAD_BUDGET": {"0", "1e-9"},  # 0: no budget; tiny: every window backs off
+    "PROFILED_METRICS_MAX_RANGES": set(),
 }
 
 
