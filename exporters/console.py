@@ -1,14 +1,14 @@
 """``ConsoleExporter``: the window table a person reads first.
 
-First why the window opened, then its health (``complete``, or loud: what was lost, with its numbers; device
-numbers it cannot stand behind say ``(partial)`` / ``(device-missing)``), then its verdict with
-the numbers behind it, then one line per ``@profiled`` range:
-calls, inclusive CPU time, device time of the kernels it launched, device time over CPU time,
-the share of the range's wall time the device was busy, and the verdict (overhead-bound,
-compute-bound, cpu-only; see ``instrument.verdict``). Then the top operators and device
-kernels, then the two totals the way torch's own table prints them, then the trace file's path
-(relative to the working directory when that is shorter). At most 100 columns, no colour; a
-trace path too long for that gets a line of its own and is never cut.
+First why the window opened, then its health (``complete``, or loud: what was lost, with its
+numbers; device numbers it cannot stand behind say ``(partial)`` / ``(device-missing)``), what
+it cost (the ledger), then its verdict with the numbers behind it, then one line per
+``@profiled`` range: calls, inclusive CPU time, device time of the kernels it launched, device
+time over CPU time, the share of the range's wall time the device was busy, and the verdict
+(overhead-bound, compute-bound, cpu-only; see ``instrument.verdict``). Then the top operators
+and device kernels, then the two totals the way torch's own table prints them, then the trace
+file's path (relative to the working directory when that is shorter). At most 100 columns, no
+colour; a trace path too long for that gets a line of its own and is never cut.
 """
 
 from __future__ import annotations
