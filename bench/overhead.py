@@ -196,9 +196,8 @@ def drained(generator_function: Callable[[Any], Any]) -> Callable[[Any], Any]:
     (two resumes: two timed ranges for a decorated generator)."""
 
     def run(x: Any) -> Any:
-        for item in generator_function(x):
-            pass
-        return item
+        items = list(generator_function(x))
+        return items[-1]
 
     return run
 
@@ -441,28 +440,55 @@ def _run(
     # the other call forms with metrics on (issue 31): each against a hand-written closure
     # of the same form, driven the same way
     off += [
-        Variant("async_closure", "async closure + flag check (driven)", "off",
-                driven(async_closure(trivial_async))),
-        Variant("gen_closure", "generator closure + flag check (drained)", "off",
-                drained(generator_closure(trivial_gen))),
+        Variant(
+            "async_closure",
+            "async closure + flag check (driven)",
+            "off",
+            driven(async_closure(trivial_async)),
+        ),
+        Variant(
+            "gen_closure",
+            "generator closure + flag check (drained)",
+            "off",
+            drained(generator_closure(trivial_gen)),
+        ),
     ]
     forms = [
-        Variant("cm_metrics", "with profiled(name): (made per block), metrics on", "metrics",
-                context_block(profiled, f"{RANGE}.cm_metrics")),
-        Variant("cm_reused_metrics", "with cm: (one profiled object), metrics on", "metrics",
-                context_block_reused(profiled(f"{RANGE}.cm_reused_metrics"))),
-        Variant("async_metrics", "@profiled async def (driven), metrics on", "metrics",
-                driven(profiled(f"{RANGE}.async_metrics")(trivial_async))),
-        Variant("gen_metrics", "@profiled generator (drained), metrics on", "metrics",
-                drained(profiled(f"{RANGE}.gen_metrics")(trivial_gen))),
+        Variant(
+            "cm_metrics",
+            "with profiled(name): (made per block), metrics on",
+            "metrics",
+            context_block(profiled, f"{RANGE}.cm_metrics"),
+        ),
+        Variant(
+            "cm_reused_metrics",
+            "with cm: (one profiled object), metrics on",
+            "metrics",
+            context_block_reused(profiled(f"{RANGE}.cm_reused_metrics")),
+        ),
+        Variant(
+            "async_metrics",
+            "@profiled async def (driven), metrics on",
+            "metrics",
+            driven(profiled(f"{RANGE}.async_metrics")(trivial_async)),
+        ),
+        Variant(
+            "gen_metrics",
+            "@profiled generator (drained), metrics on",
+            "metrics",
+            drained(profiled(f"{RANGE}.gen_metrics")(trivial_gen)),
+        ),
     ]
     off.append(
-        Variant("cm_floor", "with Timer(): (a minimal timing class, made per block)", "off",
-                floor_block)
+        Variant(
+            "cm_floor", "with Timer(): (a minimal timing class, made per block)", "off", floor_block
+        )
     )
     construct = Variant(
-        "construct", "profiled(name) made, not entered", "off",
-        lambda x: profiled(f"{RANGE}.construct")
+        "construct",
+        "profiled(name) made, not entered",
+        "off",
+        lambda x: profiled(f"{RANGE}.construct"),
     )
     off.append(construct)
     on = [

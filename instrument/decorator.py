@@ -696,8 +696,13 @@ if not isinstance(_ENV_DATA, dict):  # pragma: no cover - no dict behind os.envi
     _ENV_DATA = None
 _env_get: Any = _ENV_DATA.get if _ENV_DATA is not None else None
 _K1, _K2, _K3, _K4 = (
-    os.environ.encodekey(v)  # type: ignore[attr-defined]
-    for v in (_config._ENABLED.env, _config.STRICT.env, _config.PARENT_PID.env, _config.CHILDREN.env)
+    os.environ.encodekey(v)
+    for v in (
+        _config._ENABLED.env,
+        _config.STRICT.env,
+        _config.PARENT_PID.env,
+        _config.CHILDREN.env,
+    )
 )
 _SEEN_NOTHING = object()
 _s1: Any = _SEEN_NOTHING
