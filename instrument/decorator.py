@@ -4,8 +4,9 @@ The hot path is the wrapper's first lines: with metrics on and nothing else to d
 (``_COUNT_ONLY``), the Dynamo check, two clock reads and an append to the range's pending
 list (``metrics``); with no session counting steps and no profiler recording, two globals
 (``_COUNT_ONLY``, ``_OFF``) on top of a plain closure, with no allocation, lock or import.
-The other forms (context form, async functions, generators) take the same metrics-only path. Everything else (depth tracking for root
-calls, the range itself, step accounting) is in ``_call``.
+The other forms (context form, async functions, generators) take the same metrics-only
+path. Everything else (depth tracking for root calls, the range itself, step accounting) is
+in ``_call``.
 
 Plain functions get a plain closure rather than a ``wrapt.FunctionWrapper``: a pass-through
 ``wrapt`` wrapper measured ~450 ns per call on the CI box, a closure ~100 ns. Descriptors
