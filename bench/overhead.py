@@ -144,6 +144,106 @@ def record_function_closure(f: Callable[..., Any], name: str) -> Callable[..., A
     return wrapper
 
 
+def async_closure(f: Callable[..., Any]) -> Callable[..., Any]:
+    """A hand-written async wrapper with the plain closure's flag check."""
+
+    @functools.wraps(f)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if _CLOSURE_FLAG:
+            raise AssertionError("never set")
+        return await f(*args, **kwargs)
+
+    return wrapper
+
+
+def generator_closure(f: Callable[..., Any]) -> Callable[..., Any]:
+    """A hand-written generator wrapper with the plain closure's flag check."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if _CLOSURE_FLAG:
+            raise AssertionError("never set")
+        return (yield from f(*args, **kwargs))
+
+    return wrapper
+
+
+async def trivial_async(x: Any) -> Any:
+    return x
+
+
+def trivial_gen(x: Any) -> Any:
+    yield x
+
+
+def driven(coroutine_function: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``f(x)`` that runs ``coroutine_function(x)`` to its end without an event loop (it never
+    waits): the async rows time the call, not asyncio's scheduling."""
+
+    def run(x: Any) -> Any:
+        coro = coroutine_function(x)
+        try:
+            coro.send(None)
+        except StopIteration as done:
+            return done.value
+        raise AssertionError("the coroutine waited")
+
+    return run
+
+
+def drained(generator_function: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``f(x)`` that takes the one item of ``generator_function(x)`` and runs it to its end
+    (two resumes: two timed ranges for a decorated generator)."""
+
+    def run(x: Any) -> Any:
+        items = list(generator_function(x))
+        return items[-1]
+
+    return run
+
+
+def context_block(profiled: Any, name: str) -> Callable[[Any], Any]:
+    """``with profiled(name):`` as users write it: the object made per block."""
+
+    def block(x: Any) -> Any:
+        with profiled(name):
+            return trivial(x)
+
+    return block
+
+
+class _FloorTimer:
+    """The least a timing context manager written in Python does: two clock reads and an
+    append, no check of anything (the floor of the context form, made per block)."""
+
+    __slots__ = ("t0",)
+    sink: list[float] = []
+
+    def __enter__(self) -> _FloorTimer:
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _FloorTimer.sink.append(time.perf_counter() - self.t0)
+        if len(_FloorTimer.sink) >= 1024:
+            _FloorTimer.sink.clear()
+
+
+def floor_block(x: Any) -> Any:
+    with _FloorTimer():
+        return trivial(x)
+
+
+def context_block_reused(cm: Any) -> Callable[[Any], Any]:
+    """``with cm:``: one ``profiled(name)`` object made once, entered per block."""
+
+    def block(x: Any) -> Any:
+        with cm:
+            return trivial(x)
+
+    return block
+
+
 class Variant:
     def __init__(self, key: str, label: str, state: str, func: Callable[[Any], Any]) -> None:
         self.key = key
@@ -337,6 +437,60 @@ def _run(
     timed = Variant(
         "profiled_metrics", "@profiled, metrics on, no window", "metrics", armed_metrics
     )
+    # the other call forms with metrics on (issue 31): each against a hand-written closure
+    # of the same form, driven the same way
+    off += [
+        Variant(
+            "async_closure",
+            "async closure + flag check (driven)",
+            "off",
+            driven(async_closure(trivial_async)),
+        ),
+        Variant(
+            "gen_closure",
+            "generator closure + flag check (drained)",
+            "off",
+            drained(generator_closure(trivial_gen)),
+        ),
+    ]
+    forms = [
+        Variant(
+            "cm_metrics",
+            "with profiled(name): (made per block), metrics on",
+            "metrics",
+            context_block(profiled, f"{RANGE}.cm_metrics"),
+        ),
+        Variant(
+            "cm_reused_metrics",
+            "with cm: (one profiled object), metrics on",
+            "metrics",
+            context_block_reused(profiled(f"{RANGE}.cm_reused_metrics")),
+        ),
+        Variant(
+            "async_metrics",
+            "@profiled async def (driven), metrics on",
+            "metrics",
+            driven(profiled(f"{RANGE}.async_metrics")(trivial_async)),
+        ),
+        Variant(
+            "gen_metrics",
+            "@profiled generator (drained), metrics on",
+            "metrics",
+            drained(profiled(f"{RANGE}.gen_metrics")(trivial_gen)),
+        ),
+    ]
+    off.append(
+        Variant(
+            "cm_floor", "with Timer(): (a minimal timing class, made per block)", "off", floor_block
+        )
+    )
+    construct = Variant(
+        "construct",
+        "profiled(name) made, not entered",
+        "off",
+        lambda x: profiled(f"{RANGE}.construct"),
+    )
+    off.append(construct)
     on = [
         Variant("profiled_on", "@profiled, profiler on", "on", armed_on),
         Variant(
@@ -407,6 +561,7 @@ def _run(
         _check_idle(decorator)
         return ns
 
+    from instrument import metrics as sdk_metrics
     from instrument import state as sdk_state
 
     def measure_metrics(v: Variant) -> float:
@@ -445,6 +600,12 @@ def _run(
     sdk_state.set_metrics(True)
     try:
         timed.loops = _calibrate(timed.func, target_s)
+        for v in forms:
+            v.loops = _calibrate(v.func, target_s)
+        folded = sdk_metrics.recorder.histograms()
+        for v in forms:  # every form really timed its calls into its range
+            name = f"{RANGE}.{v.key}"
+            assert sum(folded[name][: sdk_metrics.BUCKETS]) > 0, f"{name}: no calls counted"
     finally:
         sdk_state.set_metrics(False)
     _check_idle(decorator)
@@ -456,6 +617,8 @@ def _run(
     tasks.append((declared, functools.partial(measure_counting, declared, True)))
     tasks.append((window, functools.partial(measure_window, window)))
     tasks.append((timed, functools.partial(measure_metrics, timed)))
+    for v in forms:
+        tasks.append((v, functools.partial(measure_metrics, v)))
     for v in on:
         tasks.append((v, functools.partial(measure_on, v)))
 
@@ -468,7 +631,7 @@ def _run(
             v.samples.append(fn())
     elapsed = time.perf_counter() - t0
 
-    variants = off + [counting, declared, window, timed] + on
+    variants = off + [counting, declared, window, timed] + forms + on
     return {
         "variants": variants,
         "repeats": repeats,
@@ -512,6 +675,34 @@ def _ratios(by: dict[str, Variant], identity: dict[str, bool]) -> list[dict[str,
             "closure",
             3.0,
             "metrics-on @profiled, no window / plain closure",
+        ),
+        (
+            "cm_vs_closure",
+            "cm_metrics",
+            "closure",
+            3.0,
+            "metrics-on `with profiled(name):` (made per block) / plain closure",
+        ),
+        (
+            "cm_vs_floor",
+            "cm_metrics",
+            "cm_floor",
+            1.5,
+            "metrics-on `with profiled(name):` (made per block) / minimal timing class",
+        ),
+        (
+            "async_vs_async_closure",
+            "async_metrics",
+            "async_closure",
+            3.0,
+            "metrics-on @profiled async def / async closure (both driven)",
+        ),
+        (
+            "gen_vs_gen_closure",
+            "gen_metrics",
+            "gen_closure",
+            3.0,
+            "metrics-on @profiled generator / generator closure (both drained)",
         ),
     ):
         med, mn = ratio(num, den, "median"), ratio(num, den, "min")
@@ -576,6 +767,11 @@ def _report(res: dict[str, Any], machine: dict[str, Any], command: str) -> dict[
         )
     print()
     ratios = _ratios(by, res["identity"])
+    c = by["construct"]
+    print(
+        f"  profiled(name) made (the context form's object): {c.median:.0f} ns median, "
+        f"{c.min:.0f} min; target < 500 ns: {'PASS' if c.median < 500 else 'MISS'}"
+    )
     print("  targets (judged on the medians):")
     for r in ratios:
         verdict = "PASS" if r["met"] else "MISS"

@@ -2,10 +2,11 @@
 
 The hot path is the wrapper's first lines: with metrics on and nothing else to do, one global
 (``_COUNT_ONLY``), the Dynamo check, two clock reads and an append to the range's pending
-list (``metrics``); with no session counting steps and no profiler recording, two globals and
-one attribute check (``_COUNT_ONLY``, ``_IDLE`` and torch's Python profiler flag) on top of a
-plain closure, with no allocation, lock or import. Everything else (depth tracking for root
-calls, the range itself, step accounting) is in ``_call``.
+list (``metrics``); with no session counting steps and no profiler recording, two globals
+(``_COUNT_ONLY``, ``_OFF``) on top of a plain closure, with no allocation, lock or import.
+The other forms (context form, async functions, generators) take the same metrics-only
+path. Everything else (depth tracking for root calls, the range itself, step accounting) is
+in ``_call``.
 
 Plain functions get a plain closure rather than a ``wrapt.FunctionWrapper``: a pass-through
 ``wrapt`` wrapper measured ~450 ns per call on the CI box, a closure ~100 ns. Descriptors
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import os
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
@@ -34,6 +36,7 @@ import wrapt
 from exporters._warn import warn as _warn
 
 from . import _torch, state
+from . import config as _config
 from . import metrics as _metrics
 from .config import enabled_from_env
 from .metrics import BATCH as _BATCH
@@ -78,6 +81,11 @@ RANGE_NAMES = state.RANGE_NAMES  # every range name a decoration created (``stat
 # first-call hook, no device-time sampling) and no torch profiler records, else None: the one
 # check of the sync wrapper's metrics-only path, the first it makes. _QUIET_RECORDER is what
 # it is while no profiler records; ``_profiler_switched`` applies it at every start and stop.
+# _OFF: _IDLE and no torch profiler records, kept at every profiler start and stop like
+# _COUNT_ONLY (only where every start and stop is seen: ``_torch.SWITCHES_SEEN``): the sync
+# wrapper's idle path is then one global, as a hand-written flag check is (it was _IDLE and
+# torch's flag: 1.14x the closure on the 2-core VM).
+_OFF = False
 _SESSION: Any = None
 _ON_FIRST_CALL: Any = None
 _QUIET = False
@@ -91,7 +99,7 @@ a timed call begun before it held one, the only calls that look further (``_time
 
 
 def _mirror(idle: bool, session: Any, hook: Any, recorder: Any = None) -> None:
-    global _IDLE, _QUIET, _SESSION, _ON_FIRST_CALL, _METRICS, _QUIET_RECORDER, _COUNT_ONLY
+    global _IDLE, _QUIET, _SESSION, _ON_FIRST_CALL, _METRICS, _QUIET_RECORDER
     quiet = idle and hook is None
     alone = quiet and recorder is not None and recorder.device is None
     with state.mirror_lock:
@@ -116,9 +124,11 @@ def _profiler_switched() -> None:
 
 def _apply_count_only() -> None:
     """A call takes the metrics-only path only while no profiler records (else it must be a
-    range there). Under ``state.mirror_lock``."""
-    global _COUNT_ONLY
-    _COUNT_ONLY = None if _torch.profiler_on() else _QUIET_RECORDER
+    range there), and the idle one (``_OFF``) likewise. Under ``state.mirror_lock``."""
+    global _COUNT_ONLY, _OFF
+    on = _torch.profiler_on()
+    _COUNT_ONLY = None if on else _QUIET_RECORDER
+    _OFF = _IDLE and not on and _torch.SWITCHES_SEEN
 
 
 state.bind(mirror=_mirror)
@@ -235,6 +245,20 @@ def _without_own_switches(took: float, t0: float) -> float:
     return max(took - state.own_switch_s(t0), 0.0)
 
 
+def _timed_end(name: str, t0: float, is_step: bool) -> None:
+    """The end of a call, resume or block that took the metrics-only path (``_COUNT_ONLY``
+    when it began) at ``t0``: its duration into ``name``'s histogram (and the step
+    histogram for a step), without the SDK's own profiler starts and stops meanwhile. No
+    lock and no state written (``metrics.record`` appends); nothing if metrics went off."""
+    m = _METRICS
+    if m is None:
+        return
+    took = _now() - t0
+    if _SWITCHED_AT > t0:
+        took, is_step = _without_own_switches(took, t0), False
+    _record(m, name, took * 1e9, is_step)
+
+
 def _call(
     f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: Any, timed: bool = False
 ) -> Any:
@@ -312,17 +336,25 @@ def _hide_own_frames(exc: BaseException) -> None:
 # ---------------------------------------------------------------- wrappers per kind
 
 
-def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[..., Any]:
-    # the range's pending durations (one list per range name for the life of the process):
-    # the metrics-only path appends to it, which takes no lock (``metrics.record`` inlined)
+def _sink(name: str, is_step: bool) -> tuple[Callable[[float], None], list[float], Any]:
+    """(append, pending, fold) of ``name``'s metrics, bound when a function is decorated:
+    the range's pending durations (one list per range name for the life of the process),
+    which the metrics-only path appends to without a lock (``metrics.record`` inlined); a
+    ``step=True`` function's append feeds the step histogram too."""
     recorder = _metrics.recorder  # (one for the life of the process)
     pending = recorder.pending_list(name)
-    append, fold = pending.append, recorder.fold
+    append = pending.append
     if is_step:  # a step=True function's calls are steps too
 
         def append(ns: float, _append: Callable[[float], None] = pending.append) -> None:
             _append(ns)
             _record(recorder, STEP, ns)
+
+    return append, pending, recorder.fold
+
+
+def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[..., Any]:
+    append, pending, fold = _sink(name, is_step)
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -337,6 +369,8 @@ def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...,
                     append((_now() - t0) * 1e9)
                     if len(pending) >= _BATCH:
                         fold(name)
+            if _OFF:  # idle and no profiler records: nothing to do
+                return f(*args, **kwargs)
             if _IDLE:
                 if not _FLAG._is_profiler_enabled or _is_compiling():
                     return f(*args, **kwargs)
@@ -361,9 +395,21 @@ def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...,
 
 
 def _wrap_async(f: Callable[..., Any], name: str, is_step: bool) -> Callable[..., Any]:
+    append, pending, fold = _sink(name, is_step)
+
     @functools.wraps(f)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            if _COUNT_ONLY is not None and not _is_dynamo_compiling():
+                # metrics only (nothing else needs the call), as the sync wrapper: the
+                # awaited time is the call's, as ``_enter``/``_exit`` time it
+                t0 = _now()
+                try:
+                    return await f(*args, **kwargs)
+                finally:
+                    append((_now() - t0) * 1e9)
+                    if len(pending) >= _BATCH:
+                        fold(name)
             if _IDLE and not _FLAG._is_profiler_enabled:
                 return await f(*args, **kwargs)
             state = _enter(name)
@@ -383,12 +429,18 @@ def _wrap_generator(f: Callable[..., Any], name: str, is_step: bool) -> Callable
     ``next()`` calls is not counted. Resumes are not calls that return, so they never end a
     step as root calls; with ``step=True`` a step ends when the generator finishes."""
 
+    append, pending, fold = _sink(name, False)  # (a resume is no step: see below)
+
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         gen = f(*args, **kwargs)
         method, value = gen.send, None
         while True:
-            if _IDLE and not _FLAG._is_profiler_enabled:
+            t0 = 0.0
+            if _COUNT_ONLY is not None and not _is_dynamo_compiling():
+                state = None  # metrics only: the resume is timed here (``_timed_end``)
+                t0 = _now()
+            elif _IDLE and not _FLAG._is_profiler_enabled:
                 state = None
             else:
                 state = _enter(name)
@@ -397,16 +449,25 @@ def _wrap_generator(f: Callable[..., Any], name: str, is_step: bool) -> Callable
             except StopIteration as stop:
                 if state is not None:
                     _exit(state, is_step, False)
-                elif is_step:
-                    _step_if_counting()
+                else:
+                    if t0:
+                        _timed_end(name, t0, is_step)
+                    if is_step:
+                        _step_if_counting()
                 return stop.value
             except BaseException as exc:
                 if state is not None:
                     _exit(state, False, False)
+                elif t0:
+                    _timed_end(name, t0, False)
                 _hide_own_frames(exc)
                 raise
             if state is not None:
                 _exit(state, False, False)
+            elif t0:  # (``_timed_end`` inlined: a resume that yields, the common one)
+                append((_now() - t0) * 1e9)
+                if len(pending) >= _BATCH:
+                    fold(name)
             try:
                 value = yield item
                 method = gen.send
@@ -424,13 +485,19 @@ def _thrower(gen: Any, exc: BaseException) -> Callable[[Any], Any]:
 
 
 def _wrap_async_generator(f: Callable[..., Any], name: str, is_step: bool) -> Callable[..., Any]:
+    append, pending, fold = _sink(name, False)  # (a resume is no step)
+
     @functools.wraps(f)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         agen = f(*args, **kwargs)
         method, value = agen.asend, None
         try:
             while True:
-                if _IDLE and not _FLAG._is_profiler_enabled:
+                t0 = 0.0
+                if _COUNT_ONLY is not None and not _is_dynamo_compiling():
+                    state = None  # metrics only, as the generator form
+                    t0 = _now()
+                elif _IDLE and not _FLAG._is_profiler_enabled:
                     state = None
                 else:
                     state = _enter(name)
@@ -439,16 +506,25 @@ def _wrap_async_generator(f: Callable[..., Any], name: str, is_step: bool) -> Ca
                 except StopAsyncIteration:
                     if state is not None:
                         _exit(state, is_step, False)
-                    elif is_step:
-                        _step_if_counting()
+                    else:
+                        if t0:
+                            _timed_end(name, t0, is_step)
+                        if is_step:
+                            _step_if_counting()
                     return
                 except BaseException as exc:
                     if state is not None:
                         _exit(state, False, False)
+                    elif t0:
+                        _timed_end(name, t0, False)
                     _hide_own_frames(exc)
                     raise
                 if state is not None:
                     _exit(state, False, False)
+                elif t0:  # (``_timed_end`` inlined: a resume that yields, the common one)
+                    append((_now() - t0) * 1e9)
+                    if len(pending) >= _BATCH:
+                        fold(name)
                 try:
                     value = yield item
                     method = agen.asend
@@ -610,9 +686,74 @@ def range_name(name: str) -> str:
 
 # ---------------------------------------------------------------- the public object
 
+_MAX_NAME = _torch.MAX_NAME
+_new = object.__new__
+
 _COMPILED_NAME = "(compiled)"
 """The name of every context-form range made inside ``torch.compile``d code (``profiled``):
 none records there, and a run-time name must not become a guard."""
+
+
+# ``PROFILED_ENABLED`` as ``enabled_from_env`` reads it, kept until the environment changes:
+# ``profiled("name")`` made per block must not read and parse the environment every time
+# (two ``os.environ`` lookups and the parse were ~1.1 us of its ~1.8 us). The raw values of
+# every variable that function reads are compared by identity in ``os.environ``'s own dict
+# (a set of any of them stores a new object there; the kept one cannot be freed and its
+# address reused while it is kept), with the "names checked" flag (``testing.reset()``
+# asks for the check again); a forked child reads again (its process id changed).
+_ENV_DATA: Any = getattr(os.environ, "_data", None)
+if not isinstance(_ENV_DATA, dict):  # pragma: no cover - no dict behind os.environ: read it
+    _ENV_DATA = None
+_env_get: Any = _ENV_DATA.get if _ENV_DATA is not None else None
+_K1, _K2, _K3, _K4 = (
+    os.environ.encodekey(v)
+    for v in (
+        _config._ENABLED.env,
+        _config.STRICT.env,
+        _config.PARENT_PID.env,
+        _config.CHILDREN.env,
+    )
+)
+_SEEN_NOTHING = object()
+_s1: Any = _SEEN_NOTHING
+_s2: Any = _SEEN_NOTHING
+_s3: Any = _SEEN_NOTHING
+_s4: Any = _SEEN_NOTHING
+_enabled_was = True
+
+
+def _enabled_now() -> bool:
+    """``enabled_from_env()``, read again only when one of its variables changed (or the
+    process forked, or ``testing.reset()`` asked for the names to be checked again)."""
+    global _s1, _s2, _s3, _s4, _enabled_was
+    get = _env_get
+    if get is None:  # pragma: no cover
+        return enabled_from_env()
+    v1, v3 = get(_K1), get(_K3)
+    if (
+        v1 is _s1
+        and v3 is _s3
+        and _config._names_checked
+        # PROFILED_STRICT matters only to a PROFILED_ENABLED that is set, PROFILED_CHILDREN
+        # only to a PROFILED_PARENT_PID that is
+        and (v1 is None or get(_K2) is _s2)
+        and (v3 is None or get(_K4) is _s4)
+    ):
+        return _enabled_was
+    v2, v4 = get(_K2), get(_K4)
+    enabled = enabled_from_env()  # (may warn, or raise under PROFILED_STRICT=1: not kept)
+    _s1, _s2, _s3, _s4, _enabled_was = v1, v2, v3, v4, enabled
+    return enabled
+
+
+def _forget_enabled() -> None:
+    """A forked child has another process id: ``PROFILED_PARENT_PID`` may name its parent."""
+    global _s1
+    _s1 = _SEEN_NOTHING
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_enabled)
 
 
 class _Profiled:
@@ -620,26 +761,43 @@ class _Profiled:
 
     One instance may be entered many times at once (recursion, threads, asyncio tasks): each
     entry's state lives in a context variable, so threads and tasks never see each other's.
+
+    The metrics-only path (``_COUNT_ONLY``: metrics on, nothing else needs the block) keeps
+    its start time on the instance instead (``_t0``): no context variable set, no session
+    asked, no lock, nothing allocated. Only an instance that is not open already takes it
+    (``with profiled("x"):`` makes one per block); an entry while it is open (recursion,
+    another thread or task in the same instance) takes the context-variable path, and an
+    exit looks there first. ``_t0`` is None when the path is free, 0.0 where it never
+    applies (disabled, no name, made in compiled code), else the open entry's start. Two
+    threads that enter one free object at the same instant may both take the path (the
+    check and the set are two bytecodes): then one of their durations is measured from the
+    other's start and the other is not counted; nothing raises and no range is involved.
     """
 
-    __slots__ = ("name", "step", "enabled")
+    __slots__ = ("name", "step", "enabled", "_t0")
     name: str | None
 
     def __init__(self, name: str | None, step: bool) -> None:
-        if _is_compiling():
-            # nothing global read or written in compiled code: Dynamo would guard on it (on
-            # RANGE_NAMES's contents: every compiled block recompiled at each new name
-            # anywhere); a step=True block's step still ends, which declares steps
-            self.name, self.step, self.enabled = _COMPILED_NAME, step, True
-            return
         if name is not None:
+            if not name or name.isspace():  # (``not name.strip()``, without a new string)
+                raise ValueError("the range name must not be empty")
             name = range_name(name)
             RANGE_NAMES.add(name)
         self.name = name
         self.step = step
-        self.enabled = enabled_from_env()
-        if step and self.enabled:
+        self.enabled = enabled = _enabled_now()
+        self._t0 = None if enabled and name is not None else 0.0
+        if step and enabled:
             state.declare_steps()
+
+    @classmethod
+    def _compiled(cls, step: bool) -> _Profiled:
+        """Made inside ``torch.compile``d code: nothing global read or written there (Dynamo
+        would guard on it: on RANGE_NAMES's contents, every compiled block recompiled at each
+        new name anywhere); a step=True block's step still ends, which declares steps."""
+        self = cls.__new__(cls)
+        self.name, self.step, self.enabled, self._t0 = _COMPILED_NAME, step, True, 0.0
+        return self
 
     def __repr__(self) -> str:
         return f"profiled({self.name!r}, step={self.step})"
@@ -651,6 +809,9 @@ class _Profiled:
         return _wrap(target, self.name, self.step)
 
     def __enter__(self) -> _Profiled:
+        if self._t0 is None and _COUNT_ONLY is not None and not _is_dynamo_compiling():
+            self._t0 = _now()  # metrics only (see the class): ended in __exit__
+            return self
         if _is_compiling():
             # no range in compiled code (see _torch.is_compiling); no state kept; and the
             # name is not read: a run-time name would be a guard, a recompile per name
@@ -671,6 +832,20 @@ class _Profiled:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        t0 = self._t0
+        if t0 and not _CM_STACK.get():  # the metrics-only entry, and no other is open here
+            took = _now() - t0
+            self._t0 = None
+            m = _METRICS
+            if m is None or self.step or _SWITCHED_AT > t0:
+                self._timed_exit(m, took, t0)  # the rare cases, out of line
+                return None
+            # ``metrics.record`` inlined, as the sync wrapper does
+            pending = m.pending_list(self.name)
+            pending.append(took * 1e9)
+            if len(pending) >= _BATCH:
+                m.fold(self.name)
+            return None
         if not self.enabled:
             return None
         if _is_compiling():
@@ -683,6 +858,10 @@ class _Profiled:
             if stack[i][0] is self:
                 break
         else:
+            if t0:  # the metrics-only entry, inside blocks of other instances
+                took = _now() - t0
+                self._t0 = None
+                self._timed_exit(_METRICS, took, t0)
             return None
         state = stack[i][1]
         _CM_STACK.set(stack[:i] + stack[i + 1 :])
@@ -691,6 +870,17 @@ class _Profiled:
         elif self.step:
             _step_if_counting()
         return None
+
+    def _timed_exit(self, m: Any, took: float, t0: float) -> None:
+        """The end of a metrics-only entry begun at ``t0`` that took ``took`` seconds: a step
+        block's step, metrics switched off meanwhile, a profiler start or stop in between."""
+        is_step = self.step
+        if m is not None:
+            if _SWITCHED_AT > t0:
+                took, is_step = _without_own_switches(took, t0), False
+            _record(m, self.name, took * 1e9, is_step)  # type: ignore[arg-type]
+        if self.step:
+            _step_if_counting()
 
     async def __aenter__(self) -> _Profiled:
         return self.__enter__()
@@ -724,18 +914,34 @@ def profiled(name_or_target: Any = None, /, *, step: bool = False) -> Any:
     profiler step. With ``PROFILED_ENABLED=0`` (read when applied) the function is returned
     unchanged and the context forms do nothing.
     """
-    if not isinstance(step, bool):
+    if step is not False and step is not True:  # (``isinstance(step, bool)``: no subclass)
         raise TypeError(f"step must be a bool, got {type(step).__name__} {step!r}")
-    if _is_compiling() and isinstance(name_or_target, str):
-        # ``with profiled(f"step{i}")`` in compiled code: no range there, and the name must
-        # stay out of the graph: read (checked, kept), each new name would be a guard, and
-        # the function would recompile per name until Dynamo's limit sends it back to eager.
-        # A new object all the same: Dynamo enters only context managers made in the graph
-        return _Profiled(_COMPILED_NAME, step)
-    if name_or_target is None or isinstance(name_or_target, str):
-        if isinstance(name_or_target, str) and not name_or_target.strip():
+    if isinstance(name_or_target, str):
+        if _is_compiling():
+            # ``with profiled(f"step{i}")`` in compiled code: no range there, and the name
+            # must stay out of the graph: read (checked, kept), each new name would be a
+            # guard, and the function would recompile per name until Dynamo's limit sends it
+            # back to eager. A new object all the same: Dynamo enters only context managers
+            # made in the graph
+            return _Profiled._compiled(step)
+        # ``_Profiled(name, step)`` inlined: ``with profiled("x"):`` makes one per block
+        name = name_or_target
+        if not name or name.isspace():  # (``not name.strip()``, without a new string)
             raise ValueError("the range name must not be empty")
-        return _Profiled(name_or_target, step)
+        if not name.isascii() or len(name) > _MAX_NAME or "\x00" in name:
+            name = range_name(name)  # (a safe ASCII name is itself: no call for it)
+        RANGE_NAMES.add(name)
+        made = _new(_Profiled)
+        made.name, made.step = name, step
+        made.enabled = enabled = _enabled_now()
+        made._t0 = None if enabled else 0.0
+        if step and enabled:
+            state.declare_steps()
+        return made
+    if name_or_target is None:
+        if _is_compiling():
+            return _Profiled._compiled(step)
+        return _Profiled(None, step)
     if not enabled_from_env():
         _check_target(name_or_target)
         return name_or_target

@@ -173,8 +173,14 @@ def bind(
         _write(_idle, _session, _hook)
 
 
+writes = 0
+"""How many times the decorator's hot-path flags were written (``_write``): a test counts
+that a decorated call in a steady state writes none (``tests/test_call_forms.py``)."""
+
+
 def _write(idle: bool, session: Session | None, hook: Hook | None) -> None:
-    global _idle, _session, _hook
+    global _idle, _session, _hook, writes
+    writes += 1
     _idle, _session, _hook = idle, session, hook
     _mirror(idle, session, hook, metrics.recorder if metrics_on else None)
 
@@ -290,7 +296,12 @@ def refresh_idle() -> None:
     Lock-free (it runs under sessions' locks, which ``lock`` holders also take), so it checks
     that what it read still holds after writing: a ``configure()``, ``shutdown()`` or session
     change on another thread in between would otherwise be overwritten by a stale flag (idle
-    calls then never make the new ambient session)."""
+    calls then never make the new ambient session).
+
+    Flags that already say what they should are not written again: decorated calls that are
+    not idle (metrics on, a finished session) come here through ``resume_idle_thread`` at
+    every call of the forms that ask for their session (the context form, async functions,
+    generators, module hooks); a write per call took ``mirror_lock`` every time."""
     while True:
         seen = _seen()
         cur = seen[0]
@@ -298,12 +309,14 @@ def refresh_idle() -> None:
             # a thread a deferred stop paused must still reach session_for_calls to resume,
             # and the thread a window's stop waits for (``PENDING``) to stop it: a session
             # that closed (the exit) while another thread's window recorded
-            _write(False, None, _hook)
+            idle_now, sess = False, None
         elif cur is None:
-            _write(seen[1], None, _hook)
+            idle_now, sess = seen[1], None
         else:
             idle_now = cur.finished or cur.closed
-            _write(idle_now, None if idle_now or not cur._started else cur, _hook)
+            sess = None if idle_now or not cur._started else cur
+        if idle_now is not _idle or sess is not _session:
+            _write(idle_now, sess, _hook)
         if _seen() == seen:
             return
 
