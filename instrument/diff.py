@@ -14,28 +14,43 @@ reports over): the data path runs one way.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from exporters._format import WIDTH, format_delta_us, format_time_us, row
 
 if TYPE_CHECKING:
-    from .report import WindowReport
+    from .report import RangeCalls, WindowReport
 
-__all__ = ["Side", "Window", "diff_sides", "format_diff", "range_shapes", "side_doc"]
+__all__ = [
+    "MEAN",
+    "MEDIAN_CALL",
+    "Side",
+    "Window",
+    "diff_sides",
+    "format_diff",
+    "per_call",
+    "per_window",
+    "range_shapes",
+    "side_doc",
+]
 
 Shapes = dict[str, None]  # an ordered set of "op [dims]" signatures
 _CPU_CATEGORIES = ("cpu_op", "user_annotation")
+MEDIAN_CALL, MEAN = "median call", "mean"  # a window's per-call value (``per_window``)
 
 
 @dataclass(frozen=True)
 class Window:
-    """One trace: its report (every operator and kernel kept) and, per range, the input
-    shapes of the operators inside it (None: the trace recorded no shapes)."""
+    """One trace: its report (every operator and kernel kept), per range the input shapes of
+    the operators inside it (None: the trace recorded no shapes) and, where read, each call's
+    CPU and device time (``calls``: what the gate takes each window's median call from; None:
+    not read)."""
 
     report: WindowReport
     shapes: dict[str, Shapes] | None = None
+    calls: Mapping[str, RangeCalls] | None = None
 
 
 @dataclass(frozen=True)
@@ -123,9 +138,13 @@ def _nest_shapes(
 # ---------------------------------------------------------------- per-call figures
 
 
-def per_call(side: Side, name: str, metric: str) -> tuple[list[float], int, float]:
+def per_call(
+    side: Side, name: str, metric: str, rule: str = MEAN
+) -> tuple[list[float], int, float]:
     """A range's per-window per-call values (µs) of ``metric`` (``cpu`` or ``device``),
-    its calls over the side, and the pooled per-call value (all time over all calls)."""
+    its calls over the side, and the pooled per-call value (all time over all calls). A
+    window's value is its time over its calls (``MEAN``) or, with ``MEDIAN_CALL``
+    (``per_window``), the median of its calls' durations."""
     values: list[float] = []
     calls = 0
     total = 0.0
@@ -134,10 +153,46 @@ def per_call(side: Side, name: str, metric: str) -> tuple[list[float], int, floa
         if r is None or not r.calls:
             continue
         t = r.cpu_time_us if metric == "cpu" else r.device_time_us
-        values.append(t / r.calls)
+        ns = _durations(w, name, metric) if rule == MEDIAN_CALL else None
+        values.append(_median(ns) / 1000.0 if ns else t / r.calls)
         calls += r.calls
         total += t
     return values, calls, (total / calls if calls else 0.0)
+
+
+def per_window(sides: Iterable[Side], name: str, metric: str) -> str:
+    """How the gate takes a window's per-call value of ``name`` (``cpu`` or ``device``) on
+    every side it compares: ``MEDIAN_CALL`` where every window holding the range carries each
+    of its calls' durations, else ``MEAN`` (its time over its calls) for all of them, so two
+    sides are never compared by different rules. Why the median call: a late wake-up on a
+    busy machine slows single calls, and a window's mean carries every one of them (a
+    baseline whose every window had one slowed call passed a 1.2x regression); the median of
+    a window's calls does not move for a minority of slowed calls."""
+    for side in sides:
+        for w in side.windows:
+            r = w.report.ranges.get(name)
+            if r is None or not r.calls:
+                continue
+            if _durations(w, name, metric) is None:
+                return MEAN
+    return MEDIAN_CALL
+
+
+def _durations(w: Window, name: str, metric: str) -> tuple[int, ...] | None:
+    """A window's per-call durations (ns) of ``name``, when it carries every call's."""
+    c = w.calls.get(name) if w.calls is not None else None
+    r = w.report.ranges.get(name)
+    if c is None or r is None:
+        return None
+    ns = c.cpu_ns if metric == "cpu" else c.device_ns
+    # every call, nothing nested or unfinished counted apart: the same calls as the report's
+    return ns if ns and len(ns) == r.calls else None
+
+
+def _median(values: Iterable[float]) -> float:
+    s = sorted(values)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
 def _pool(items: Iterator[tuple[str, int, float, str]]) -> dict[str, list[Any]]:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from exporters._files import Output
 
     from .diff import Side
-    from .report import WindowReport
+    from .report import RangeCalls, WindowReport
 
 T = TypeVar("T")  # what _reports_with makes of each trace beside its report
 
@@ -909,8 +909,9 @@ def format_collective_skew(skew: dict[str, Any] | None) -> list[str]:
 
 
 def _side(path: str, max_bytes: int = DEFAULT_MAX_MB * MB, shapes: bool = True) -> Side:
-    """One side of a diff: a window per trace, every operator and kernel kept, with the input
-    shapes of each range's operators when ``shapes`` (the gate compares them)."""
+    """One side of a diff: a window per trace, every operator and kernel kept, with what the
+    gate needs when ``shapes``: the input shapes of each range's operators (it compares them)
+    and each range call's CPU and device time (a window's value is its median call)."""
     from .diff import Side, Window, range_shapes
 
     files = _collect([path])
@@ -918,8 +919,46 @@ def _side(path: str, max_bytes: int = DEFAULT_MAX_MB * MB, shapes: bool = True) 
     for f in files:
         trace = load_checked(f, max_bytes)
         rep = report_from_trace(f, trace, rows=_ALL)
-        windows.append(Window(rep, range_shapes(trace, rep.ranges) if shapes else None))
+        if shapes:
+            windows.append(Window(rep, range_shapes(trace, rep.ranges), _range_calls(f, trace)))
+        else:
+            windows.append(Window(rep))
     return Side(path, tuple(files), tuple(windows))
+
+
+def _range_calls(path: str, trace: dict[str, Any]) -> dict[str, RangeCalls]:
+    """Per range, each outermost call's CPU and device time (ns), as the analysis reads the
+    trace (``report_from_trace``: its ``user_annotation`` ranges). A call inside a call of the
+    same name is not one of them, so a window with such calls has fewer durations than calls
+    and the gate takes its mean (``diff.per_window``)."""
+    from .occurrences import walk_trace
+    from .report import RangeCalls
+    from .spans import RANGE
+
+    try:
+        nodes = walk_trace(trace).nodes
+    except Exception as exc:  # noqa: BLE001 - a malformed event: bad input, not a crash
+        raise InputError(
+            path, f"events could not be analyzed ({type(exc).__name__}: {exc})", EXPECT_TRACE
+        ) from None
+    calls: dict[str, tuple[list[int], list[int]]] = {}
+    for node in nodes:
+        if node.kind != RANGE or _inside_itself(nodes, node):
+            continue
+        cpu, device = calls.setdefault(node.name, ([], []))
+        cpu.append(node.end_ns - node.start_ns)
+        device.append(node.device_ns)
+    return {name: RangeCalls(tuple(c), tuple(d)) for name, (c, d) in calls.items()}
+
+
+def _inside_itself(nodes: Sequence[Any], node: Any) -> bool:
+    """Whether a call of the same name is open around ``node`` (recursion)."""
+    idx = node.parent
+    while idx >= 0:
+        if nodes[idx].name == node.name:
+            return True
+        idx = nodes[idx].parent
+    return False
 
 
 def _positive_int(text: str) -> int:
