@@ -173,6 +173,64 @@ def test_a_1_2x_regression_is_caught_or_inconclusive_never_passed(runs, capsys):
         windows = (sorted(v["before"]["windows"]), sorted(v["after"]["windows"]))
         assert (rc, v["status"]) in ((1, "regression"), (3, "inconclusive")), (v, windows)
         assert v["high"] > 0.15, windows
+        assert v["per_window"] == "median call"
+
+
+def test_a_window_s_value_is_the_median_of_its_calls_in_the_trace(runs, capsys):
+    """What the gate compares per window is the median of the range's calls as the trace
+    holds them (late wake-ups slow single calls; a window's mean carries them)."""
+    rc, doc = _gate(capsys, runs["base"], runs["again"], *RECIPE)
+    v = _verdict(doc)
+    assert v["per_window"] == "median call" and "each its median call" in v["reason"]
+    medians = []
+    for f in doc["before"]["traces"]:
+        with open(f, encoding="utf-8") as fh:
+            events = json.load(fh)["traceEvents"]
+        durs = sorted(
+            e["dur"]
+            for e in events
+            if e.get("name") == "train_step" and e.get("cat") == "user_annotation"
+        )
+        assert len(durs) == 5, f
+        medians.append(durs[2])
+    assert v["before"]["windows"] == pytest.approx(medians, abs=0.01)
+
+
+def _nested_trace(path: str, nested: bool) -> None:
+    """A window of five ``work`` calls of 10 ms; with ``nested``, one of them inside another
+    (recursion: the report counts six calls over five calls' time)."""
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "work", "ts": 1000 + i * 20_000,
+         "dur": 10_000, "pid": 1, "tid": 1}
+        for i in range(5)
+    ]  # fmt: skip
+    if nested:
+        events.append(dict(events[0], ts=1500, dur=2_000))
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"traceEvents": events}, f)
+
+
+def test_a_call_inside_a_call_of_its_name_gates_by_the_windows_means(capsys, tmp_path):
+    """Recursion: a window's calls do not all have a duration of their own (the report counts
+    the nested call, its time is its caller's): the windows are judged by their means, both
+    sides, and the JSON says so."""
+    for nested_side in ("before", "after", None):
+        for side in ("before", "after"):
+            d = tmp_path / f"{nested_side}-{side}"
+            d.mkdir()
+            for i in range(gate.MIN_WINDOWS):
+                _nested_trace(str(d / f"w{i}.pt.trace.json"), nested_side == side)
+        base = str(tmp_path / f"{nested_side}-")
+        rc, doc = _gate(capsys, base + "before", base + "after", *RECIPE)
+        v = _verdict(doc, "work")
+        if nested_side is None:
+            assert v["per_window"] == "median call" and v["before"]["value"] == 10_000
+            assert rc == 0 and v["status"] == "pass", v
+        else:  # a window's time over its calls, as the report has it (six calls)
+            assert v["per_window"] == "mean", v
+            means = {s: 50_000 / 6 if nested_side == s else 10_000 for s in ("before", "after")}
+            assert v["before"]["value"] == pytest.approx(means["before"])
+            assert v["after"]["value"] == pytest.approx(means["after"])
 
 
 def test_one_window_a_side_is_inconclusive_exit_3(runs, capsys):
