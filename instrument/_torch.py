@@ -863,6 +863,11 @@ def after_fork_in_child() -> None:
 
 _inherited_orphans: list[Any] = []
 
+if hasattr(os, "register_at_fork"):  # torch's __getattr__ back in a child also where this
+    # module is loaded without ``state`` (whose hook calls ``after_fork_in_child``): the package
+    # face is lazy, and ``from instrument import _torch`` loads no runtime
+    os.register_at_fork(after_in_child=_put_back_torch_getattr)
+
 
 def end_orphaned_profiler() -> bool:
     """``_force_off`` when ``orphaned_profiler()``; True if it did."""
