@@ -56,6 +56,19 @@ _PENDING: list[EndedWindow] = []  # handed to the pipeline, trace not written ye
 _PENDING_LOCK = threading.Lock()
 
 
+def _forget_pending_in_child() -> None:
+    """A forked child: the parent's ended windows are not its own (their profiler results are
+    a copy, and the parent's export worker may have held a window's or the list's lock at the
+    fork): a window the child starts writes none of them."""
+    global _PENDING_LOCK
+    _PENDING_LOCK = threading.Lock()
+    _PENDING.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pending_in_child)
+
+
 @dataclass
 class EndedWindow:
     """What the caller hands to the export worker when a window ends."""

@@ -105,3 +105,32 @@ def test_a_write_that_fails_at_the_start_is_left_to_the_worker(monkeypatch):
             tiny()
     assert len(calls) == 4, calls  # the failed one at the start, then each window's once
     assert [r.steps for r in memory.reports] == [(1, 2), (4, 5), (7, 8)]
+
+
+FORK_WITH_A_PENDING_WINDOW = r"""
+import os, threading
+from instrument import reporting
+
+class Ended:  # an ended window whose trace the export worker is writing (its lock held)
+    def __init__(self):
+        self.lock, self.raw, self.window, self.index = threading.Lock(), None, object(), 0
+
+ended = Ended()
+reporting._PENDING.append(ended)
+with ended.lock, reporting._PENDING_LOCK:  # held by the parent's worker at the fork
+    pid = os.fork()
+    if pid == 0:
+        reporting.write_pending()  # the child's next window start: must not wait, nor write
+        os._exit(0 if not reporting._PENDING else 3)
+print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+def test_a_forked_child_writes_none_of_the_parents_pending_traces(tmp_path):
+    """A child forked while the export worker held an ended window's lock (and the list's)
+    starts its own windows at once: the parent's windows are forgotten there, not waited for."""
+    from tests import _proc
+
+    done = _proc.run("-c", FORK_WITH_A_PENDING_WINDOW, cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["0"], (done.stdout, done.stderr[-2000:])
