@@ -1,12 +1,11 @@
-"""The README's table of ``PROFILED_*`` variables, written from the declarations
-(``instrument.config.SETTINGS``), so that the two cannot drift apart.
+"""The table of ``PROFILED_*`` variables in ``docs/configuration.md``, written from the
+declarations (``instrument.config.SETTINGS``), so that the two cannot drift apart.
 
-    python -m instrument.settings_table --write   # rewrite the README's table
-    python -m instrument.settings_table --check   # exit 1 when the README's table differs
+    python -m instrument.settings_table --write   # rewrite the table
+    python -m instrument.settings_table --check   # exit 1 when the table differs
 
-The table lies between ``<!-- settings:start -->`` and ``<!-- settings:end -->`` in the
-README; nothing outside those markers is touched. ``tests/test_settings_table.py`` runs the
-check.
+The table lies between ``<!-- settings:start -->`` and ``<!-- settings:end -->`` in that page;
+nothing outside those markers is touched. ``tests/test_settings.py`` runs the check.
 """
 
 from __future__ import annotations
@@ -18,11 +17,12 @@ from pathlib import Path
 
 from .config import SETTINGS, Setting
 
-__all__ = ["END", "README", "START", "check", "render", "replace_block", "write"]
+__all__ = ["DOC", "END", "START", "check", "render", "replace_block", "write"]
 
 START = "<!-- settings:start -->"
 END = "<!-- settings:end -->"
-README = Path(__file__).resolve().parent.parent / "README.md"
+# the page that holds the table (it moved there from the README)
+DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 
 
 def _default_cell(setting: Setting) -> str:
@@ -47,22 +47,22 @@ def replace_block(text: str, table: str) -> str:
     head, start, rest = text.partition(START)
     _block, end, tail = rest.partition(END)
     if not start or not end:
-        raise ValueError(f"the README has no {START} ... {END} block")
+        raise ValueError(f"the page has no {START} ... {END} block")
     return f"{head}{START}\n{table}{END}{tail}"
 
 
-def check(readme: Path = README) -> bool:
-    """True when the README's table is the one the declarations make."""
-    text = readme.read_text(encoding="utf-8")
+def check(page: Path = DOC) -> bool:
+    """True when the page's table is the one the declarations make."""
+    text = page.read_text(encoding="utf-8")
     return replace_block(text, render()) == text
 
 
-def write(readme: Path = README) -> bool:
-    """Rewrite the README's table from the declarations; True when it changed."""
-    text = readme.read_text(encoding="utf-8")
+def write(page: Path = DOC) -> bool:
+    """Rewrite the page's table from the declarations; True when it changed."""
+    text = page.read_text(encoding="utf-8")
     new = replace_block(text, render())
     if new != text:
-        readme.write_text(new, encoding="utf-8")
+        page.write_text(new, encoding="utf-8")
     return new != text
 
 
@@ -71,22 +71,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m instrument.settings_table", description=__doc__.split("\n\n")[0]
     )
     action = parser.add_mutually_exclusive_group(required=True)
-    action.add_argument("--write", action="store_true", help="rewrite the README's table")
+    action.add_argument("--write", action="store_true", help="rewrite the table")
     action.add_argument(
         "--check",
         action="store_true",
-        help="exit 1 when the README's table differs from the declarations",
+        help="exit 1 when the table differs from the declarations",
     )
-    parser.add_argument("--readme", type=Path, default=README, help="default: %(default)s")
+    parser.add_argument("--doc", type=Path, default=DOC, help="the page (default: %(default)s)")
     args = parser.parse_args(argv)
     if args.write:
-        changed = write(args.readme)
-        print(f"{args.readme}: {'table rewritten' if changed else 'table already current'}")
+        changed = write(args.doc)
+        print(f"{args.doc}: {'table rewritten' if changed else 'table already current'}")
         return 0
-    if check(args.readme):
+    if check(args.doc):
         return 0
     print(
-        f"{args.readme}: the table of PROFILED_* variables differs from the declarations "
+        f"{args.doc}: the table of PROFILED_* variables differs from the declarations "
         "in instrument/config.py; run python -m instrument.settings_table --write",
         file=sys.stderr,
     )

@@ -1,7 +1,7 @@
 """A small data-parallel-shaped job for tests/test_distributed.py, on the gloo backend (CPU).
 
 Under torchrun: ``torchrun --nproc-per-node 2 tests/_dist_job.py STEPS`` (``--backend nccl``:
-one GPU per rank, for ``bench/dist_gpu.sh``). Without a launcher
+one GPU per rank, for ``bench/gpu/distributed_nccl.sh``). Without a launcher
 (no ``RANK`` in the environment, as with ``mp.spawn``):
 ``python tests/_dist_job.py STEPS --init tcp://127.0.0.1:PORT --rank R --world-size N``.
 

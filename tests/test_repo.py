@@ -54,6 +54,8 @@ def test_layout_and_typing_marker():
         "CHANGELOG.md",
         "README.md",
         "BENCHMARKS.md",
+        "docs/configuration.md",
+        "bench/README.md",
         "instrument/py.typed",
         "exporters/py.typed",
     ):
@@ -78,12 +80,49 @@ def test_public_names():
         assert name in exporters.__all__ and hasattr(exporters, name)
 
 
-def test_every_env_variable_is_documented_in_the_readme():
+def test_every_env_variable_is_documented_and_the_readme_links_its_page():
     from instrument.config import ENV_VARS
 
-    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    configuration = open(os.path.join(REPO, "docs", "configuration.md"), encoding="utf-8").read()
     for var in ENV_VARS:
-        assert f"| `{var}` |" in readme, var
+        assert f"| `{var}` |" in configuration, var
+    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    assert "](docs/configuration.md)" in readme
+
+
+def test_the_readme_is_short_and_links_every_docs_page():
+    """What a newcomer reads in one sitting: the two commands on the first screen, then a short
+    tour; the reference lives in docs/, each page linked from the README, and each page's
+    links to the repository's files resolve."""
+    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    lines = readme.splitlines()
+    assert len(lines) <= 300, len(lines)
+    first_screen = "\n".join(lines[:40])
+    demo, tests = _readme_commands()
+    assert demo in first_screen and tests in first_screen
+    pages = sorted(n for n in os.listdir(os.path.join(REPO, "docs")) if n.endswith(".md"))
+    assert "configuration.md" in pages and "README.md" in pages
+    for name in pages:
+        if name != "README.md":
+            assert f"](docs/{name})" in readme, name
+    for path in ["README.md", *(os.path.join("docs", n) for n in pages), "bench/README.md"]:
+        text = open(os.path.join(REPO, path), encoding="utf-8").read()
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
+            resolved = os.path.normpath(os.path.join(REPO, os.path.dirname(path), target))
+            assert os.path.exists(resolved), f"{path} links {target}, which does not exist"
+
+
+def test_the_bench_index_names_every_script_and_no_script_is_named_after_an_issue():
+    bench = os.path.join(REPO, "bench")
+    index = open(os.path.join(bench, "README.md"), encoding="utf-8").read()
+    scripts = [n for n in os.listdir(bench) if n.endswith((".py", ".sh"))]
+    scripts += [f"gpu/{n}" for n in os.listdir(os.path.join(bench, "gpu"))]
+    assert scripts
+    for name in scripts:
+        assert f"`{name}`" in index, name
+        assert not re.search(r"issues?_?\d", name), name
+    # the GPU shell scripts in one place
+    assert not [n for n in os.listdir(bench) if n.endswith(".sh")]
 
 
 def test_seed_demo_runs_and_writes_loadable_traces(tmp_path):

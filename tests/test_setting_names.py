@@ -107,7 +107,7 @@ def test_an_unreadable_enabled_switch_turns_profiling_off(run_python, bad):
 def test_every_setting_is_a_known_name_and_no_second_list_exists():
     """The names come from ``SETTINGS`` alone: every declared variable (the exporters' and the
     one the SDK sets itself included) is quiet, and every ``PROFILED_*`` name the README,
-    examples and the SDK's code mention is a declared one."""
+    the docs, examples and the SDK's code mention is a declared one."""
     env = {s.env: s.default_text for s in SETTINGS if s.parse is not None}
     env["PROFILED_PARENT_PID"] = "1"
     env["PROFILED_ENABLED"] = "1"
@@ -118,7 +118,7 @@ def test_every_setting_is_a_known_name_and_no_second_list_exists():
         Config.from_env(env)
     assert not [w for w in caught if "not a torch-profiled setting" in str(w.message)]
     mentioned: set[str] = set()
-    files = [REPO / "README.md", *REPO.glob("examples/*.py")]
+    files = [REPO / "README.md", *REPO.glob("docs/*.md"), *REPO.glob("examples/*.py")]
     files += [*REPO.glob("instrument/**/*.py"), *REPO.glob("exporters/**/*.py")]
     for path in files:
         mentioned.update(re.findall(r"\bPROFILED_[A-Z][A-Z0-9_]*", path.read_text("utf-8")))

@@ -1,4 +1,4 @@
-"""One declaration per setting: the README's table, ``Config``, the environment and
+"""One declaration per setting: the table in docs/configuration.md, ``Config``, the environment and
 ``configure()`` all come from ``SETTINGS``, and the OTel exporter's settings are read without
 ``instrument``."""
 
@@ -38,37 +38,38 @@ def _from_env(env: dict[str, str]) -> tuple[Config, list[str]]:
     return config, [str(w.message) for w in caught if issubclass(w.category, ConfigWarning)]
 
 
-# ---------------------------------------------------------------- the README's table
+# ---------------------------------------------------------------- the table in docs/
 
 
-def test_the_readme_table_is_the_declarations():
-    """Fails when a declaration and the README's table differ: run
+def test_the_documented_table_is_the_declarations():
+    """Fails when a declaration and the table in docs/configuration.md differ: run
     ``python -m instrument.settings_table --write``."""
-    assert settings_table.check(REPO / "README.md"), (
-        "README.md's table of PROFILED_* variables differs from instrument/config.py's "
-        "SETTINGS; run: python -m instrument.settings_table --write"
+    assert settings_table.DOC == REPO / "docs" / "configuration.md"
+    assert settings_table.check(), (
+        "docs/configuration.md's table of PROFILED_* variables differs from "
+        "instrument/config.py's SETTINGS; run: python -m instrument.settings_table --write"
     )
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+    text = settings_table.DOC.read_text(encoding="utf-8")
     block = text.split(settings_table.START)[1].split(settings_table.END)[0]
     for var in ENV_VARS:
         assert block.count(f"| `{var}` |") == 1, var
 
 
-def test_the_check_fails_on_a_drifted_readme_and_write_repairs_only_the_table(tmp_path, capsys):
-    readme = tmp_path / "README.md"
-    original = (REPO / "README.md").read_text(encoding="utf-8")
+def test_the_check_fails_on_a_drifted_page_and_write_repairs_only_the_table(tmp_path, capsys):
+    page = tmp_path / "configuration.md"
+    original = settings_table.DOC.read_text(encoding="utf-8")
     row = "| `PROFILED_TRACE_KEEP` | `20` |"
     assert row in original
-    readme.write_text(original.replace(row, "| `PROFILED_TRACE_KEEP` | `10` |"), encoding="utf-8")
-    assert settings_table.main(["--check", "--readme", str(readme)]) == 1
+    page.write_text(original.replace(row, "| `PROFILED_TRACE_KEEP` | `10` |"), encoding="utf-8")
+    assert settings_table.main(["--check", "--doc", str(page)]) == 1
     assert "--write" in capsys.readouterr().err
-    assert settings_table.main(["--write", "--readme", str(readme)]) == 0
-    assert readme.read_text(encoding="utf-8") == original
-    assert settings_table.main(["--check", "--readme", str(readme)]) == 0
-    # a README without the markers is an error, not a silent pass
-    readme.write_text("# no table here\n", encoding="utf-8")
+    assert settings_table.main(["--write", "--doc", str(page)]) == 0
+    assert page.read_text(encoding="utf-8") == original
+    assert settings_table.main(["--check", "--doc", str(page)]) == 0
+    # a page without the markers is an error, not a silent pass
+    page.write_text("# no table here\n", encoding="utf-8")
     with pytest.raises(ValueError, match="settings:start"):
-        settings_table.check(readme)
+        settings_table.check(page)
 
 
 def test_the_table_shows_each_declaration_as_declared():

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The GPU run left for issues 17 and 18, as sent to the device machine (an H200 is what the
-# issues name; torch with CUDA, no network; opentelemetry from wheels carried in .whl/):
-#   bash bench/gpu_issues17_18.sh   # from the repository root; logs in $OUT
+# Always-on metrics' cost and achieved FLOP/s / MFU on a GPU (the run for issues 17 and 18; was
+# bench/gpu_issues17_18.sh), as sent to the device machine (an H200 is what the issues name;
+# torch with CUDA, no network; opentelemetry from wheels carried in .whl/):
+#   bash bench/gpu/metrics_and_flops.sh   # from the repository root; logs in $OUT
 # 1. the CUDA-marked tests (issue 17's device-time test among them);
 # 2. issue 17: the end-to-end bench with metrics on (device sampling at the default 100), the
 #    per-call bench and the metrics-only path piece by piece (this host's Python and CPU);

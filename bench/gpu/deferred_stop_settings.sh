@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# A sampled window's cost on a GPU (issue 6), as sent to the device machine (H200, torch+CUDA,
-# no network; OpenTelemetry wheels carried in .whl/, see the device README):
-#   bash bench/gpu_window.sh        # from the repository root; logs under $OUT or ./gpu_out
+# A sampled window's cost on a GPU under each deferred-stop setting (first written for issue 6;
+# was bench/gpu_window.sh), as sent to the device machine (H200, torch+CUDA, no network;
+# OpenTelemetry wheels carried in .whl/, see the device README):
+#   bash bench/gpu/deferred_stop_settings.sh   # from the repository root; logs: $OUT or ./gpu_out
 # The CUDA tests of the deferred stop first, then the end-to-end figures of the sampled window
 # against plain torch.profiler (same windows) for: the defaults (deferred stop, at most
 # 4 steps, export 0.3 s after the stop, no CPU ops recorded meanwhile; the first run also

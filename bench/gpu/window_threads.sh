@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The GPU run for issue 15 (never break the program), as sent to the device machine (H200, torch
-# with CUDA, no network):  bash bench/gpu_issue15.sh   # from the repository root; logs in $OUT
+# Windows of one thread against all threads on a GPU, end to end (the GPU run for issue 15, never
+# break the program; was bench/gpu_issue15.sh), as sent to the device machine (H200, torch with
+# CUDA, no network):
+#   bash bench/gpu/window_threads.sh   # from the repository root; logs in $OUT
 # 1. the CUDA-marked tests, the deferred-stop tests and the crash stress tests on a GPU;
 # 2. the seed demo at its sizes;
 # 3. the sampled window's end-to-end cost with the new default (windows record their own

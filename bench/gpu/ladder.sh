@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The ladder on a GPU (issue 6), as sent to the device machine (an H200, torch+CUDA, transformers,
-# no network):   bash bench/gpu_ladder.sh     # from the repository root; logs under $OUT or ./gpu_out
+# The ladder on a GPU (issue 6; was bench/gpu_ladder.sh), as sent to the device machine (an H200,
+# torch+CUDA, transformers, no network):
+#   bash bench/gpu/ladder.sh     # from the repository root; logs under $OUT or ./gpu_out
 # In order: the module/example tests and the CUDA-marked tests; the end-to-end overhead bench
 # (bench/e2e_overhead.py); every example at its GPU sizes (06 with a window every 100 steps); the
 # per-rung tables next to plain torch.profiler (bench/ladder_tables.py). Six files come back:

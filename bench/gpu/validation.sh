@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU validation run, as sent to the device machine (an H200 with torch+CUDA, no network):
-#   bash bench/gpu_run.sh            # from the repository root; writes logs under $OUT (or ./gpu_out)
+# The GPU validation run (was bench/gpu_run.sh), as sent to the device machine (an H200 with
+# torch+CUDA, no network):
+#   bash bench/gpu/validation.sh     # from the repository root; logs under $OUT (or ./gpu_out)
 # It runs the whole test suite (CUDA-marked tests included) against the machine's torch, the seed
 # demo at the seed's sizes, the seed tables next to plain torch.profiler, and the overhead bench.
 set -uo pipefail

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Part 3 on GPUs (the lead's run on the 2-GPU device machine, nvidia-h200-x2):
-#   bash bench/dist_gpu.sh          # from the repository root; writes under $OUT (or ./dist_gpu_out)
+# Distributed profiling on GPUs over NCCL (was bench/dist_gpu.sh; the lead's run on the 2-GPU
+# device machine, nvidia-h200-x2):
+#   bash bench/gpu/distributed_nccl.sh   # from the repository root; logs: $OUT or ./dist_gpu_out
 # A 2-process torchrun job on NCCL (tests/_dist_job.py, one GPU per rank) with sampling on and
 # CPU+CUDA activities; then: did both ranks record the same steps (reports), does each rank's
 # trace carry distributedInfo with backend nccl, the ranks side by side (torch-profiled

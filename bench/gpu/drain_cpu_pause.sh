@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The GPU run for issue 16 (the session split), as sent to the device machine (H200, torch with
-# CUDA, no network):  bash bench/gpu_issue16.sh   # from the repository root; logs in $OUT
+# The deferred stop's CPU-op pause on a GPU, end to end, and the per-call overhead there (the GPU
+# run for issue 16, the session split; was bench/gpu_issue16.sh), as sent to the device machine
+# (H200, torch with CUDA, no network):
+#   bash bench/gpu/drain_cpu_pause.sh   # from the repository root; logs in $OUT
 # 1. the CUDA-marked tests, the deferred-stop tests and the crash stress tests on a GPU;
 # 2. the end-to-end bench after the split, with the deferred stop's CPU-op pause on (sampled)
 #    and off (sampled_drain_cpu), next to plain torch.profiler, ROUNDS rounds;
