@@ -506,6 +506,7 @@ _in_atexit = False  # ... run from atexit's functions (they must not be run agai
 _exitfuncs_ran = False
 _wakeup_w = -1  # the write end of the watchdog's pipe, while it is the signal wakeup fd
 _unset_for_fork = False  # ... unset by the fork in progress (put back after it)
+_held_for_fork = False  # SIGTERM blocked on the forking thread by the fork in progress
 _watchdog: threading.Thread | None = None
 
 
@@ -781,10 +782,13 @@ def _atomic_depth() -> int:
 
 
 def _unset_wakeup_before_fork() -> None:
-    """Before ``os.fork()``: no wakeup fd, so the child never has ours, not even before its
-    own fork hooks run (a SIGTERM to it then would wake our watchdog: ours, not the child's).
-    Only possible on the main thread; elsewhere the child's hook below unsets it."""
-    global _unset_for_fork
+    """Before ``os.fork()``: SIGTERM blocked on the forking thread while ours is its handler
+    (``_hold_sigterm_for_fork``), and no wakeup fd, so the child never has ours, not even
+    before its own fork hooks run (a SIGTERM to it then would wake our watchdog: ours, not
+    the child's). The wakeup fd can only be unset on the main thread; elsewhere the child's
+    hook below unsets it, and the blocked SIGTERM cannot write to it before that."""
+    global _unset_for_fork, _held_for_fork
+    _held_for_fork = _hold_sigterm_for_fork()
     if _wakeup_w != -1 and threading.current_thread() is threading.main_thread():
         try:
             prev = signal.set_wakeup_fd(-1)
@@ -795,32 +799,79 @@ def _unset_wakeup_before_fork() -> None:
             pass
 
 
-def _reset_wakeup_after_fork() -> None:
-    """In the parent after ``os.fork()``: the watchdog's wakeup fd again."""
-    global _unset_for_fork
-    if _unset_for_fork:
-        _unset_for_fork = False
+def _hold_sigterm_for_fork() -> bool:
+    """Where ours is this process's SIGTERM handler, block SIGTERM on the forking thread (the
+    child's only thread inherits the mask); True where this blocked it.
+
+    A child's SIGTERM that comes before CPython's own fork handling in the child (at once, as
+    the child first runs: a launcher or a pool that ends a worker it just forked) finds a
+    Python handler, ours, inherited: Python's C-level handler notes it, then
+    ``PyOS_AfterFork_Child`` clears every noted signal (they are taken for the parent's), and
+    the signal is lost: the child lives on, where without us SIGTERM's default action would
+    have ended it. Blocked, the signal waits in the kernel until the child's hook has put the
+    default back and unblocks it (``_forget_watchdog_in_child``)."""
+    sigterm = getattr(signal, "SIGTERM", None)
+    if sigterm is None or _term_pid != os.getpid() or not hasattr(signal, "pthread_sigmask"):
+        return False
+    try:
+        if not _installed(sigterm):  # the program's own handler: left as it is
+            return False
+        return sigterm not in signal.pthread_sigmask(signal.SIG_BLOCK, {sigterm})
+    except (ValueError, OSError):
+        return False
+
+
+def _release_sigterm_after_fork() -> None:
+    """Unblock SIGTERM where the fork's ``_hold_sigterm_for_fork`` blocked it: one that came
+    meanwhile is delivered now (in the child: to the handler just put back)."""
+    global _held_for_fork
+    if _held_for_fork:
+        _held_for_fork = False
         try:
-            signal.set_wakeup_fd(_wakeup_w, warn_on_full_buffer=False)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         except (ValueError, OSError):
             pass
 
 
+def _reset_wakeup_after_fork() -> None:
+    """In the parent after ``os.fork()``: the watchdog's wakeup fd again, SIGTERM unblocked."""
+    global _unset_for_fork
+    try:
+        if _unset_for_fork:
+            _unset_for_fork = False
+            try:
+                signal.set_wakeup_fd(_wakeup_w, warn_on_full_buffer=False)
+            except (ValueError, OSError):
+                pass
+    finally:
+        _release_sigterm_after_fork()
+
+
 def _forget_watchdog_in_child() -> None:
-    """A forked child has no watchdog thread; Python's wakeup fd must not point at the
-    parent's pipe there."""
+    """A forked child has no watchdog thread and does not export the parent's windows: Python's
+    wakeup fd must not point at the parent's pipe there, and SIGTERM gets its default action
+    back where ours is the handler (the child ends by it as it would without us, even in
+    native code); then a SIGTERM that came since the fork, held back, ends the child."""
     global _wakeup_w
     w, _wakeup_w = _wakeup_w, -1
-    if w == -1:
-        return
     try:
-        signal.set_wakeup_fd(-1)  # the forking thread is the child's main thread
-    except (ValueError, OSError):
-        pass
-    try:
-        os.close(w)
-    except OSError:
-        pass
+        if w != -1:
+            try:
+                signal.set_wakeup_fd(-1)  # the forking thread is the child's main thread
+            except (ValueError, OSError):
+                pass
+            try:
+                os.close(w)
+            except OSError:
+                pass
+        sigterm = getattr(signal, "SIGTERM", None)
+        if sigterm is not None and _term_pid is not None and _installed(sigterm):
+            try:
+                signal.signal(sigterm, signal.SIG_DFL)
+            except (ValueError, OSError):
+                pass  # ours stays: in a child it ends the process by the signal (_on_sigterm)
+    finally:
+        _release_sigterm_after_fork()
 
 
 if hasattr(os, "register_at_fork"):

@@ -10,10 +10,14 @@
   the session's lock until the export deadline, the window lost).
 - Ctrl-C while our handler exports, a ``shutdown()`` running on another thread, Ctrl-C during
   an exit export run from ``atexit``.
+- A forked child SIGTERMed at any moment after the fork ends by it, as it would without us
+  (one that came before CPython's fork handling in the child used to be lost: the child lived
+  on), and never wakes the parent's watchdog (forked on a thread, it used to end the parent).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -24,13 +28,23 @@ from tests import _proc
 from tests._records import window_records
 
 PROGRAM = r"""
-import atexit, ctypes, os, signal, sys, threading, time
+import atexit, ctypes, functools, os, signal, sys, threading, time
+
+MODE, ARG = sys.argv[1], sys.argv[2]
+VARIANT = ""  # fork-child: how the child forked next gets its SIGTERM
+
+
+def term_self(when):  # a program's fork hook that ends its child at once
+    if VARIANT == when:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+os.register_at_fork(after_in_child=lambda: term_self("hook-first"))  # runs before the SDK's
+
 import torch
 import instrument
 from exporters import Exporter, ExportResult
 from instrument import Schedule, profiled
-
-MODE, ARG = sys.argv[1], sys.argv[2]
 
 
 class Slow(Exporter):
@@ -124,14 +138,67 @@ if MODE == "stuck":  # a hung collective: native code that no signal interrupts,
     mutex = ctypes.create_string_buffer(64)  # PTHREAD_MUTEX_INITIALIZER: all zero
     libc.pthread_mutex_lock(mutex)
     libc.pthread_mutex_lock(mutex)  # never returns
-elif MODE == "fork-child":
-    pid = os.fork()
-    if pid == 0:
-        time.sleep(60)
-        os._exit(0)
-    print("child", pid, flush=True)
-    os.waitpid(pid, 0)
-    time.sleep(3)  # past the watchdog's grace: the child's SIGTERM must not end us
+elif MODE == "fork-child":  # children SIGTERMed right after the fork, at every moment
+    os.register_at_fork(after_in_child=lambda: term_self("hook-last"))  # after the SDK's
+    # inside libc's fork(), before any of Python's own fork handling in the child: libc's
+    # raise() from a pthread_atfork handler (PyDLL: no Python code runs, so no Python handler
+    # meets the signal there), as when the child is signalled before it first runs
+    in_fork = ctypes.c_int(0)  # raise(0) sends nothing
+    at_fork = ctypes.CFUNCTYPE(None)(functools.partial(ctypes.PyDLL(None)["raise"], in_fork))
+    libc = ctypes.CDLL(None)
+    try:  # glibc's pthread_atfork is a static stub over its exported __register_atfork
+        libc.pthread_atfork(None, None, at_fork)
+    except AttributeError:
+        libc["__register_atfork"](None, None, at_fork, None)
+
+    def fork(variant, delay=None):
+        global VARIANT
+        VARIANT = variant
+        in_fork.value = signal.SIGTERM if variant.endswith("in-fork") else 0
+        pid = os.fork()
+        if pid == 0:
+            if variant == "child-first":
+                os.kill(os.getpid(), signal.SIGTERM)
+            devnull = os.open(os.devnull, os.O_WRONLY)  # the test's pipes: not held open
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            time.sleep(20)
+            os._exit(0)
+        VARIANT, in_fork.value = "", 0
+        if delay is not None:
+            time.sleep(delay)
+            os.kill(pid, signal.SIGTERM)
+        children.append((variant, pid))
+
+    def reap(within):  # each child's end, SIGKILLed if it outlived its SIGTERM
+        deadline = time.monotonic() + within
+        for variant, pid in children:
+            while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            if done[0] == 0:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                print(variant, "outlived SIGTERM", flush=True)
+            elif os.WIFSIGNALED(done[1]):
+                print(variant, "ended by", signal.Signals(os.WTERMSIG(done[1])).name, flush=True)
+            else:
+                print(variant, "exited", os.WEXITSTATUS(done[1]), flush=True)
+        children.clear()
+
+    children = []
+    for delay in (0, 0.0002, 0.001, 0.005):
+        fork(f"parent+{delay:g}", delay)
+    for variant in ("in-fork", "hook-first", "hook-last", "child-first"):
+        fork(variant)
+    fork("child")
+    print("child", children[-1][1], flush=True)  # the test sends it SIGTERM
+    reap(5)
+    for args in (("thread+0", 0), ("thread-in-fork",)):  # forked with our wakeup fd set
+        worker = threading.Thread(target=fork, args=args)
+        worker.start()
+        worker.join()
+    reap(5)
+    time.sleep(3)  # past the watchdog's grace: the children's SIGTERMs must not end us
     print("parent alive", flush=True)
     sys.exit(0)
 
@@ -197,17 +264,51 @@ def test_sigterm_ends_a_main_thread_stuck_in_native_code(tmp_path):
     assert "did not reach Python code" in err, err[-3000:]
 
 
-def test_a_forked_childs_sigterm_does_not_wake_the_parents_watchdog(tmp_path):
-    child, _ = _start(tmp_path, "fork-child")
+@pytest.fixture(scope="module")
+def forked(tmp_path_factory) -> tuple[int | None, str, str]:
+    """One run of the fork-child program: children SIGTERMed at once from the parent, from
+    inside libc's fork, from the program's fork hooks, by themselves, forked on a thread, and
+    one the test sends SIGTERM as soon as it reads its pid. Each child would sleep 20 s; the
+    program waits 5 s for them all, SIGKILLs the rest and says which outlived the signal."""
+    child, _ = _start(tmp_path_factory.mktemp("fork"), "fork-child")
     seen = _wait_for(child, "ready")
+    assert child.stdout is not None
     line = child.stdout.readline()
     assert line.startswith("child "), (seen, line, child.communicate(timeout=60))
-    import os
-
     os.kill(int(line.split()[1]), signal.SIGTERM)
+    # line by line (the program ends within seconds, or dies): readline() may have buffered
+    # lines that communicate() would not see
+    lines = []
+    while (got := child.stdout.readline()) and got != "parent alive\n":
+        lines.append(got)
     out, err = _end(child)
-    assert child.returncode == 0, err[-3000:]
+    return child.returncode, "".join(lines) + got + out, err
+
+
+def test_a_forked_childs_sigterm_does_not_wake_the_parents_watchdog(forked):
+    status, out, err = forked
+    assert "child ended by SIGTERM" in out, (out, err[-3000:])
+    assert status == 0, (out, err[-3000:])
     assert "parent alive" in out, err[-3000:]
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        *(f"parent+{d:g}" for d in (0, 0.0002, 0.001, 0.005)),
+        "in-fork",  # before CPython's fork handling in the child: ours used to lose it
+        "hook-first",
+        "hook-last",
+        "child-first",
+        "thread+0",  # forked on a thread: it also woke the parent's watchdog
+        "thread-in-fork",
+    ],
+)
+def test_a_sigterm_at_any_moment_after_fork_ends_the_child(forked, variant):
+    """Ours is the parent's handler: the child still ends by SIGTERM's default action,
+    whenever it comes (it used to outlive one that came before Python's fork hooks ran)."""
+    _, out, err = forked
+    assert f"{variant} ended by SIGTERM" in out, (out, err[-3000:])
 
 
 def test_the_programs_signal_wakeup_fd_is_kept(tmp_path):
