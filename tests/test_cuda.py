@@ -389,8 +389,7 @@ def test_windows_of_tiny_steps_ended_without_a_sync_keep_their_kernels(tmp_path)
     """PROFILED_EVERY=10 over 40 steps of a few microseconds of device work: four windows,
     the first three ended by the deferred stop while the program runs on, the last at its
     exit; each recorded three steps of two kernels launched by two CUDA runtime calls.
-    Where windows come back without them (an open defect, seen on torch 2.11), the test says
-    so as an expected failure; anything else wrong fails it."""
+    Every window keeps them and reads ``complete``."""
     script = tmp_path / "prog.py"
     script.write_text(SHORT_STEPS_PROGRAM)
     path = tmp_path / "r.jsonl"
@@ -402,11 +401,12 @@ def test_windows_of_tiny_steps_ended_without_a_sync_keep_their_kernels(tmp_path)
     assert [w["steps"] for w in windows] == [[1, 2, 3], [11, 12, 13], [21, 22, 23], [31, 32, 33]]
     device_us = [w["self_device_time_total_us"] for w in windows]
     events = [w["event_count"] for w in windows]
-    assert device_us[-1] > 0, device_us  # the last window, stopped at the exit, has them
-    if min(device_us) == 0:
-        pytest.xfail(
-            f"torch {torch.__version__}: windows of tiny steps ended by the deferred stop lost "
-            f"their kernels (device us {device_us}, events {events}; README, known limits; "
-            "bench/deferred_stop_kernels.py)"
-        )
-    assert len(set(events)) == 1, events
+    # Each window's trace is written before the next window's profiler starts
+    # (``reporting.WRITE_BEFORE_NEXT_START``): on an H100 with torch 2.11 that keeps every
+    # window's kernels (written late, three of four came back without them; health said
+    # ``device-missing``: bench/kineto_loss_sdk.py)
+    assert min(device_us) > 0, (device_us, events)
+    assert [w["health"] for w in windows] == [{"status": "complete", "reasons": []}] * 4
+    # the same three steps each time: the first window adds CUDA's first-use runtime calls
+    assert len(set(events[1:])) == 1 and events[0] >= events[1], events
+    assert max(device_us) < 2 * min(device_us), device_us
