@@ -359,6 +359,8 @@ EXTRAS = {
     "sdk_nowarm": "sdk, profiler started at the first recorded step (CUDA's warm-up step "
     "not recorded, as torch's is not)",
     "sdk_lean": "sdk_sync and sdk_nowarm together: the window records what torch's does",
+    "sdk_late": "sdk, its background work (trace export, helper, exporters) held until the "
+    "block's timed part has ended: what the window costs the caller alone",
 }
 SDK_FAMILY = ("sdk", *EXTRAS)
 
@@ -385,6 +387,7 @@ class SizeRun:
         self.torch_dir = os.path.join(self.tmp, "torch_traces")
         os.makedirs(self.torch_dir)
         self.costs_seen = 0
+        self.drains: list[tuple[int, bool]] = []  # the last SDK block's deferred stops
 
     def params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
@@ -469,11 +472,30 @@ class SizeRun:
                     stamps[j + 1] = time.perf_counter_ns()
             sync(self.device)
             took = (time.perf_counter_ns() - t0) / 1e9
+            RELEASE.set()  # (sdk_late: its background work may start now)
             if variant in SDK_FAMILY:  # untimed: what the background export had left
                 t1 = time.perf_counter_ns()  # (inside the tweak: its export ends under it)
                 instrument.flush()
                 PROBE.add("flush (untimed)", t1, None)
+                self.drains = take_drain_log()
         return took, [b - a for a, b in zip(stamps, stamps[1:])], t0
+
+
+def take_drain_log() -> list[tuple[int, bool]]:
+    """The deferred stops since the last call: (steps waited, whether the window's kernels
+    had run by then, else the caller waited for them)."""
+    from instrument import state
+
+    sess = state.current
+    if sess is None:
+        return []
+    log = sess._stops.drain_log
+    out = list(log)
+    log.clear()
+    return out
+
+
+RELEASE = threading.Event()  # set when a block's timed part ends (``sdk_late``)
 
 
 class tweaked:
@@ -496,6 +518,18 @@ class tweaked:
                 old_warm = sess._record_warmup
                 sess._record_warmup = False
                 self.undo.append(lambda: setattr(sess, "_record_warmup", old_warm))
+        if self.variant == "sdk_late":
+            from instrument import reporting
+
+            before_export = reporting._let_the_queue_refill
+            RELEASE.clear()
+
+            def held(ended: Any) -> None:  # the export worker's first step for a window
+                RELEASE.wait(600)
+                before_export(ended)
+
+            reporting._let_the_queue_refill = held
+            self.undo.append(lambda: setattr(reporting, "_let_the_queue_refill", before_export))
 
     def __exit__(self, *exc: Any) -> None:
         for undo in reversed(self.undo):
@@ -568,7 +602,8 @@ def count_events(path: str) -> int | None:
 
 def replay_helper(raw: str, device_in_use: bool) -> dict[str, Any]:
     """The helper process's stages, timed one by one in this process on a copy of one window's
-    raw trace (medians of 3), and the trace exporter's gzip copy of the shaped trace."""
+    raw trace (medians of 3; once for a trace of 10 MB or more), and the trace exporter's gzip
+    copy of the shaped trace."""
     from exporters._files import write_atomic
     from instrument import _torch
     from instrument.analysis import analyze, events_from_trace
@@ -583,7 +618,8 @@ def replay_helper(raw: str, device_in_use: bool) -> dict[str, Any]:
         with open(work, "rb") as inp:
             shutil.copyfileobj(inp, out, 1 << 20)
 
-    for _ in range(3):
+    repeats = 3 if os.path.getsize(raw) < 10e6 else 1  # (a GPU window's trace: seconds)
+    for _ in range(repeats):
         shutil.copyfile(raw, work)
         t = [time.perf_counter()]
         trace = load_trace(work)
@@ -619,7 +655,7 @@ def run_size(
     device: str,
     every: int,
     pairs: int,
-    budget_s: float,
+    deadline: float,
     tmp: str,
     variants: tuple[str, ...],
 ) -> dict[str, Any]:
@@ -639,9 +675,10 @@ def run_size(
     PROBE.take()
     run.new_costs()
     block_s = warm["plain"][-1]
-    fit = max(1, int(budget_s / (2 * len(variants) * block_s * 1.15)))
+    left_s = deadline - time.perf_counter()
+    fit = max(1, int(left_s / (2 * len(variants) * block_s * 1.15)))
     if fit < pairs:
-        say(f"[{name}] {pairs} pairs per variant do not fit in {budget_s:.0f} s: {fit}")
+        say(f"[{name}] {pairs} pairs per variant do not fit in {left_s:.0f} s: {fit}")
         pairs = fit
 
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
@@ -670,12 +707,16 @@ def run_size(
                     "extra_ms": (t_var - t_plain) * 1e3,
                     "spill_ms": spill,
                     "excess_ms": excess_by_segment(s_var, base),
+                    # the same against the block's own median step: blind to a slowdown of
+                    # every step alike, deaf to a load change between the pair's blocks
+                    "own_excess_ms": (sum(s_var) - len(s_var) * statistics.median(s_var)) / 1e6,
                     "stages": summarize_records(recs),
                     "caller_gc_ms": caller_gc_ms(recs),
                     "plain_caller_gc_ms": caller_gc_ms(recs_plain),
                     "plain_step_ms": base / 1e6,
                     "windows": len(costs) if variant in SDK_FAMILY else int(variant == "torch"),
                     "cost": costs[-1] if costs else None,  # the SDK's ledger of its window
+                    "drains": run.drains if variant in SDK_FAMILY else [],
                     # bytes of torch's trace export of the window (the same writer for both)
                     "trace_bytes": (run.torch_bytes[-1] if run.torch_bytes else None)
                     if variant == "torch"
@@ -728,8 +769,13 @@ def run_size(
         out["variants"][variant] = {
             "ratio": quantiles([p["ratio"] for p in rows]),
             "window_cost_ms": quantiles([p["extra_ms"] for p in rows]),
+            "own_excess_ms": quantiles([p["own_excess_ms"] for p in rows]),
             "spill_ms": quantiles([p["spill_ms"] for p in rows]),
             "windows_per_block": median_or_nan(p["windows"] for p in rows),
+            # CUDA: the deferred stops, steps waited (median) and how many found the kernels run
+            "drain_steps": median_or_nan(d[0] for p in rows for d in p["drains"]),
+            "drains_done": sum(d[1] for p in rows for d in p["drains"]),
+            "drains": sum(len(p["drains"]) for p in rows),
             "excess_ms": {
                 label: statistics.median(p["excess_ms"][label] for p in rows)
                 for label, _, _ in SEGMENTS
@@ -820,18 +866,20 @@ def print_size(name: str, res: dict[str, Any], device: str) -> None:
     print(
         "\n  where the extra program time lands, ms over the paired plain block's median step"
         "\n  (the SDK's window ends inside step 3, torch's in step 4's prof.step(); 9+: the SDK's"
-        "\n  background export); caller gc: the training thread's garbage collections:"
+        "\n  background export); own median: every step over its own block's median step"
+        "\n  (robust to load that changes between blocks); caller gc: the training thread's GC:"
     )
     print(
         f"  {'variant':<11}"
         + "".join(f"{label:>11}" for label, _, _ in SEGMENTS)
-        + f"{'caller gc':>11}"
+        + f"{'own median':>11}{'caller gc':>11}"
     )
     for variant in names:
         ex = v[variant]["excess_ms"]
         print(
             f"  {variant:<11}"
             + "".join(f"{ex[label]:>11.1f}" for label, _, _ in SEGMENTS)
+            + f"{v[variant]['own_excess_ms']['median']:>11.1f}"
             + f"{v[variant]['caller_gc_ms']:>11.1f}"
         )
     print(
@@ -862,6 +910,12 @@ def print_size(name: str, res: dict[str, Any], device: str) -> None:
                 f"{led['analysis_cpu_s'] * 1e3:.1f} ms, helper CPU "
                 f"{led['helper_cpu_s'] * 1e3:.1f} ms, exporters {led['exporters_s'] * 1e3:.1f} "
                 f"ms wall; total {led['total_us'] / 1e3:.1f} ms"
+            )
+        if v[variant].get("drains"):
+            d = v[variant]
+            print(
+                f"    deferred stops: {d['drains']}, a median {d['drain_steps']:g} step(s) after "
+                f"the window's end; {d['drains_done']} found its kernels run, the others waited"
             )
     rep = res["replay"]
     if rep:
@@ -901,8 +955,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--budget-s",
         type=float,
-        default=200.0,
-        help="seconds of timed pairs for all sizes together (default 200)",
+        default=220.0,
+        help="seconds the sizes may take together, warm-up included (default 220: the pairs "
+        "per variant are cut to fit, at least 1)",
     )
     parser.add_argument("--json", metavar="PATH", help="write every figure as JSON")
     parser.add_argument(
@@ -949,9 +1004,11 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     try:
         for k, name in enumerate(names):
-            left = max(args.budget_s - (time.perf_counter() - t0), 1.0)
+            # this size's share of what is left (a size that took less leaves it to the next)
+            left = args.budget_s - (time.perf_counter() - t0)
+            deadline = time.perf_counter() + left / (len(names) - k)
             results[name] = run_size(
-                name, sizes[name], device, every, pairs, left / (len(names) - k), tmp, variants
+                name, sizes[name], device, every, pairs, deadline, tmp, variants
             )
     finally:
         instrument.shutdown()
