@@ -43,6 +43,10 @@ each variant runs once untimed (the first profiler start of a process costs ~1 s
 
 Targets (issue 6): decorated-but-idle >= 99.5% and sampled >= 99% of unprofiled throughput.
 The exit code is 0 whether or not they are met: this is a benchmark, not a test.
+
+``bench/e2e_lm.py`` is the sibling for issue 31: a transformer LM at two sizes, blocks of 100
+steps alternating plain / profiled in one process (order flipped every pair), the SDK's
+windows against hand-written torch.profiler windows, and where one window's time goes.
 """
 
 from __future__ import annotations

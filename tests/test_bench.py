@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import math
 import os
 import tempfile
 
@@ -134,3 +135,51 @@ def test_ladder_tables_prints_both_tables_per_rung(tmp_path):
     assert out.stdout.count("Self CPU time total:") == 4  # torch's table and ours, two sizes
     bad = run_bench("ladder_tables.py", tmp_path, "ladder")
     assert bad.returncode == 2 and "unknown rung(s) ladder" in bad.stderr
+
+
+def test_e2e_lm_quick_runs_every_variant_and_writes_its_json(tmp_path):
+    out = run_bench(
+        "e2e_lm.py",
+        tmp_path,
+        "--device",
+        "cpu",
+        "--quick",
+        "--extra",
+        "sdk_lean",
+        "--json",
+        str(tmp_path / "lm.json"),
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "lm.json").read_text())
+    assert set(doc["sizes"]) == {"small", "larger"}
+    for name, size in doc["sizes"].items():
+        assert set(size["variants"]) == {"sdk", "torch", "metrics", "sdk_lean"}, name
+        for variant, res in size["variants"].items():
+            ratio = res["ratio"]["median"]
+            assert ratio > 0 and math.isfinite(ratio), (name, variant, ratio)
+            assert math.isfinite(res["window_cost_ms"]["median"]), (name, variant)
+            assert set(res["excess_ms"]) == {"step 0", "steps 1-3", "steps 4-8", "steps 9+"}
+        sdk, hand = size["variants"]["sdk"], size["variants"]["torch"]
+        assert sdk["windows_per_block"] == 1 and hand["windows_per_block"] == 1
+        # every stage of one SDK window was seen, on the thread it belongs to
+        assert sdk["stages"]["profiler start"]["caller_ms"] > 0
+        assert sdk["stages"]["profiler stop"]["caller_ms"] > 0
+        assert sdk["stages"]["export_chrome_trace"]["background_ms"] > 0
+        assert sdk["stages"]["helper round trip"]["background_ms"] > 0
+        assert sdk["stages"]["exporter trace"]["calls"] == 1
+        assert sdk["stages"]["exporter json"]["calls"] == 1
+        assert sdk["ledger"]["stop_stall_us"] > 0
+        for stage in ("torch prepare_trace", "torch start_trace", "torch stop_trace"):
+            assert hand["stages"][stage]["calls"] == 1, stage
+        assert hand["stages"]["torch export_chrome_trace"]["caller_ms"] > 0
+        assert size["replay"]["raw_events"] > 0 and size["torch_trace_events"] > 0
+    for heading in ("per window ms", "where the extra program time lands", "one window's stages"):
+        assert out.stdout.count(heading) == 2, heading
+    assert sorted(os.listdir(tmp_path)) == ["lm.json", "tmp"]
+    assert os.listdir(tmp_path / "tmp") == []  # its temporary directory is removed
+
+
+def test_e2e_lm_refuses_an_unknown_variant(tmp_path):
+    out = run_bench("e2e_lm.py", tmp_path, "--device", "cpu", "--extra", "sdk_fast")
+    assert out.returncode == 2
+    assert "--extra: no variant sdk_fast" in out.stderr
