@@ -37,6 +37,7 @@ SCHEMA = "torch-profiled/window-report/1"
 def _env(path: str, every: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROFILED_")}
     env.update(PROFILED_EXPORTERS="json", PROFILED_JSON_PATH=path, PROFILED_EVERY=str(every))
+    env["PROFILED_OVERHEAD_BUDGET"] = "0"  # every window the schedule asks for (no back-off)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
