@@ -375,7 +375,10 @@ def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...,
                 if not _FLAG._is_profiler_enabled or _is_compiling():
                     return f(*args, **kwargs)
                 # someone else's profiler records and no session counts steps: only the range
-                return _ranged(f, name, args, kwargs)
+                # (``_ranged`` written out: a frame less)
+                if _ON_FIRST_CALL is not None:
+                    _ON_FIRST_CALL()
+                return _ranged_call(f, name, args, kwargs)
             if _is_compiling():
                 if is_step:  # in compiled code the step still ends, right after the graph runs
                     result = f(*args, **kwargs)
