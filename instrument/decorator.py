@@ -430,33 +430,41 @@ def _wrap_async(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...
 def _wrap_generator(f: Callable[..., Any], name: str, is_step: bool) -> Callable[..., Any]:
     """Each resume of the generator is one range: time spent in the caller between
     ``next()`` calls is not counted. Resumes are not calls that return, so they never end a
-    step as root calls; with ``step=True`` a step ends when the generator finishes."""
+    step as root calls; with ``step=True`` a step ends when the generator finishes.
+
+    A plain resume (``next()``, or ``send(None)``) of a body whose every ``return`` returns
+    None (``_returns_none``: nearly all) is ``next(gen, _DONE)``: its end is then no
+    StopIteration raised and caught here (that was a third of a one-item generator's cost
+    with metrics on); any other resume is ``send``/``throw`` as the caller asked, and a body
+    that may return a value ends by StopIteration, which carries it."""
 
     append, pending, fold = _sink(name, False)  # (a resume is no step: see below)
+    quiet_end = _returns_none(f)
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         gen = f(*args, **kwargs)
-        method, value = gen.send, None
+        # once: Dynamo never traces a generator's frame that began in eager code (it inlines
+        # one made in compiled code from its start, where this reads True)
+        compiling = _is_dynamo_compiling()
+        method: Any = None  # None: a plain resume; else ``gen.send`` or a thrower
+        value = None
         while True:
             t0 = 0.0
-            if _COUNT_ONLY is not None and not _is_dynamo_compiling():
-                state = None  # metrics only: the resume is timed here (``_timed_end``)
+            if _COUNT_ONLY is not None and not compiling:
+                state = None  # metrics only: the resume is timed here
                 t0 = _now()
             elif _IDLE and not _FLAG._is_profiler_enabled:
                 state = None
             else:
                 state = _enter(name)
             try:
-                item = method(value)
-            except StopIteration as stop:
-                if state is not None:
-                    _exit(state, is_step, False)
+                if method is None:
+                    item = _next(gen, _DONE) if quiet_end else gen.send(None)
                 else:
-                    if t0:
-                        _timed_end(name, t0, is_step)
-                    if is_step:
-                        _step_if_counting()
+                    item = method(value)
+            except StopIteration as stop:
+                _generator_ended(state, t0, name, is_step)
                 return stop.value
             except BaseException as exc:
                 if state is not None:
@@ -465,6 +473,14 @@ def _wrap_generator(f: Callable[..., Any], name: str, is_step: bool) -> Callable
                     _timed_end(name, t0, False)
                 _hide_own_frames(exc)
                 raise
+            if item is _DONE:  # the body returned None
+                if t0 and not is_step and _SWITCHED_AT <= t0:  # (as a yield below)
+                    append((_now() - t0) * 1e9)
+                    if len(pending) >= _BATCH:
+                        fold(name)
+                else:
+                    _generator_ended(state, t0, name, is_step)
+                return None
             if state is not None:
                 _exit(state, False, False)
             elif t0:  # (``_timed_end`` inlined: a resume that yields, the common one)
@@ -473,7 +489,7 @@ def _wrap_generator(f: Callable[..., Any], name: str, is_step: bool) -> Callable
                     fold(name)
             try:
                 value = yield item
-                method = gen.send
+                method = None if value is None else gen.send
             except GeneratorExit:
                 gen.close()
                 raise
@@ -481,6 +497,49 @@ def _wrap_generator(f: Callable[..., Any], name: str, is_step: bool) -> Callable
                 method, value = _thrower(gen, exc), None
 
     return wrapper
+
+
+_next = next
+_DONE: Any = object()
+"""What ``next(gen, _DONE)`` gives for a generator whose body has returned (None)."""
+
+
+def _generator_ended(state: Any, t0: float, name: str, is_step: bool) -> None:
+    """A decorated generator's body returned: its last resume's range or duration, and the
+    step it ends (``step=True``)."""
+    if state is not None:
+        _exit(state, is_step, False)
+        return
+    if t0:
+        _timed_end(name, t0, is_step)
+    if is_step:
+        _step_if_counting()
+
+
+def _returns_none(f: Any) -> bool:
+    """Every ``return`` in the body of the generator ``f(...)`` makes returns None, read from
+    its bytecode where it is given (a ``return`` at the end of a path with ``None`` loaded
+    right before it and no jump landing on it; ``RETURN_CONST None``); False where unsure
+    (a callable object, a ``functools.partial``, a jump to a return, any other value)."""
+    import dis
+
+    code = getattr(getattr(f, "__func__", f), "__code__", None)
+    if code is None:
+        return False
+    last = None
+    for ins in dis.get_instructions(code):
+        if ins.opname == "RETURN_CONST":
+            if ins.argval is not None:
+                return False
+        elif ins.opname == "RETURN_VALUE" and (
+            ins.is_jump_target
+            or last is None
+            or last.opname != "LOAD_CONST"
+            or last.argval is not None
+        ):
+            return False
+        last = ins
+    return True
 
 
 def _thrower(gen: Any, exc: BaseException) -> Callable[[Any], Any]:
