@@ -15,6 +15,7 @@ import inspect
 import itertools
 import threading
 import time
+import warnings
 
 import pytest
 
@@ -470,6 +471,21 @@ def test_construction_after_a_reset_checks_the_names_again(monkeypatch):
     instrument.testing.reset()
     with pytest.warns(UserWarning, match="PROFILED_ENABLED"):
         profiled("names.second")
+
+
+def test_a_block_name_is_checked_once_and_kept_within_a_bound(monkeypatch):
+    """``profiled(name)`` keeps each name as ranges record it: made again, an unsafe name is
+    the same safe one (in ``RANGE_NAMES``); the names kept stay within their bound."""
+    odd = "blk\udcff\x00"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (told once a process: by whichever test is first)
+        first, again = profiled(odd), profiled(odd)
+    assert first.name == again.name == "blk%FF%00" and first.name in state.RANGE_NAMES
+    monkeypatch.setattr(decorator, "_BLOCK_NAMES_MAX", 8)
+    for i in range(50):
+        assert profiled(f"blk.{i}").name == f"blk.{i}"
+        assert len(decorator._BLOCK_NAMES) <= 8
+    assert {f"blk.{i}" for i in range(50)} <= state.RANGE_NAMES
 
 
 @pytest.mark.parametrize("name", ["", "   ", "\t\n"])
