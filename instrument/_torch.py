@@ -180,13 +180,13 @@ def _escape(match: re.Match[str]) -> str:
 # changes torch's state (``_profiler_changes``; the program's start in
 # ``_run_on_profiler_start``), so an end either runs wholly before the change, in the profiler
 # it began in, or sees the new epoch and keeps the range. Only Python code that a tracing or
-# profiling hook (``sys.setprofile``'s ``c_call``, ``sys.monitoring``) runs right before the C
-# call can let another thread in there: every start of a profiler and every stop of ours
-# therefore waits, after moving the epoch, until no thread is inside that stretch
-# (``_wait_for_range_ends``, which reads the threads' frames: nothing on the ranges' path), as
-# it waited for the lock before (a range held there past the program's own stop, which moves
-# the epoch after torch's, ends with no profiler on: a no-op). Without a GIL (a free-threaded
-# build running without one) ranges end under the lock as before.
+# profiling hook runs in there (``sys.settrace``'s line events: coverage, debuggers;
+# ``sys.setprofile``'s ``c_call``; ``sys.monitoring``) can let another thread in: every start
+# of a profiler and every stop of ours therefore waits, after moving the epoch, until no
+# thread is inside that stretch (``_wait_for_range_ends``, which reads the threads' frames:
+# nothing on the ranges' path), as it waited for the lock before (a range held there past the
+# program's own stop, which moves the epoch after torch's, ends with no profiler on: a no-op).
+# Without a GIL (a free-threaded build running without one) ranges end under the lock.
 
 _range_lock = threading.RLock()
 """Held by our profiler's start and stop (and, without a GIL, by a range's end): a range never

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests import _proc
+
 RACE = """
 import threading, torch, torch.profiler as tp
 from exporters import InMemoryExporter
@@ -82,6 +84,8 @@ HELD_END = """
 import sys, threading, time, torch, torch.profiler as tp
 from instrument import _torch, profiled
 
+MODE = sys.argv[1]
+
 @profiled("held")
 def held():
     return torch.ones(2) + 1
@@ -90,21 +94,42 @@ order = []
 in_gap, release, done = threading.Event(), threading.Event(), threading.Event()
 profiler_ready = threading.Event()
 
-def hook(frame, event, arg):
-    # Python code run right before the range's end, the C call ``__exit__``: the epoch is
-    # read, the range not ended yet (a ``sys.setprofile`` hook, as Python profilers use)
-    if event == "c_call" and frame.f_code in _torch._END_STRETCHES and (
-        getattr(arg, "__name__", "") == "__exit__"
-    ):
-        sys.setprofile(None)
-        in_gap.set()
-        release.wait()
-        order.append("range ends")
+def in_stretch(frame):
+    stretches = _torch._END_STRETCHES.get(frame.f_code, ())
+    return any(frame.f_lasti in r for r in stretches)
+
+def hold():
+    # Python code run between a range's epoch read and its C ``__exit__``, as a hook runs it
+    sys.setprofile(None)
+    sys.settrace(None)
+    in_gap.set()
+    release.wait()
+    order.append("range ends")
+
+def profile_hook(frame, event, arg):  # sys.setprofile: right before the C call
+    if event == "c_call" and in_stretch(frame) and getattr(arg, "__name__", "") == "__exit__":
+        hold()
+
+def trace_hook(frame, event, arg):  # sys.settrace (coverage, debuggers): its line events
+    if frame.f_code not in _torch._END_STRETCHES:
+        return None
+
+    def local(frame, event, arg):
+        if event == "line" and in_stretch(frame):
+            hold()
+            return None
+        return local
+
+    return local
 
 def worker():
-    sys.setprofile(hook)
+    if MODE == "profile":
+        sys.setprofile(profile_hook)
+    else:
+        sys.settrace(trace_hook)
     held()
     sys.setprofile(None)
+    sys.settrace(None)
 
 def all_threads():
     cfg = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
@@ -140,13 +165,17 @@ print("ok")
 
 
 @pytest.mark.timeout(300)
-def test_a_range_end_held_up_by_a_profiling_hook_never_ends_under_the_next_profiler(
-    run_python,
-):
-    """A ``sys.setprofile`` hook runs Python code between a range's epoch check and its C
-    ``__exit__``; meanwhile another thread stops the profiler and starts the next one. The
-    start waits until the held end is over (as it waited for the lock before), so the range
-    never ends under the next profiler (there it writes into the first one's freed state)."""
-    result = run_python(HELD_END, env={"PROFILED_ACTIVITIES": "cpu"}, timeout=240)
+@pytest.mark.parametrize("hook", ["profile", "trace"])
+def test_a_range_end_held_up_by_a_hook_never_ends_under_the_next_profiler(tmp_path, hook):
+    """A ``sys.setprofile`` hook (before the C call) or a ``sys.settrace`` hook (its line
+    events) runs Python code between a range's epoch check and its C ``__exit__``; meanwhile
+    another thread stops the profiler and starts the next one. The start waits until the
+    held end is over (as it waited for the lock before), so the range never ends under the
+    next profiler (there it writes into the first one's freed state)."""
+    script = tmp_path / "held_end.py"
+    script.write_text(HELD_END)
+    result = _proc.run(
+        str(script), hook, env=_proc.sdk_env({"PROFILED_ACTIVITIES": "cpu"}), timeout=240
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "ok" in result.stdout, result.stdout
