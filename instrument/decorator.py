@@ -359,6 +359,8 @@ def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...,
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            if _OFF:  # idle and no profiler records: nothing to do (one global, first)
+                return f(*args, **kwargs)
             if _COUNT_ONLY is not None and not _is_dynamo_compiling():
                 t0 = _now()  # metrics only (nothing else needs the call): timed inline
                 try:
@@ -369,8 +371,6 @@ def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...,
                     append((_now() - t0) * 1e9)
                     if len(pending) >= _BATCH:
                         fold(name)
-            if _OFF:  # idle and no profiler records: nothing to do
-                return f(*args, **kwargs)
             if _IDLE:
                 if not _FLAG._is_profiler_enabled or _is_compiling():
                     return f(*args, **kwargs)
