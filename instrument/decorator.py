@@ -430,13 +430,8 @@ def _wrap_async(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...
 def _wrap_generator(f: Callable[..., Any], name: str, is_step: bool) -> Callable[..., Any]:
     """Each resume of the generator is one range: time spent in the caller between
     ``next()`` calls is not counted. Resumes are not calls that return, so they never end a
-    step as root calls; with ``step=True`` a step ends when the generator finishes.
-
-    A plain resume (``next()``, or ``send(None)``) of a body whose every ``return`` returns
-    None (``_returns_none``: nearly all) is ``next(gen, _DONE)``: its end is then no
-    StopIteration raised and caught here (that was a third of a one-item generator's cost
-    with metrics on); any other resume is ``send``/``throw`` as the caller asked, and a body
-    that may return a value ends by StopIteration, which carries it."""
+    step as root calls; with ``step=True`` a step ends when the generator finishes. A plain
+    resume of a body that returns None is ``next(gen, _DONE)`` (see ``_DONE``)."""
 
     append, pending, fold = _sink(name, False)  # (a resume is no step: see below)
     quiet_end = _returns_none(f)
@@ -444,9 +439,7 @@ def _wrap_generator(f: Callable[..., Any], name: str, is_step: bool) -> Callable
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         gen = f(*args, **kwargs)
-        # once: Dynamo never traces a generator's frame that began in eager code (it inlines
-        # one made in compiled code from its start, where this reads True)
-        compiling = _is_dynamo_compiling()
+        compiling = _is_dynamo_compiling()  # (once: see ``_DONE``)
         method: Any = None  # None: a plain resume; else ``gen.send`` or a thrower
         value = None
         while True:
@@ -467,10 +460,7 @@ def _wrap_generator(f: Callable[..., Any], name: str, is_step: bool) -> Callable
                 _generator_ended(state, t0, name, is_step)
                 return stop.value
             except BaseException as exc:
-                if state is not None:
-                    _exit(state, False, False)
-                elif t0:
-                    _timed_end(name, t0, False)
+                _generator_ended(state, t0, name, False)
                 _hide_own_frames(exc)
                 raise
             if item is _DONE:  # the body returned None
@@ -501,12 +491,19 @@ def _wrap_generator(f: Callable[..., Any], name: str, is_step: bool) -> Callable
 
 _next = next
 _DONE: Any = object()
-"""What ``next(gen, _DONE)`` gives for a generator whose body has returned (None)."""
+"""What ``next(gen, _DONE)`` gives for a generator whose body has returned. A plain resume
+(``next()``, or ``send(None)``) of a body whose every ``return`` returns None
+(``_returns_none``: nearly all) is ``next(gen, _DONE)``: its end is then no StopIteration
+raised and caught in Python (a third of a one-item generator's cost with metrics on); any
+other resume is ``send``/``throw`` as the caller asked, and a body that may return a value
+ends by StopIteration, which carries it. Dynamo's check is made once per generator: Dynamo
+never traces a generator's frame that began in eager code (it inlines one made in compiled
+code from its start, where the check reads True)."""
 
 
 def _generator_ended(state: Any, t0: float, name: str, is_step: bool) -> None:
-    """A decorated generator's body returned: its last resume's range or duration, and the
-    step it ends (``step=True``)."""
+    """A decorated generator's body returned (or raised: ``is_step`` False): its last
+    resume's range or duration, and the step it ends (``step=True``)."""
     if state is not None:
         _exit(state, is_step, False)
         return
