@@ -359,6 +359,8 @@ def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...,
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            if _OFF:  # idle and no profiler records: nothing to do (one global, first)
+                return f(*args, **kwargs)
             if _COUNT_ONLY is not None and not _is_dynamo_compiling():
                 t0 = _now()  # metrics only (nothing else needs the call): timed inline
                 try:
@@ -369,13 +371,14 @@ def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...,
                     append((_now() - t0) * 1e9)
                     if len(pending) >= _BATCH:
                         fold(name)
-            if _OFF:  # idle and no profiler records: nothing to do
-                return f(*args, **kwargs)
             if _IDLE:
                 if not _FLAG._is_profiler_enabled or _is_compiling():
                     return f(*args, **kwargs)
                 # someone else's profiler records and no session counts steps: only the range
-                return _ranged(f, name, args, kwargs)
+                # (``_ranged`` written out: a frame less)
+                if _ON_FIRST_CALL is not None:
+                    _ON_FIRST_CALL()
+                return _ranged_call(f, name, args, kwargs)
             if _is_compiling():
                 if is_step:  # in compiled code the step still ends, right after the graph runs
                     result = f(*args, **kwargs)
@@ -427,41 +430,47 @@ def _wrap_async(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...
 def _wrap_generator(f: Callable[..., Any], name: str, is_step: bool) -> Callable[..., Any]:
     """Each resume of the generator is one range: time spent in the caller between
     ``next()`` calls is not counted. Resumes are not calls that return, so they never end a
-    step as root calls; with ``step=True`` a step ends when the generator finishes."""
+    step as root calls; with ``step=True`` a step ends when the generator finishes. A plain
+    resume of a body that returns None is ``next(gen, _DONE)`` (see ``_DONE``)."""
 
     append, pending, fold = _sink(name, False)  # (a resume is no step: see below)
+    quiet_end = _returns_none(f)
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         gen = f(*args, **kwargs)
-        method, value = gen.send, None
+        compiling = _is_dynamo_compiling()  # (once: see ``_DONE``)
+        method: Any = None  # None: a plain resume; else ``gen.send`` or a thrower
+        value = None
         while True:
             t0 = 0.0
-            if _COUNT_ONLY is not None and not _is_dynamo_compiling():
-                state = None  # metrics only: the resume is timed here (``_timed_end``)
+            if _COUNT_ONLY is not None and not compiling:
+                state = None  # metrics only: the resume is timed here
                 t0 = _now()
             elif _IDLE and not _FLAG._is_profiler_enabled:
                 state = None
             else:
                 state = _enter(name)
             try:
-                item = method(value)
-            except StopIteration as stop:
-                if state is not None:
-                    _exit(state, is_step, False)
+                if method is None:
+                    item = _next(gen, _DONE) if quiet_end else gen.send(None)
                 else:
-                    if t0:
-                        _timed_end(name, t0, is_step)
-                    if is_step:
-                        _step_if_counting()
+                    item = method(value)
+            except StopIteration as stop:
+                _generator_ended(state, t0, name, is_step)
                 return stop.value
             except BaseException as exc:
-                if state is not None:
-                    _exit(state, False, False)
-                elif t0:
-                    _timed_end(name, t0, False)
+                _generator_ended(state, t0, name, False)
                 _hide_own_frames(exc)
                 raise
+            if item is _DONE:  # the body returned None
+                if t0 and not is_step and _SWITCHED_AT <= t0:  # (as a yield below)
+                    append((_now() - t0) * 1e9)
+                    if len(pending) >= _BATCH:
+                        fold(name)
+                else:
+                    _generator_ended(state, t0, name, is_step)
+                return None
             if state is not None:
                 _exit(state, False, False)
             elif t0:  # (``_timed_end`` inlined: a resume that yields, the common one)
@@ -470,7 +479,7 @@ def _wrap_generator(f: Callable[..., Any], name: str, is_step: bool) -> Callable
                     fold(name)
             try:
                 value = yield item
-                method = gen.send
+                method = None if value is None else gen.send
             except GeneratorExit:
                 gen.close()
                 raise
@@ -478,6 +487,56 @@ def _wrap_generator(f: Callable[..., Any], name: str, is_step: bool) -> Callable
                 method, value = _thrower(gen, exc), None
 
     return wrapper
+
+
+_next = next
+_DONE: Any = object()
+"""What ``next(gen, _DONE)`` gives for a generator whose body has returned. A plain resume
+(``next()``, or ``send(None)``) of a body whose every ``return`` returns None
+(``_returns_none``: nearly all) is ``next(gen, _DONE)``: its end is then no StopIteration
+raised and caught in Python (a third of a one-item generator's cost with metrics on); any
+other resume is ``send``/``throw`` as the caller asked, and a body that may return a value
+ends by StopIteration, which carries it. Dynamo's check is made once per generator: Dynamo
+never traces a generator's frame that began in eager code (it inlines one made in compiled
+code from its start, where the check reads True)."""
+
+
+def _generator_ended(state: Any, t0: float, name: str, is_step: bool) -> None:
+    """A decorated generator's body returned (or raised: ``is_step`` False): its last
+    resume's range or duration, and the step it ends (``step=True``)."""
+    if state is not None:
+        _exit(state, is_step, False)
+        return
+    if t0:
+        _timed_end(name, t0, is_step)
+    if is_step:
+        _step_if_counting()
+
+
+def _returns_none(f: Any) -> bool:
+    """Every ``return`` in the body of the generator ``f(...)`` makes returns None, read from
+    its bytecode where it is given (a ``return`` at the end of a path with ``None`` loaded
+    right before it and no jump landing on it; ``RETURN_CONST None``); False where unsure
+    (a callable object, a ``functools.partial``, a jump to a return, any other value)."""
+    import dis
+
+    code = getattr(getattr(f, "__func__", f), "__code__", None)
+    if code is None:
+        return False
+    last = None
+    for ins in dis.get_instructions(code):
+        if ins.opname == "RETURN_CONST":
+            if ins.argval is not None:
+                return False
+        elif ins.opname == "RETURN_VALUE" and (
+            ins.is_jump_target
+            or last is None
+            or last.opname != "LOAD_CONST"
+            or last.argval is not None
+        ):
+            return False
+        last = ins
+    return True
 
 
 def _thrower(gen: Any, exc: BaseException) -> Callable[[Any], Any]:
@@ -841,7 +900,9 @@ class _Profiled:
                 self._timed_exit(m, took, t0)  # the rare cases, out of line
                 return None
             # ``metrics.record`` inlined, as the sync wrapper does
-            pending = m.pending_list(self.name)
+            pending = m.pending.get(self.name)
+            if pending is None:  # (a name's first block, or one past the cap)
+                pending = m.pending_list(self.name)
             pending.append(took * 1e9)
             if len(pending) >= _BATCH:
                 m.fold(self.name)
@@ -889,6 +950,28 @@ class _Profiled:
         return self.__exit__(exc_type, exc, tb)
 
 
+_BLOCK_NAMES: dict[str, str] = {}
+"""Names given to ``profiled(name)``, each as ranges record it (``_block_name``): a block's
+object is made without checking its name again (that was a quarter of its cost). At most
+``_BLOCK_NAMES_MAX`` (run-time names, ``profiled(f"req{i}")``): past it, it starts again."""
+_BLOCK_NAMES_MAX = 10_000
+
+
+def _block_name(given: str) -> str:
+    """``given`` checked (not blank) and made safe (``range_name``), added to ``RANGE_NAMES``
+    and kept in ``_BLOCK_NAMES``."""
+    if not given or given.isspace():  # (``not name.strip()``, without a new string)
+        raise ValueError("the range name must not be empty")
+    name = given
+    if not name.isascii() or len(name) > _MAX_NAME or "\x00" in name:
+        name = range_name(name)  # (a safe ASCII name is itself: no call for it)
+    RANGE_NAMES.add(name)
+    if len(_BLOCK_NAMES) >= _BLOCK_NAMES_MAX:
+        _BLOCK_NAMES.clear()
+    _BLOCK_NAMES[given] = name
+    return name
+
+
 def _check_target(target: Any) -> None:
     if isinstance(target, (classmethod, staticmethod)):
         target = target.__func__
@@ -917,23 +1000,34 @@ def profiled(name_or_target: Any = None, /, *, step: bool = False) -> Any:
     if step is not False and step is not True:  # (``isinstance(step, bool)``: no subclass)
         raise TypeError(f"step must be a bool, got {type(step).__name__} {step!r}")
     if isinstance(name_or_target, str):
-        if _is_compiling():
+        if _is_dynamo_compiling():
             # ``with profiled(f"step{i}")`` in compiled code: no range there, and the name
             # must stay out of the graph: read (checked, kept), each new name would be a
             # guard, and the function would recompile per name until Dynamo's limit sends it
             # back to eager. A new object all the same: Dynamo enters only context managers
-            # made in the graph
+            # made in the graph. (Dynamo's check, not ``is_compiling``'s, a fifth of its
+            # cost: a non-strict export runs this code as eager code, and ``__enter__``
+            # makes no range there.)
             return _Profiled._compiled(step)
         # ``_Profiled(name, step)`` inlined: ``with profiled("x"):`` makes one per block
-        name = name_or_target
-        if not name or name.isspace():  # (``not name.strip()``, without a new string)
-            raise ValueError("the range name must not be empty")
-        if not name.isascii() or len(name) > _MAX_NAME or "\x00" in name:
-            name = range_name(name)  # (a safe ASCII name is itself: no call for it)
-        RANGE_NAMES.add(name)
+        name = _BLOCK_NAMES.get(name_or_target)
+        if name is None:
+            name = _block_name(name_or_target)
         made = _new(_Profiled)
         made.name, made.step = name, step
-        made.enabled = enabled = _enabled_now()
+        get = _env_get  # ``_enabled_now()`` inlined (a call less): unchanged environment
+        if (
+            get is not None
+            and get(_K1) is _s1
+            and get(_K3) is _s3
+            and _config._names_checked
+            and (_s1 is None or get(_K2) is _s2)
+            and (_s3 is None or get(_K4) is _s4)
+        ):
+            enabled = _enabled_was
+        else:
+            enabled = _enabled_now()
+        made.enabled = enabled
         made._t0 = None if enabled else 0.0
         if step and enabled:
             state.declare_steps()

@@ -11,9 +11,11 @@ compares CPU times side by side in one process with a bound far from both sides.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import threading
 import time
+import warnings
 
 import pytest
 
@@ -266,6 +268,161 @@ def test_an_entry_whose_block_a_profiler_starts_in_still_ends(metrics_only):
     assert (_count("switch.block"), _count("switch.inner"), _count("switch.open")) == (1, 1, 1)
 
 
+# ---------------------------------------------------------------- generators
+
+
+def _sum_s(name: str) -> int:
+    (h,) = [h for h in metrics.snapshot().ranges if h.name == name]
+    return round(h.sum_ns / 1e9)
+
+
+@pytest.mark.parametrize("returns", [False, True], ids=["returns-none", "returns-a-value"])
+def test_a_generator_times_only_its_body_on_the_metrics_path(metrics_only, monkeypatch, returns):
+    """The clock as a counter (1 s a read): each resume reads it twice around the body, the
+    body once more per item, the consumer ten times between items. Each yield's resume
+    takes 2 s (its read, the body's), the finishing one 1 s: the consumer's reads are in no
+    duration. A body that returns None ends without a StopIteration (``next(gen, _DONE)``),
+    one that returns a value by one that carries it: both time the same."""
+    _ticking(monkeypatch)
+    name = f"gen.body.{returns}"
+
+    def produce_none(n):
+        for i in range(n):
+            decorator._now()  # body time
+            yield i
+
+    def produce_value(n):
+        yield from produce_none(n)
+        return "done"
+
+    produce = profiled(name)(produce_value if returns else produce_none)
+    assert decorator._returns_none(produce.__wrapped__) is not returns
+
+    def consume():
+        return (yield from produce(3))
+
+    items = []
+    gen = consume()
+    with pytest.raises(StopIteration) as stop:
+        while True:
+            items.append(next(gen))
+            for _ in range(10):
+                decorator._now()  # the caller's time between resumes
+    result = stop.value.value
+    assert items == [0, 1, 2] and result == ("done" if returns else None)
+    assert _durations_s(name) == (4, 1, 2)
+    assert _sum_s(name) == 3 * 2 + 1
+
+
+def test_a_generator_keeps_its_protocol_on_the_metrics_path(metrics_only):
+    """send, throw, close and the return value as without the SDK, for bodies that return
+    None and bodies that return a value; every resume counted."""
+    cleanup = []
+    thrown = ValueError("handled inside")
+
+    @profiled("gen.echo")
+    def echo(first):
+        value = first
+        try:
+            while True:
+                try:
+                    got = yield value
+                except ValueError as exc:
+                    got = ("caught", exc)
+                if got == "stop":
+                    return
+                value = got
+        finally:
+            cleanup.append("finally")
+
+    @profiled("gen.value")
+    def value():
+        got = yield 1
+        return ("got", got)
+
+    assert decorator._returns_none(echo.__wrapped__)
+    g = echo(1)
+    assert next(g) == 1
+    assert g.send(None) is None and g.send(2) == 2
+    assert g.throw(thrown) == ("caught", thrown)
+    assert next(g) is None  # a plain resume after a throw
+    with pytest.raises(StopIteration) as stop:
+        g.send("stop")
+    assert stop.value.value is None and cleanup == ["finally"]
+    g = echo(1)
+    next(g)
+    g.close()
+    assert cleanup == ["finally"] * 2
+    g = value()
+    assert next(g) == 1
+    with pytest.raises(StopIteration) as stop:
+        g.send(5)
+    assert stop.value.value == ("got", 5)
+    g = value()
+    next(g)
+    with pytest.raises(StopIteration) as stop:
+        next(g)
+    assert stop.value.value == ("got", None)
+    assert _count("gen.echo") == 7 and _count("gen.value") == 4  # (close() is no resume)
+
+
+def _r_implicit():
+    yield 1
+
+
+def _r_bare():
+    yield 1
+    return
+
+
+def _r_none(c):
+    yield 1
+    if c:
+        return None
+    yield 2
+
+
+def _r_value():
+    yield 1
+    return 2
+
+
+def _r_maybe(x):
+    yield 1
+    return x or None
+
+
+def _r_delegate():
+    return (yield from _r_value())
+
+
+@pytest.mark.parametrize(
+    "f, none",
+    [
+        (_r_implicit, True),
+        (_r_bare, True),
+        (_r_none, True),
+        (_r_value, False),
+        (_r_maybe, False),
+        (_r_delegate, False),
+        (lambda: (yield 1), False),  # returns what was sent
+    ],
+)
+def test_which_generator_bodies_always_return_none(f, none):
+    assert decorator._returns_none(f) is none
+    wrapped = profiled(f"gen.returns.{f.__name__}")(f)
+    args = (0,) * len(inspect.signature(f).parameters)
+
+    def drive():
+        return (yield from wrapped(*args))
+
+    gen = drive()
+    with pytest.raises(StopIteration) as stop:
+        while True:
+            next(gen)
+    assert stop.value.value == (2 if f is _r_value or f is _r_delegate else None)
+
+
 # ---------------------------------------------------------------- profiled(name) itself
 
 
@@ -314,6 +471,21 @@ def test_construction_after_a_reset_checks_the_names_again(monkeypatch):
     instrument.testing.reset()
     with pytest.warns(UserWarning, match="PROFILED_ENABLED"):
         profiled("names.second")
+
+
+def test_a_block_name_is_checked_once_and_kept_within_a_bound(monkeypatch):
+    """``profiled(name)`` keeps each name as ranges record it: made again, an unsafe name is
+    the same safe one (in ``RANGE_NAMES``); the names kept stay within their bound."""
+    odd = "blk\udcff\x00"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (told once a process: by whichever test is first)
+        first, again = profiled(odd), profiled(odd)
+    assert first.name == again.name == "blk%FF%00" and first.name in state.RANGE_NAMES
+    monkeypatch.setattr(decorator, "_BLOCK_NAMES_MAX", 8)
+    for i in range(50):
+        assert profiled(f"blk.{i}").name == f"blk.{i}"
+        assert len(decorator._BLOCK_NAMES) <= 8
+    assert {f"blk.{i}" for i in range(50)} <= state.RANGE_NAMES
 
 
 @pytest.mark.parametrize("name", ["", "   ", "\t\n"])
