@@ -585,7 +585,10 @@ def read_costs(path: str) -> list[dict[str, Any]]:
             for line in f:
                 rec = json.loads(line)
                 if isinstance(rec.get("cost"), dict):
-                    out.append(rec["cost"])
+                    # the window's steps with its ledger: a window the SDK opened late runs on
+                    # past its block, into the blocks of other variants (seen on an H100: one
+                    # window's raw trace was 542 MB and its stop took 6.3 s)
+                    out.append({**rec["cost"], "window_steps": rec.get("steps")})
     except OSError:
         pass
     return out
@@ -731,11 +734,16 @@ def run_size(
                     ],
                 }
             )
+            steps_of = [c.get("window_steps") for c in costs]
             say(
                 f"[{name}] pair {len(results[variant])}/{pairs} {variant:<10} "
                 f"{'plain first' if first_plain else 'plain last '}: ratio "
                 f"{t_plain / t_var:.3f}, {1e3 * (t_var - t_plain):+.1f} ms"
-                + (f", spill {spill:.0f} ms" if variant in SDK_FAMILY else "")
+                + (
+                    f", spill {spill:.0f} ms, window steps {steps_of}"
+                    if variant in SDK_FAMILY
+                    else ""
+                )
             )
 
     # one more SDK window, untimed, its raw trace kept for the offline replay
