@@ -48,7 +48,7 @@ from ._core import Phases, StepMetrics, device_name, guarded, listen_for_counted
 __all__ = ["ProfiledCallback", "profile_trainer"]
 
 
-class ProfiledCallback(TrainerCallback):  # type: ignore[misc]
+class ProfiledCallback(TrainerCallback):
     """Profiler steps, phase ranges and per-step metrics for ``transformers.Trainer``."""
 
     def __init__(self) -> None:

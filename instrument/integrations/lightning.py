@@ -43,7 +43,7 @@ try:
     import lightning.pytorch as pl
 except ImportError:  # pragma: no cover - the standalone package instead
     try:
-        import pytorch_lightning as pl  # type: ignore[no-redef]
+        import pytorch_lightning as pl
     except ImportError as exc:
         raise ImportError(
             "instrument.integrations.lightning needs lightning: "
@@ -63,7 +63,7 @@ def _dtype(precision: Any) -> str:
     return _DTYPES.get(str(precision).split("-")[0], "fp32")
 
 
-class ProfiledCallback(pl.Callback):  # type: ignore[misc]
+class ProfiledCallback(pl.Callback):
     """Profiler steps, phase ranges and per-step metrics for Lightning's ``Trainer.fit``."""
 
     def __init__(self) -> None:
