@@ -57,12 +57,31 @@ ex08 = _example("08_trainer")
 import lightning.pytorch as L  # noqa: E402 - after the settings above
 from lightning.fabric.utilities.throughput import measure_flops  # noqa: E402
 from lightning.pytorch.callbacks import ThroughputMonitor  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
 
 import instrument  # noqa: E402
 from instrument.integrations._core import COUNTED  # noqa: E402
 from instrument.integrations.lightning import ProfiledCallback  # noqa: E402
 
 ex09 = _example("09_lightning")  # (its Collect logger)
+
+
+FLUSH_AT = 5
+"""At this step each run waits for its first window's report (``instrument.flush()``): the FLOPs
+it counted rate every step of the compared window (which starts later), however long the
+report's analysis takes."""
+
+
+class WaitForFirstReport(L.Callback):
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_step == FLUSH_AT:
+            instrument.flush()
+
+
+class WaitForFirstReportHF(TrainerCallback):
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == FLUSH_AT:
+            instrument.flush()
 
 
 class LitGPT2(L.LightningModule):
@@ -99,7 +118,7 @@ def lightning_run(sizes: dict, steps: int, window: int, cuda: bool) -> dict:
         trainer = L.Trainer(
             max_steps=steps, accelerator="gpu" if cuda else "cpu", devices=1,
             precision="bf16-mixed" if cuda else "32-true", logger=logger,
-            callbacks=[ProfiledCallback(), monitor], log_every_n_steps=1,
+            callbacks=[ProfiledCallback(), monitor, WaitForFirstReport()], log_every_n_steps=1,
             enable_checkpointing=False, enable_progress_bar=False,
             enable_model_summary=False, default_root_dir=root,
         )  # fmt: skip
@@ -128,6 +147,7 @@ def hf_run(sizes: dict, steps: int, window: int, cuda: bool) -> dict:
     with tempfile.TemporaryDirectory() as out:
         trainer = ex08.build_trainer(dict(sizes, log=window), steps, out, cuda)
         ex08.profile_trainer(trainer)
+        trainer.add_callback(WaitForFirstReportHF())
         trainer.train()
     last = [h for h in trainer.state.log_history if "profiled/step_time_s" in h][-1]
     return {
@@ -149,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=100, help="ThroughputMonitor's window")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    if args.window < 2 or args.steps - args.window + 1 <= FLUSH_AT:
+        parser.error(f"the window (at least 2 steps) must start after step {FLUSH_AT}")
     warnings.filterwarnings("ignore", module="lightning")
     cuda = torch.cuda.is_available()
     sizes = ex08.GPU if cuda else ex08.CPU

@@ -20,13 +20,13 @@ Lightning's batches: the SDK's step 0 is the first batch this ``fit()`` runs (wi
   ``data_wait`` ranges, and the metric counts only the part after it);
 - ``lightning.step``: ``on_train_batch_start`` .. ``on_train_batch_end``.
 
-Metrics, logged with ``pl_module.log_dict`` at each batch's end (so every logger of the
-Trainer gets them at its ``log_every_n_steps``): ``profiled/step_time_s`` (end of one batch to
-the end of the next, data wait included), ``profiled/data_wait_s``; with
-``PROFILED_WITH_FLOPS=1``, once a window has counted FLOPs, ``profiled/flops_per_step``,
-``profiled/flops_per_s`` and ``profiled/mfu``; where the LightningModule has
-``flops_per_batch`` (what ``ThroughputMonitor`` reads), ``profiled/declared_flops_per_s`` and
-``profiled/declared_mfu``.
+Metrics, logged with ``pl_module.log_dict`` at the batches the Trainer's loggers write (its
+``log_every_n_steps``), as means over the batches since the last of them:
+``profiled/step_time_s`` (end of one batch to the end of the next, data wait included),
+``profiled/data_wait_s``; with ``PROFILED_WITH_FLOPS=1``, once a window has counted FLOPs,
+``profiled/flops_per_step``, ``profiled/flops_per_s`` and ``profiled/mfu``; where the
+LightningModule has ``flops_per_batch`` (what ``ThroughputMonitor`` reads),
+``profiled/declared_flops_per_s`` and ``profiled/declared_mfu``.
 
 Ranks: the SDK reads the rank from torch.distributed, which Lightning's DDP strategies start
 before any hook runs. A strategy of several processes that does not (so no launcher variable
@@ -124,15 +124,19 @@ class ProfiledCallback(pl.Callback):
         ended = self._phases.end_step()
         if ended is not None:
             self._metrics.add(*ended)
-            declared = getattr(pl_module, "flops_per_batch", None)
-            metrics = self._metrics.take(
-                declared_flops_per_step=declared if isinstance(declared, (int, float)) else None,
-                declared_dtype=self._dtype,
-                device=self._device,
-            )
-            if metrics:
-                pl_module.log_dict(metrics, on_step=True, on_epoch=False, logger=True, batch_size=1)
+            if _logs_now(trainer):
+                self._log(pl_module)
         self._phases.begin_wait()
+
+    def _log(self, pl_module: Any) -> None:
+        declared = getattr(pl_module, "flops_per_batch", None)
+        metrics = self._metrics.take(
+            declared_flops_per_step=declared if isinstance(declared, (int, float)) else None,
+            declared_dtype=self._dtype,
+            device=self._device,
+        )
+        if metrics:
+            pl_module.log_dict(metrics, on_step=True, on_epoch=False, logger=True, batch_size=1)
 
     @guarded
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
@@ -156,6 +160,14 @@ class ProfiledCallback(pl.Callback):
     @guarded
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self._phases.close_all()
+
+
+def _logs_now(trainer: Any) -> bool:
+    """Lightning's loggers write at this batch (its ``log_every_n_steps``, or the last batch):
+    ``self.log`` costs ~0.3 ms a value, so the metrics are logged only then, as means over the
+    batches since the last time. ``ThroughputMonitor`` asks the same private property."""
+    connector = getattr(trainer, "_logger_connector", None)
+    return bool(getattr(connector, "should_update_logs", True))
 
 
 def _distributed() -> bool:
