@@ -120,7 +120,7 @@ class ProfiledCallback(TrainerCallback):
 
     @guarded
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._phases.leave("data_wait")  # the epoch's data ran out: no step follows
+        self._phases.close_all()  # the epoch's data ran out: no step follows
 
     @guarded
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

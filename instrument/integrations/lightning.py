@@ -151,7 +151,8 @@ class ProfiledCallback(pl.Callback):
 
     @guarded
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        self._phases.leave("data_wait")  # no batch follows in this epoch
+        self._phases.close_all()  # no batch follows in this epoch (nor a step left open by
+        # a module whose on_train_batch_start returned -1)
 
     @guarded
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
