@@ -1,0 +1,226 @@
+"""Training runs in the real frameworks, profiled by ``instrument.integrations``, for
+tests/test_integrations_*.py: ``python tests/_frameworks_job.py hf|lightning|accelerate``.
+
+Each runs on the CPU with tiny models (a 2-layer GPT-2 built from a config, no download; a
+small MLP), takes its ``PROFILED_*`` settings from the environment the test gives it, and
+prints one JSON object as its last line: what the framework's loggers got, graph breaks, RSS.
+At step 10 a callback of the test's own waits for the first window's report
+(``instrument.flush()``), so that the steps after it are rated by the FLOPs that window
+counted whatever the machine's load (without it the report may come after training ends).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+import warnings
+
+import torch
+
+warnings.filterwarnings("ignore")  # the frameworks' own chatter about CPU runs
+torch.set_num_threads(1)
+
+STEPS = 50
+FLUSH_AT = 10
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def graph_breaks() -> dict:
+    from torch._dynamo.utils import counters
+
+    return {
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "graphs": counters["stats"].get("unique_graphs", 0),
+    }
+
+
+# ---------------------------------------------------------------- Hugging Face Trainer
+
+
+def gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=2, n_head=2, n_embd=32, vocab_size=128, n_positions=64, bos_token_id=0,
+        eos_token_id=0,
+    )  # fmt: skip
+    model = GPT2LMHeadModel(config)
+    model.loss_type = "ForCausalLM"  # (else a warning inside forward breaks the graph)
+    return model
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 1 << 20
+
+    def __getitem__(self, i: int) -> dict:
+        x = torch.randint(0, 128, (32,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": x, "labels": x}
+
+
+def hf() -> dict:
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    import instrument
+    from instrument.integrations.hf import profile_trainer
+
+    class WaitForFirstReport(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == FLUSH_AT:
+                instrument.flush()
+
+    args = TrainingArguments(
+        output_dir="out", max_steps=STEPS, per_device_train_batch_size=4, logging_steps=5,
+        report_to="tensorboard", save_strategy="no", use_cpu=True, disable_tqdm=True,
+        torch_compile=True, torch_compile_backend="eager",
+    )  # fmt: skip
+    trainer = Trainer(
+        model=gpt2(), args=args, train_dataset=Tokens(), callbacks=[WaitForFirstReport()]
+    )
+    profile_trainer(trainer)
+    trainer.train()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags: dict[str, int] = {}
+    for path in glob.glob("**/events.out.tfevents.*", recursive=True):
+        acc = EventAccumulator(path)
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            tags[tag] = tags.get(tag, 0) + len(acc.Scalars(tag))
+    return {
+        "log_history": trainer.state.log_history,
+        "tensorboard": tags,
+        "callbacks": [type(c).__name__ for c in trainer.callback_handler.callbacks],
+        **graph_breaks(),
+    }
+
+
+# ---------------------------------------------------------------- Lightning
+
+
+def lightning_module(compile_net: bool):
+    import lightning.pytorch as pl
+
+    class Regression(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)
+            )
+            self.run_net = torch.compile(self.net, backend="eager") if compile_net else self.net
+            # what ThroughputMonitor reads: forward + backward of the two matrix products
+            self.flops_per_batch = 3 * 2 * 4 * (32 * 64 + 64 * 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.run_net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    return Regression()
+
+
+def lightning_trainer(steps: int, callbacks: list, **kwargs):
+    import lightning.pytorch as pl
+
+    return pl.Trainer(
+        max_steps=steps, callbacks=callbacks, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", **kwargs,
+    )  # fmt: skip
+
+
+def regression_data(n: int = 4096):
+    g = torch.Generator().manual_seed(1)
+    ds = torch.utils.data.TensorDataset(torch.randn(n, 32, generator=g), torch.randn(n, 1))
+    return torch.utils.data.DataLoader(ds, batch_size=4)
+
+
+def lightning() -> dict:
+    """2000 steps (the first 50 are what the other frameworks' runs do) with a CSV logger;
+    RSS and the number of Python objects the collector tracks after steps 500 and 2000."""
+    import csv
+    import gc
+
+    import lightning.pytorch as pl
+    from lightning.pytorch.loggers import CSVLogger
+
+    import instrument
+    from instrument.integrations.lightning import ProfiledCallback
+
+    seen: dict[int, tuple[int, int]] = {}
+
+    class Watch(pl.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == FLUSH_AT:
+                instrument.flush()
+            if trainer.global_step in (500, 2000):
+                gc.collect()
+                seen[trainer.global_step] = (rss_bytes(), len(gc.get_objects()))
+
+    trainer = lightning_trainer(
+        2000, [ProfiledCallback(), Watch()], logger=CSVLogger("logs"), log_every_n_steps=50
+    )
+    trainer.fit(lightning_module(compile_net=True), regression_data(8192))
+    with open(glob.glob("logs/**/metrics.csv", recursive=True)[0]) as f:
+        rows = [{k: v for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
+    return {"csv": rows, "memory": seen, **graph_breaks()}
+
+
+# ---------------------------------------------------------------- accelerate
+
+
+def accelerate() -> dict:
+    from accelerate import Accelerator
+    from accelerate.tracking import GeneralTracker
+
+    import instrument
+    from instrument.integrations.accelerate import ProfiledLoop
+
+    logged: list[dict] = []
+
+    class Memory(GeneralTracker):
+        name = "memory"
+        requires_logging_directory = False
+
+        def __init__(self) -> None:
+            super().__init__()
+
+        @property
+        def tracker(self):
+            return logged
+
+        def store_init_configuration(self, values) -> None:
+            pass
+
+        def log(self, values, step=None, **kwargs) -> None:
+            logged.append({"step": step, **values})
+
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=2, log_with=[Memory()])
+    acc.init_trackers("job")
+    model = lightning_module(compile_net=False).net
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, opt, loader = acc.prepare(model, opt, regression_data(4 * 30))
+    loop = ProfiledLoop(acc, opt, log_every=5)
+    for i, (x, y) in enumerate(loop(loader)):
+        with acc.accumulate(model):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            acc.backward(loss)
+            opt.step()
+            opt.zero_grad()
+        if i == FLUSH_AT:
+            instrument.flush()
+    return {"logged": logged}
+
+
+if __name__ == "__main__":
+    result = {"hf": hf, "lightning": lightning, "accelerate": accelerate}[sys.argv[1]]()
+    print(json.dumps(result, default=str), flush=True)

@@ -1,0 +1,50 @@
+"""Running tests/_frameworks_job.py for the integration tests: a real training run in a fresh
+interpreter, profiled as the environment says, its window reports read back."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tests import _proc
+from tests._proc import REPO
+
+JOB = os.path.join(REPO, "tests", "_frameworks_job.py")
+
+# a window (warm-up step, then two recorded steps) every 20 steps, counting FLOPs; a peak of
+# 0.05 TFLOP/s stands in for the CPU, which has none in the table, so MFU is given
+SETTINGS = {
+    "PROFILED_EXPORTERS": "json",
+    "PROFILED_EVERY": "20",
+    "PROFILED_SCHEDULE": "wait=0,warmup=1,active=2",
+    "PROFILED_WITH_FLOPS": "1",
+    "PROFILED_PEAK_TFLOPS": "0.05",
+    # no download, ever: the models are built from configs
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "OMP_NUM_THREADS": "1",
+}
+
+
+def run_job(name, tmp_path, timeout=300, **env):
+    """``(the job's JSON result, its window reports)``; fails with the job's output if it
+    failed."""
+    reports = tmp_path / "reports.jsonl"
+    settings = {**SETTINGS, "PROFILED_JSON_PATH": str(reports), **env}
+    out = _proc.run(JOB, name, env=_proc.sdk_env(settings), cwd=tmp_path, timeout=timeout)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    windows = [
+        r
+        for r in map(json.loads, reports.read_text().splitlines())
+        if r.get("schema", "").startswith("torch-profiled/window-report")
+    ]
+    return result, windows
+
+
+def phase_calls(window, prefix):
+    """{range name: calls} of the ranges of ``prefix`` (``hf.``) in a window's report."""
+    return {
+        name: r["calls"] for name, r in window["ranges"].items() if name.startswith(prefix + ".")
+    }

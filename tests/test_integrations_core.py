@@ -1,0 +1,82 @@
+"""What the integrations share (``instrument.integrations._core``), through the smallest of
+them, ``accelerate.ProfiledLoop``, in this process: a plain loop over a list of batches with
+a torch optimizer (the loop needs no ``Accelerator``), into ``instrument.testing.capture()``."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from instrument import Schedule
+from instrument.testing import capture
+
+pytest.importorskip("accelerate")
+
+from instrument.integrations.accelerate import ProfiledLoop  # noqa: E402
+
+
+def train(loop, batches, model, opt, every=1):
+    seen = []
+    for i, (x, y) in enumerate(loop(batches)):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        if i % every == every - 1:
+            opt.step()
+            opt.zero_grad()
+        seen.append(i)
+    return seen
+
+
+def setup(n=6):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return model, opt, [(torch.randn(4, 8), torch.randn(4, 1)) for _ in range(n)]
+
+
+def test_a_step_per_batch_in_the_current_session_with_its_phases():
+    model, opt, batches = setup()
+    with capture(schedule=Schedule(wait=1, warmup=0, active=3), activities=["cpu"]) as cap:
+        loop = ProfiledLoop(None, opt, log_every=2)
+        assert train(loop, batches, model, opt, every=2) == list(range(6))
+    (report,) = cap.reports
+    assert report.steps == (1, 2, 3)
+    calls = {n: r.calls for n, r in report.ranges.items() if n.startswith("accelerate.")}
+    assert calls == {
+        "accelerate.step": 3,
+        "accelerate.data_wait": 3,
+        "accelerate.forward_backward": 3,
+        "accelerate.optimizer": 2,  # the optimizer steps in batches 1, 3 and 5: steps 1 and 3
+    }
+    assert set(loop.last_metrics) >= {"profiled/step_time_s", "profiled/data_wait_s"}
+    loop.remove()
+
+
+def test_a_loop_left_early_closes_its_ranges_and_ends_the_step_it_was_in():
+    model, opt, batches = setup()
+    with capture(schedule=Schedule(wait=0, warmup=0, active=2), activities=["cpu"]) as cap:
+        for i, _ in enumerate(ProfiledLoop()(batches)):
+            if i == 1:
+                break
+    (report,) = cap.reports
+    assert report.steps == (0, 1)
+    assert report.ranges["accelerate.step"].calls == 2
+    assert report.ranges["accelerate.step"].open_calls == 0
+
+
+def test_profiling_off_means_the_loop_only_yields(monkeypatch):
+    monkeypatch.setenv("PROFILED_ENABLED", "0")
+    model, opt, batches = setup()
+    loop = ProfiledLoop(None, opt, log_every=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert train(loop, batches, model, opt) == list(range(6))
+    assert loop.last_metrics == {}
+
+
+def test_log_every_must_be_a_positive_integer():
+    for bad in (0, -1, 1.5, True, "10"):
+        with pytest.raises(ValueError, match="log_every must be an integer >= 1"):
+            ProfiledLoop(log_every=bad)

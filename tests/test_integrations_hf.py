@@ -1,0 +1,73 @@
+"""``instrument.integrations.hf`` in a real ``transformers.Trainer``: a 2-layer GPT-2 built from
+a config (no download) trained for 50 steps on the CPU, compiled (``torch_compile``, Dynamo's
+eager backend), with the callback placed by ``profile_trainer`` ahead of the TensorBoard
+logger. One run; each test reads a part of it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests._integrations import phase_calls, run_job
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+pytest.importorskip("tensorboard")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return run_job("hf", tmp_path_factory.mktemp("hf"))
+
+
+def test_windows_open_at_the_configured_trainer_steps_with_each_phase_once_a_step(run):
+    _, windows = run
+    # PROFILED_EVERY=20, warm-up 1, active 2: the Trainer's optimizer steps are the SDK's
+    assert [w["steps"] for w in windows] == [[1, 2], [21, 22], [41, 42]]
+    assert {w["reason"]["kind"] for w in windows} == {"every"}
+    for w in windows:
+        assert phase_calls(w, "hf") == {
+            "hf.step": 2,
+            "hf.forward_backward": 2,
+            "hf.optimizer": 2,
+            "hf.data_wait": 2,
+        }
+        ranges = w["ranges"]
+        # the model's FLOPs are inside forward_backward, none in the optimizer or data wait
+        assert ranges["hf.forward_backward"]["flops"] > 0
+        assert ranges["hf.optimizer"]["flops"] == ranges["hf.data_wait"]["flops"] == 0
+
+
+def test_per_step_metrics_reach_the_trainers_logs_and_its_tensorboard_logger(run):
+    result, windows = run
+    assert result["callbacks"][:3] == [
+        "DefaultFlowCallback",
+        "ProfiledCallback",
+        "TensorBoardCallback",
+    ]
+    train_logs = [h for h in result["log_history"] if "loss" in h]
+    assert [h["step"] for h in train_logs] == list(range(5, 51, 5))
+    for h in train_logs:
+        assert h["profiled/step_time_s"] > h["profiled/data_wait_s"] > 0
+        assert h["profiled/declared_flops_per_s"] > 0  # the Trainer's floating_point_ops
+    # from step 10 on (the test waited there for the first report): the counted FLOPs of
+    # the last window per recorded step, over each step's time, against the 0.05 TFLOP/s peak
+    counted = [h for h in train_logs if "profiled/mfu" in h]
+    assert [h["step"] for h in counted][:1] == [10] and counted[-1]["step"] == 50
+    per_step = windows[0]["flops"] / len(windows[0]["steps"])
+    for h in counted:
+        assert h["profiled/flops_per_step"] == per_step
+        rate = per_step / h["profiled/step_time_s"]
+        assert h["profiled/flops_per_s"] == pytest.approx(rate)
+        assert h["profiled/mfu"] == pytest.approx(rate / 0.05e12)
+        # the Trainer's 6 x parameters x tokens leaves out attention and the (tied) LM head
+        assert h["profiled/declared_flops_per_s"] < h["profiled/flops_per_s"]
+    tags = result["tensorboard"]
+    for name in ("step_time_s", "data_wait_s", "declared_mfu"):
+        assert tags[f"train/profiled/{name}"] == 10
+    assert tags["train/profiled/mfu"] == len(counted)
+
+
+def test_no_graph_break_in_the_compiled_model(run):
+    result, _ = run
+    assert result["graphs"] >= 1  # the Trainer did compile the model
+    assert result["graph_breaks"] == 0

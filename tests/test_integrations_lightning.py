@@ -1,0 +1,68 @@
+"""``instrument.integrations.lightning`` in a real Lightning ``Trainer.fit``: a small MLP (its
+network compiled with Dynamo's eager backend) for 2000 steps on the CPU with a CSV logger and
+windows every 250 steps. One run; each test reads a part of it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests._integrations import phase_calls, run_job
+
+pytest.importorskip("lightning")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return run_job("lightning", tmp_path_factory.mktemp("lightning"), PROFILED_EVERY="250")
+
+
+def test_windows_open_at_the_configured_batches_with_each_phase_once_a_step(run):
+    _, windows = run
+    assert [w["steps"] for w in windows] == [[n + 1, n + 2] for n in range(0, 2000, 250)]
+    for w in windows:
+        assert phase_calls(w, "lightning") == {
+            "lightning.step": 2,
+            "lightning.forward_backward": 2,
+            "lightning.backward": 2,
+            "lightning.optimizer": 2,
+            "lightning.data_wait": 2,
+        }
+        ranges = w["ranges"]
+        fb, bw = ranges["lightning.forward_backward"], ranges["lightning.backward"]
+        assert fb["flops"] > bw["flops"] > 0  # the backward's FLOPs are inside the phase's
+        assert ranges["lightning.optimizer"]["flops"] == 0
+
+
+def test_per_step_metrics_reach_lightnings_logger(run):
+    result, windows = run
+    rows = [r for r in result["csv"] if "profiled/step_time_s" in r]
+    assert [int(r["step"]) for r in rows] == list(range(49, 2000, 50))  # log_every_n_steps
+    per_step = windows[0]["flops"] / len(windows[0]["steps"])
+    for r in rows:
+        took = float(r["profiled/step_time_s"])
+        assert took > float(r["profiled/data_wait_s"]) > 0
+        # counted: the window's FLOPs per step over this step's time, against 0.05 TFLOP/s
+        assert float(r["profiled/flops_per_step"]) == per_step
+        assert float(r["profiled/mfu"]) == pytest.approx(per_step / took / 0.05e12, rel=1e-5)
+        # declared: the module's flops_per_batch (what ThroughputMonitor reads), same peak
+        declared = 3 * 2 * 4 * (32 * 64 + 64 * 1)
+        assert float(r["profiled/declared_mfu"]) == pytest.approx(
+            declared / took / 0.05e12, rel=1e-5
+        )
+
+
+def test_memory_stays_flat_over_2000_steps(run):
+    result, windows = run
+    (rss_500, objects_500), (rss_2000, objects_2000) = (
+        result["memory"]["500"],
+        result["memory"]["2000"],
+    )
+    assert len(windows) == 8  # six of them between the two readings
+    # a Python object kept per step would be 1500 more; each window keeps a few of torch's
+    assert objects_2000 - objects_500 < 300
+    assert rss_2000 - rss_500 < 6 * 2**20
+
+
+def test_no_graph_break_in_the_compiled_network(run):
+    result, _ = run
+    assert result["graphs"] >= 1 and result["graph_breaks"] == 0
