@@ -196,8 +196,15 @@ _epoch = 0
 (``_profiler_changes``) and the program's (``_foreign_change``)."""
 _orphans: list[Any] = []
 """Ranges whose profiler ended before they did: freed once no profiler is on."""
-_GIL = bool(getattr(sys, "_is_gil_enabled", lambda: True)())
-"""The GIL is on (it is switched on, never off, once a process runs): ranges end lock-free."""
+LOCK_FREE_RANGE_ENDS = False
+"""End ranges without the lock (the stretch argument above). Off: on an H100 host (Python
+3.12.3, torch 2.11) tests/test_range_ends.py's race of threads against profiler starts and
+stops failed with it on (2026-12-07; the failure's output was not kept), while it passes on
+Python 3.11 with torch 2.13 here. Until that is understood ranges end under the lock (~1.45x a
+bare ``_RecordFunctionFast`` closure on the 2-core VM, against ~1.08x lock-free)."""
+_GIL = False
+"""Ranges end lock-free: asked for, the GIL on (switched on, never off, once a process runs)
+and the ends' bytecode read (``_set_lock_free``)."""
 
 
 def switches() -> int:
@@ -323,8 +330,21 @@ _END_STRETCHES: dict[Any, tuple[range, ...]] = {
     f.__code__: _end_stretches(f.__code__) for f in (ranged_call, range_exit)
 }
 """Per code object of a lock-free range end, its stretches (``_wait_for_range_ends``)."""
-if not all(_END_STRETCHES.values()):  # pragma: no cover - bytecode this module cannot read
-    _GIL = False  # (then ranges end under the lock)
+_ranged_call_lock_free, _range_exit_lock_free = ranged_call, range_exit
+
+
+def _set_lock_free(on: bool) -> None:
+    """Ranges end lock-free (``on``, where the GIL is on and this bytecode was read) or under
+    the lock. Read by ``instrument.decorator`` when it is imported: the tests call this
+    first, in a process of their own."""
+    global _GIL, ranged_call, range_exit
+    _GIL = (
+        on
+        and bool(getattr(sys, "_is_gil_enabled", lambda: True)())
+        and all(_END_STRETCHES.values())
+    )
+    ranged_call = _ranged_call_lock_free if _GIL else _ranged_call_locked
+    range_exit = _range_exit_lock_free if _GIL else _range_exit_locked
 
 
 def _wait_for_range_ends() -> None:
@@ -354,9 +374,7 @@ def _in_end_stretch(me: int) -> bool:
     return False
 
 
-if not _GIL:  # pragma: no cover - a free-threaded build running without the GIL
-    ranged_call = _ranged_call_locked
-    range_exit = _range_exit_locked
+_set_lock_free(LOCK_FREE_RANGE_ENDS)
 
 
 # ---------------------------------------------------------------- the program's own profilers
