@@ -1,9 +1,10 @@
 """A range's end can take no lock (issue 31: the lock was most of a range's cost under a
 profiler; ``_torch.LOCK_FREE_RANGE_ENDS``, off by default until a failure of the race below
-on a GPU host is understood), yet it never ends in a profiler other than the one it began in: threads racing
-profiler starts and stops, ranges recursive and re-entrant, and a range end held up right
-before its C call (Python code a profiling hook runs there) while another thread stops the
-profiler and starts the next. Each in a real process: the failure is a segfault."""
+on a GPU host is understood), yet it never ends in a profiler other than the one it began
+in: threads racing profiler starts and stops, ranges recursive and re-entrant, and a range
+end held up right before its C call (Python code a profiling hook runs there) while another
+thread stops the profiler and starts the next. Each in a real process: the failure is a
+segfault."""
 
 from __future__ import annotations
 
