@@ -30,13 +30,14 @@ def _counted(fn, *args):
     return counter.get_total_flops()
 
 
-def _window(tmp_path, fn, *args):
+def _window(tmp_path, fn, *args, **fields):
     """One window of STEPS steps of ``fn(*args)`` with FLOPs counted: (report, the report read
     back from the trace file the window wrote)."""
     with capture(
         schedule=Schedule(wait=0, warmup=1, active=STEPS),
         exporters=[TraceFileExporter(tmp_path, gzip=False)],
         with_flops=True,
+        **fields,
     ) as cap:
         for _ in range(STEPS + 1):
             fn(*args)
@@ -93,6 +94,31 @@ def test_matmul_bias_flops_match_torchs_counter(tmp_path, n):
         assert stats.flops_dtype == "fp32"
         assert stats.bytes_moved > 0
         assert stats.arithmetic_intensity == pytest.approx(stats.flops / stats.bytes_moved)
+
+
+def test_elementwise_work_is_not_counted_as_flops(tmp_path):
+    """torch's ``with_flops`` gives ``aten::mul`` and ``aten::add`` one FLOP per element;
+    torch.utils.flop_counter (and MFU as frameworks report it) counts matrix products only.
+    A thin product followed by elementwise work: the window counts the product alone."""
+    x, w = torch.randn(256, 8), torch.randn(8, 256)
+
+    @profiled("thin_mm_then_elementwise")
+    def thin(x, w):
+        return ((x @ w) * 2 + 1) * 3
+
+    expected = _counted(thin.__wrapped__, x, w)
+    assert expected == 2 * 256 * 8 * 256
+    # the report from the trace (the helper process) and from Kineto's events read in this
+    # process (which carry torch's own counts), and the trace file read back
+    for in_helper in (True, False):
+        report, from_trace = _window(
+            tmp_path / str(in_helper), thin, x, w, analysis_process=in_helper
+        )
+        for stats in (
+            report.ranges["thin_mm_then_elementwise"],
+            from_trace.ranges["thin_mm_then_elementwise"],
+        ):
+            assert _per_call(stats) == expected, in_helper
 
 
 def test_linear_flops_match_torchs_counter(tmp_path):
