@@ -695,7 +695,8 @@ def run_size(
                 PROBE.raw_bytes.clear()
                 took, steps, began_ns = run.block(which)
                 got[which] = (took, steps, PROBE.take(), began_ns)
-                raw_bytes = sum(PROBE.raw_bytes)
+                if which != "plain":  # (the variant's own block: in either order)
+                    raw_bytes = sum(PROBE.raw_bytes)
             t_plain, s_plain, recs_plain, _ = got["plain"]
             t_var, s_var, recs, began_ns = got[variant]
             spill = sum(w for s, c, _, w, _ in recs if s == "flush (untimed)") / 1e6
