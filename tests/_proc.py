@@ -103,13 +103,17 @@ class Ahead:
         *args: str,
         env: dict[str, str] | Callable[[Path], dict[str, str]] | None = None,
         timeout: float = 120,
+        files: dict[str, str] | None = None,
     ) -> None:
-        """Start ``python ARGS`` for the test ``key`` names, if that test runs."""
+        """Start ``python ARGS`` for the test ``key`` names, if that test runs, in a new
+        directory holding ``files`` (name -> text)."""
         if key in self._jobs:
             raise ValueError(f"two children under {key}")
         if key.split("#")[0] not in self._selected:
             return
         cwd = self._tmp.mktemp(key.split("[")[0][:40])
+        for name, text in (files or {}).items():
+            (cwd / name).write_text(text)
         child_env = env(cwd) if callable(env) else env
         future = self._pool.submit(run, *args, env=child_env, cwd=cwd, timeout=timeout)
         self._jobs[key] = (future, cwd)
