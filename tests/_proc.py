@@ -95,7 +95,8 @@ class Ahead:
         }
         self._tmp = tmp_path_factory
         self._pool = ThreadPoolExecutor(parallel)
-        self._jobs: dict[str, tuple[Future[subprocess.CompletedProcess[str]], Path]] = {}
+        self._jobs: dict[str, tuple[Future[Any], Path]] = {}
+        self._dirs: dict[str, Path] = {}
 
     def add(
         self,
@@ -107,19 +108,40 @@ class Ahead:
     ) -> None:
         """Start ``python ARGS`` for the test ``key`` names, if that test runs, in a new
         directory holding ``files`` (name -> text)."""
-        if key in self._jobs:
-            raise ValueError(f"two children under {key}")
-        if key.split("#")[0] not in self._selected:
+        cwd = self.directory(key)
+        if cwd is None:
             return
-        cwd = self._tmp.mktemp(key.split("[")[0][:40])
         for name, text in (files or {}).items():
             (cwd / name).write_text(text)
-        child_env = env(cwd) if callable(env) else env
-        future = self._pool.submit(run, *args, env=child_env, cwd=cwd, timeout=timeout)
-        self._jobs[key] = (future, cwd)
+        child_env = sdk_env() if env is None else env(cwd) if callable(env) else env
+        self._submit(key, lambda: run(*args, env=child_env, cwd=cwd, timeout=timeout))
 
-    def __getitem__(self, key: str) -> tuple[subprocess.CompletedProcess[str], Path]:
-        """The child's result (once it ended) and its directory."""
+    def call(self, key: str, fn: Callable[[Path], Any]) -> None:
+        """Run ``fn(directory)`` for the test ``key`` names, if that test runs: a child the
+        test talks to (signals, pipes), started and answered there. ``fn`` runs on a thread of
+        its own: it must not read ``os.environ``, which the tests' fixtures change (pass it an
+        environment made before, with ``directory(key)`` where it names the directory)."""
+        cwd = self.directory(key)
+        if cwd is not None:
+            self._submit(key, lambda: fn(cwd))
+
+    def directory(self, key: str) -> Path | None:
+        """The directory of the child for ``key`` (made now), or None where its test does not
+        run."""
+        if key.split("#")[0] not in self._selected:
+            return None
+        if key not in self._dirs:
+            self._dirs[key] = self._tmp.mktemp(key.split("[")[0][:40])
+        return self._dirs[key]
+
+    def _submit(self, key: str, job: Callable[[], Any]) -> None:
+        if key in self._jobs:
+            raise ValueError(f"two children under {key}")
+        self._jobs[key] = (self._pool.submit(job), self._dirs[key])
+
+    def __getitem__(self, key: str) -> tuple[Any, Path]:
+        """The child's result (once it ended: a ``CompletedProcess`` where ``add`` started it)
+        and its directory."""
         future, cwd = self._jobs[key]
         return future.result(), cwd
 
