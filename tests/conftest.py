@@ -53,6 +53,20 @@ def run_python(tmp_path):
     return run
 
 
+def pytest_collection_finish(session):
+    """The type checker's run, which shares nothing with the other tests, starts now in the
+    background (``tests/test_lint.py``)."""
+    from tests import test_lint
+
+    test_lint.start_early(session.items)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    from tests import test_lint
+
+    test_lint.stop_early()
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``@pytest.mark.cuda`` run only where torch sees a CUDA GPU."""
     import torch
