@@ -6,7 +6,8 @@ with the repository first on ``PYTHONPATH`` (the checkout's SDK, whatever is ins
 ``run`` waits for the child; ``start`` returns it running (signals, pipes, kills).
 
 Each child imports torch (~2-3 s of one core on the 2-core runner) while this process waits:
-``run_many`` and ``Ahead`` run independent children two at a time, on both cores. Only for
+``Ahead`` runs a module's independent children two at a time, on both cores (and
+``tests._early`` children in the background, on the core the run leaves idle). Only for
 children whose assertions hold on a loaded machine (nothing timed, no deadline near a
 child's pace), as every test's must beside a busy neighbour anyway.
 """
@@ -16,12 +17,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-PARALLEL = 2  # children side by side in ``run_many``: the cores of the CI runner
+PARALLEL = 2  # children side by side in ``Ahead``: the cores of the CI runner
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -62,16 +63,6 @@ def start(
     return subprocess.Popen(
         [sys.executable, *args], env=sdk_env() if env is None else env, cwd=cwd, **popen
     )
-
-
-def run_many(
-    jobs: Iterable[tuple[Sequence[str], dict[str, Any]]], parallel: int = PARALLEL
-) -> list[subprocess.CompletedProcess[str]]:
-    """Each ``(args, kwargs)`` as ``run(*args, **kwargs)``, ``parallel`` at a time; the
-    results in the order of ``jobs``."""
-    jobs = list(jobs)
-    with ThreadPoolExecutor(max(1, min(parallel, len(jobs)))) as pool:
-        return list(pool.map(lambda job: run(*job[0], **job[1]), jobs))
 
 
 class Ahead:

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import pytest
 
 import instrument.testing
-from tests import _proc
+from tests import _early, _proc
 
 
 @contextmanager
@@ -54,17 +54,19 @@ def run_python(tmp_path):
 
 
 def pytest_collection_finish(session):
-    """The type checker's run, which shares nothing with the other tests, starts now in the
-    background (``tests/test_lint.py``)."""
+    """The type checker's run (``tests/test_lint.py``) and the children the modules registered
+    with ``tests._early`` start now in the background, at the lowest priority."""
     from tests import test_lint
 
     test_lint.start_early(session.items)
+    _early.start(session.items)
 
 
 def pytest_sessionfinish(session, exitstatus):
     from tests import test_lint
 
     test_lint.stop_early()
+    _early.stop()
 
 
 def pytest_collection_modifyitems(config, items):
