@@ -1,12 +1,14 @@
-"""Children that tests only read, run early in the background at the lowest priority.
+"""Children that tests only read, run early in the background while the machine is idle.
 
 The suite runs one test at a time, and most tests wait on one child (each imports torch: ~2-3
 s of one core), so one core of a 2-core runner is mostly idle. A module registers, as it is
 imported, the children whose results its tests read (``add``); when collection is done
 (``tests/conftest.py``) one background thread runs those of the selected tests, one at a time
-and in the order the tests will run, each child at the lowest scheduling priority (nice 19):
-it takes a core only where nothing else of this run wants it, so the tests that time things
-run as they did. A test asks for its child's result (``result``):
+and in the order the tests will run. It starts a child only while at least one core has been
+idle for the last half second (``/proc/stat``; on a machine without it, nothing runs early),
+and at a lower priority (nice 5): beside a busy neighbour, or while the tests use both cores,
+nothing starts, and a child already running is one light neighbour more. A test asks for its
+child's result (``result``):
 
 - done in the background: the result, at once;
 - running: its priority goes back to normal (where the system allows) and the test waits for
@@ -34,7 +36,9 @@ from typing import Any
 
 from tests import _proc
 
-LOWEST = 19  # the children's nice value in the background
+NICE = 5  # the children's nice value in the background: they yield to the tests' own
+IDLE_CPUS = 0.8  # start one only while this much of the machine's CPUs was idle...
+IDLE_OVER_S = 0.5  # ...over this long
 
 
 class Job:
@@ -108,19 +112,47 @@ def start(items: list[Any]) -> None:
     for job in chosen:
         job.prepare()
     _ORDER[:] = chosen
-    if chosen:
+    if chosen and os.path.exists("/proc/stat"):
         _STOP.clear()
         _WORKER = threading.Thread(target=_work, name="tests-early", daemon=True)
         _WORKER.start()
 
 
+def _idle_cpus() -> float:
+    """CPUs idle since the last call (``/proc/stat``'s first line: jiffies by state)."""
+    global _LAST
+    with open("/proc/stat", encoding="ascii") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle, total = fields[3] + fields[4], sum(fields[:8])  # idle + iowait; no guest time
+    last, _LAST = _LAST, (idle, total)
+    if last is None or total == last[1]:
+        return 0.0
+    return (idle - last[0]) / (total - last[1]) * (os.cpu_count() or 1)
+
+
+_LAST: tuple[int, int] | None = None
+
+
+def _wait_for_idle() -> bool:
+    """Until a core was idle over the last ``IDLE_OVER_S``; False once the run ends."""
+    _idle_cpus()
+    while not _STOP.wait(IDLE_OVER_S):
+        if _idle_cpus() >= IDLE_CPUS:
+            return True
+    return False
+
+
 def _work() -> None:
     if hasattr(os, "setpriority"):  # this thread's children inherit its priority (Linux)
         try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOWEST)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
         except OSError:
             pass
     for job in _ORDER:
+        if job.state != "queued":
+            continue
+        if not _wait_for_idle():
+            return
         with _LOCK:
             if _STOP.is_set():
                 return
