@@ -131,7 +131,7 @@ class Squares(Dataset):
     def __len__(self):
         return 16
 
-    @profiled("getitem")  # each worker calls it 8 times an epoch: windows, unless it is silent
+    @profiled("getitem")  # the worker calls it 16 times an epoch: windows, unless it is silent
     def __getitem__(self, i):
         return torch.full((4,), float(i)) ** 2
 
@@ -140,7 +140,7 @@ def train_step(batch):
     return (batch @ batch.T).sum()
 
 def epoch(context):
-    loader = DataLoader(Squares(), batch_size=2, num_workers=2, multiprocessing_context=context)
+    loader = DataLoader(Squares(), batch_size=2, num_workers=1, multiprocessing_context=context)
     got = []
     for batch in loader:  # starts the workers, then the parent's decorated calls
         got += [int(v) for v in batch[:, 0]]
