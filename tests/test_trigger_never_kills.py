@@ -76,9 +76,10 @@ def _said(stderr: str, text: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def ahead(request, tmp_path_factory):
-    """The programs of the tests that only read what one run printed, run two at a time as the
-    module starts (each its own process, as before); a test reads its own. (Not the file
-    triggers' in this process, nor the programs run after them: their polls keep pace.)"""
+    """The programs of the tests that read what one run printed (signalled while loading, as
+    before, where a test did), run two at a time as the module starts, each its own process;
+    a test reads its own. (Not the file triggers' in this process, nor the program run after
+    them: their polls keep pace.)"""
     with _proc.Ahead(request, tmp_path_factory) as ahead:
 
         def add(key: str, code: str, **env: str) -> None:
@@ -90,6 +91,10 @@ def ahead(request, tmp_path_factory):
             more = {"OWN_HANDLER": "1"} if own else {}
             add(key, NEVER_KILLS, SIG=name, PROFILED_TRIGGER=name, PROFILED_ENABLED=enabled,
                 **trigger_only, **more)  # fmt: skip
+        for name in LOADING_SIGNALS:
+            env = _proc.sdk_env(PROFILED_TRIGGER=name, **trigger_only)
+            key = f"test_a_signal_sent_while_the_job_loads_opens_a_window_later[{name}]"
+            ahead.call(key, _signalled_while_loading(name, env))
         add(
             "test_configure_cycles_keep_one_handler_and_shutdown_leaves_it_idle",
             CONFIGURE_CYCLES,
@@ -172,18 +177,36 @@ print(json.dumps([r.reason.kind for r in mem.reports]), flush=True)
 """
 
 
-@pytest.mark.parametrize("name", ["SIGUSR2", "SIGUSR1"])
-def test_a_signal_sent_while_the_job_loads_opens_a_window_later(tmp_path, name):
-    env = _proc.sdk_env(
-        PROFILED_TRIGGER=name, PROFILED_SAMPLE_RATE="0", PROFILED_SCHEDULE="warmup=0,active=1"
-    )
-    proc = _proc.start("-c", LOADING, env=env, cwd=tmp_path)
-    assert proc.stdout.readline() == "loading\n", proc.stderr.read()
-    os.kill(proc.pid, getattr(signal, name))
-    (tmp_path / "sent").write_text("")
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, (proc.returncode, err[-3000:])  # was -10/-12: killed
-    assert json.loads(out.strip().splitlines()[-1]) == ["trigger"]
+def _signalled_while_loading(name: str, env: dict[str, str]):
+    """LOADING in ``env`` (made on the test's thread), sent ``name`` once it says it is
+    loading, then told it was sent: what it said and how it ended (on a thread of
+    ``Ahead``'s; the test asserts)."""
+
+    def run(cwd) -> dict:
+        proc = _proc.start("-c", LOADING, env=env, cwd=cwd)
+        try:
+            line = proc.stdout.readline()
+            if line == "loading\n":
+                os.kill(proc.pid, getattr(signal, name))
+                (cwd / "sent").write_text("")
+            out, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+            proc.wait()
+        return {"line": line, "out": out, "err": err, "rc": proc.returncode}
+
+    return run
+
+
+LOADING_SIGNALS = ["SIGUSR2", "SIGUSR1"]
+
+
+@pytest.mark.parametrize("name", LOADING_SIGNALS)
+def test_a_signal_sent_while_the_job_loads_opens_a_window_later(ahead, request, name):
+    ran, _cwd = ahead[request.node.name]  # LOADING, sent {name} while it loads
+    assert ran["line"] == "loading\n", ran["err"]
+    assert ran["rc"] == 0, (ran["rc"], ran["err"][-3000:])  # was -10/-12: killed
+    assert json.loads(ran["out"].strip().splitlines()[-1]) == ["trigger"]
 
 
 CONFIGURE_CYCLES = (
