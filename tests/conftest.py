@@ -54,8 +54,9 @@ def run_python(tmp_path):
 
 
 def pytest_collection_finish(session):
-    """The type checker's run (``tests/test_lint.py``) and the children the modules registered
-    with ``tests._early`` start now in the background, at the lowest priority."""
+    """The type checker's run (``tests/test_lint.py``, at the lowest priority) and the children
+    the modules registered with ``tests._early`` (while a core is idle) start now, in the
+    background."""
     from tests import test_lint
 
     test_lint.start_early(session.items)
