@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import pytest
 
 import instrument.testing
-from tests import _proc
+from tests import _early, _proc
 
 
 @contextmanager
@@ -51,6 +51,23 @@ def run_python(tmp_path):
         return _proc.run("-c", code, env=_proc.sdk_env(env), cwd=tmp_path, timeout=timeout)
 
     return run
+
+
+def pytest_collection_finish(session):
+    """The type checker's run (``tests/test_lint.py``, at the lowest priority) and the children
+    the modules registered with ``tests._early`` (while a core is idle) start now, in the
+    background."""
+    from tests import test_lint
+
+    test_lint.start_early(session.items)
+    _early.start(session.items)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    from tests import test_lint
+
+    test_lint.stop_early()
+    _early.stop()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -178,21 +178,43 @@ def test_shutdown_ends_the_helper():
     assert _gone(pid)
 
 
-def test_the_helper_leaves_with_its_program(run_python, tmp_path):
+KILLED = (
+    "import os, signal, sys, torch, instrument\n"
+    "from instrument import profiled, analysis_process\n"
+    "@profiled('mm')\n"
+    "def mm(a): return a @ a\n"
+    "a = torch.randn(16, 16)\n"
+    "with instrument.session(exporters=[]):\n"
+    "    for _ in range(6):\n"
+    "        mm(a); instrument.step()\n"
+    "print(analysis_process.shared().pid, flush=True)\n"
+    "os.kill(os.getpid(), signal.SIGKILL)\n"
+)
+
+
+@pytest.fixture(scope="module")
+def ahead_programs(request, tmp_path_factory):
+    """The next three tests' programs (each its own process, as before), run two at a time as
+    the first of them starts; a test reads its own."""
+
+    env = _proc.sdk_env()  # made here: ``timed`` runs on another thread
+
+    def timed(cwd, code=CAPTURED):
+        t0 = time.monotonic()
+        proc = _proc.run("-c", code, env=env, cwd=cwd, timeout=60)
+        return proc, time.monotonic() - t0
+
+    with _proc.Ahead(request, tmp_path_factory) as ahead:
+        ahead.add("test_the_helper_leaves_with_its_program", "-c", KILLED)
+        ahead.call("test_subprocess_output_is_not_held_by_the_helper", timed)
+        ahead.add("test_a_dead_helper_never_kills_a_program_that_restored_sigpipe", "-c",
+                  RESTORED_SIGPIPE)  # fmt: skip
+        yield ahead
+
+
+def test_the_helper_leaves_with_its_program(ahead_programs, request):
     """A program killed outright (no exit hooks) leaves no helper behind."""
-    code = (
-        "import os, signal, sys, torch, instrument\n"
-        "from instrument import profiled, analysis_process\n"
-        "@profiled('mm')\n"
-        "def mm(a): return a @ a\n"
-        "a = torch.randn(16, 16)\n"
-        "with instrument.session(exporters=[]):\n"
-        "    for _ in range(6):\n"
-        "        mm(a); instrument.step()\n"
-        "print(analysis_process.shared().pid, flush=True)\n"
-        "os.kill(os.getpid(), signal.SIGKILL)\n"
-    )
-    proc = run_python(code)
+    proc, _cwd = ahead_programs[request.node.name]  # KILLED
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     pid = int(proc.stdout.split()[-1])
     assert _gone(pid, within=10.0)
@@ -242,55 +264,58 @@ def test_no_torch_in_the_helpers_imports():
         helper.close()
 
 
-def test_subprocess_output_is_not_held_by_the_helper(run_python):
+CAPTURED = (
+    "import torch, instrument\n"
+    "from instrument import profiled, analysis_process\n"
+    "@profiled('mm')\n"
+    "def mm(a): return a @ a\n"
+    "a = torch.randn(16, 16)\n"
+    "s = instrument.session(exporters=[])\n"
+    "with s:\n"
+    "    for _ in range(6):\n"
+    "        mm(a); instrument.step()\n"
+    "print(analysis_process.shared().pid, s.windows_ended, flush=True)\n"
+)
+
+
+def test_subprocess_output_is_not_held_by_the_helper(ahead_programs, request):
     """A program whose output is captured ends when it ends: the helper holds none of its
     standard streams (else the reader would wait for the helper too)."""
-    code = (
-        "import torch, instrument\n"
-        "from instrument import profiled, analysis_process\n"
-        "@profiled('mm')\n"
-        "def mm(a): return a @ a\n"
-        "a = torch.randn(16, 16)\n"
-        "s = instrument.session(exporters=[])\n"
-        "with s:\n"
-        "    for _ in range(6):\n"
-        "        mm(a); instrument.step()\n"
-        "print(analysis_process.shared().pid, s.windows_ended, flush=True)\n"
-    )
-    t0 = time.monotonic()
-    proc = run_python(code, timeout=60)
+    (proc, took), _cwd = ahead_programs[request.node.name]  # CAPTURED, its output read
     assert proc.returncode == 0, proc.stderr
     pid, ended = map(int, proc.stdout.split()[-2:])
     assert ended == 1
     assert _gone(pid)
-    assert time.monotonic() - t0 < 60
+    assert took < 60
 
 
-def test_a_dead_helper_never_kills_a_program_that_restored_sigpipe(run_python):
+RESTORED_SIGPIPE = (
+    "import os, signal, time, warnings, torch, instrument\n"
+    "from instrument import profiled, analysis_process\n"
+    "from exporters import InMemoryExporter\n"
+    "signal.signal(signal.SIGPIPE, signal.SIG_DFL)\n"
+    "warnings.simplefilter('ignore')\n"
+    "@profiled('mm')\n"
+    "def mm(a): return a @ a\n"
+    "a = torch.randn(16, 16)\n"
+    "def window():\n"
+    "    mem = InMemoryExporter()\n"
+    "    with instrument.session(exporters=[mem]) as s:\n"
+    "        for _ in range(6): mm(a); s.step()\n"
+    "    return mem.reports[0].ranges['mm'].calls\n"
+    "first = window()\n"
+    "pid = analysis_process.shared().pid\n"
+    "os.kill(pid, signal.SIGKILL)\n"
+    "time.sleep(0.5)\n"
+    "print(first, window(), analysis_process.shared().failed is not None, flush=True)\n"
+)
+
+
+def test_a_dead_helper_never_kills_a_program_that_restored_sigpipe(ahead_programs, request):
     """A program that restored SIGPIPE's default action (as command-line tools do) loses
     nothing when the helper dies: the next window's request fails as an error, not a signal,
     and its report is built in the program's process."""
-    code = (
-        "import os, signal, time, warnings, torch, instrument\n"
-        "from instrument import profiled, analysis_process\n"
-        "from exporters import InMemoryExporter\n"
-        "signal.signal(signal.SIGPIPE, signal.SIG_DFL)\n"
-        "warnings.simplefilter('ignore')\n"
-        "@profiled('mm')\n"
-        "def mm(a): return a @ a\n"
-        "a = torch.randn(16, 16)\n"
-        "def window():\n"
-        "    mem = InMemoryExporter()\n"
-        "    with instrument.session(exporters=[mem]) as s:\n"
-        "        for _ in range(6): mm(a); s.step()\n"
-        "    return mem.reports[0].ranges['mm'].calls\n"
-        "first = window()\n"
-        "pid = analysis_process.shared().pid\n"
-        "os.kill(pid, signal.SIGKILL)\n"
-        "time.sleep(0.5)\n"
-        "print(first, window(), analysis_process.shared().failed is not None, flush=True)\n"
-    )
-    proc = run_python(code)
+    proc, _cwd = ahead_programs[request.node.name]  # RESTORED_SIGPIPE
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     assert proc.stdout.split()[-3:] == ["3", "3", "True"]
 
@@ -410,16 +435,12 @@ def _home_beside_the_real_one(tmp_path):
     return home
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc")
-@pytest.mark.parametrize("setup", ["cwd", "pythonpath", "pythonhome", "sdk_beside_modules"])
-def test_the_helper_imports_nothing_from_the_programs_surroundings(tmp_path, setup):
-    """A program run from a directory full of modules named like the standard library's
-    (``pickle.py``, ``json.py``, ``selectors.py``, ... ``sitecustomize.py``): after a real
-    window analyzed in the helper, none of them ran, and the report is complete. Also when
-    the program sets PYTHONPATH (and PYTHONSTARTUP) to another such directory for its
-    children; with PYTHONHOME set (the helper then takes its standard library from that same
-    home, as the program did); and with the SDK in a directory that holds such modules too
-    (a site-packages with a backport of a standard module)."""
+SURROUNDINGS = ["cwd", "pythonpath", "pythonhome", "sdk_beside_modules"]
+
+
+def _surroundings(tmp_path, setup: str) -> tuple[list[str], dict[str, str], object]:
+    """The program's arguments, environment and working directory for ``setup``: modules
+    named like the standard library's planted around it (see the test), in ``tmp_path``."""
     marks = tmp_path / "marks"
     marks.mkdir()
     cwd, pythonpath = tmp_path / "cwd", tmp_path / "pythonpath"
@@ -431,8 +452,7 @@ def test_the_helper_imports_nothing_from_the_programs_surroundings(tmp_path, set
     program.write_text(PROGRAM)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PROFILED_", "PYTHON"))}
     env["TMPDIR"] = str(tmp_path)
-    args = [str(pythonpath) if setup in ("pythonpath", "pythonhome") else ""]
-    home = None
+    args = [str(program), str(pythonpath) if setup in ("pythonpath", "pythonhome") else ""]
     if setup == "sdk_beside_modules":
         sdk = tmp_path / "site"
         _plant(sdk, marks, only_found=True)
@@ -446,16 +466,46 @@ def test_the_helper_imports_nothing_from_the_programs_surroundings(tmp_path, set
     else:
         env["PYTHONPATH"] = REPO
     if setup == "pythonhome":
-        home = _home_beside_the_real_one(tmp_path)
-        env["PYTHONHOME"] = str(home)
-    proc = _proc.run(str(program), *args, cwd=cwd, env=env, timeout=180)
+        env["PYTHONHOME"] = str(_home_beside_the_real_one(tmp_path))
+    return args, env, cwd
+
+
+@pytest.fixture(scope="module")
+def ahead_surroundings(request, tmp_path_factory):
+    """The programs of the four surroundings (each its own process, as before), run two at a
+    time as the first of their tests starts; a test reads its own."""
+    with _proc.Ahead(request, tmp_path_factory) as ahead:
+        for setup in SURROUNDINGS:
+            key = f"test_the_helper_imports_nothing_from_the_programs_surroundings[{setup}]"
+            tmp_path = ahead.directory(key)
+            if tmp_path is not None:
+                args, env, cwd = _surroundings(tmp_path, setup)
+                ahead.call(key, lambda _d, a=args, e=env, c=cwd: _proc.run(
+                    *a, cwd=c, env=e, timeout=180))  # fmt: skip
+        yield ahead
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc")
+@pytest.mark.parametrize("setup", SURROUNDINGS)
+def test_the_helper_imports_nothing_from_the_programs_surroundings(
+    ahead_surroundings, request, setup
+):
+    """A program run from a directory full of modules named like the standard library's
+    (``pickle.py``, ``json.py``, ``selectors.py``, ... ``sitecustomize.py``): after a real
+    window analyzed in the helper, none of them ran, and the report is complete. Also when
+    the program sets PYTHONPATH (and PYTHONSTARTUP) to another such directory for its
+    children; with PYTHONHOME set (the helper then takes its standard library from that same
+    home, as the program did); and with the SDK in a directory that holds such modules too
+    (a site-packages with a backport of a standard module)."""
+    proc, tmp_path = ahead_surroundings[request.node.name]  # set up by _surroundings
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert sorted(os.listdir(marks)) == []  # no planted module ran, in the helper or anywhere
+    assert sorted(os.listdir(tmp_path / "marks")) == []  # no planted module ran anywhere
     assert got["failed"] is None and got["pid"]  # the window was analyzed in the helper
     assert got["calls"] == [3]
     assert got["dynload"]  # the helper's own extension modules (_socket, select, ...)
-    if home is not None:
+    if setup == "pythonhome":
+        home = tmp_path / "home"
         assert all(path.startswith(str(home) + os.sep) for path in got["dynload"]), got
     if setup == "sdk_beside_modules":
         assert got["instrument"].startswith(str(tmp_path / "site") + os.sep)

@@ -13,11 +13,13 @@ import math
 import os
 import tempfile
 
+import pytest
+
 from tests import _proc
 from tests._proc import REPO
 
 
-def run_bench(name, tmp_path, *args, timeout=300):
+def bench_env(tmp_path) -> dict[str, str]:
     env = _proc.sdk_env()
     env["TMPDIR"] = str(tmp_path / "tmp")  # what a bench leaves in the temporary directory
     # torch's compile cache, which importing torch._dynamo creates under TMPDIR unless this is
@@ -27,24 +29,47 @@ def run_bench(name, tmp_path, *args, timeout=300):
         os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"),
     )
     os.makedirs(env["TMPDIR"], exist_ok=True)
-    return _proc.run(
-        os.path.join(REPO, "bench", name), *args, cwd=tmp_path, env=env, timeout=timeout
-    )
+    return env
 
 
-def test_e2e_overhead_runs_every_variant_and_writes_its_json(tmp_path):
-    out = run_bench(
-        "e2e_overhead.py",
-        tmp_path,
-        "--rounds",
-        "1",
-        "--every",
-        "8",
-        "--run-steps",
-        "16",
-        "--json",
-        str(tmp_path / "e2e.json"),
-    )
+@pytest.fixture(scope="module")
+def ahead(request, tmp_path_factory):
+    """Every bench run of this module (each a fresh interpreter, as before; no timing is
+    asserted), two at a time as the module starts; a test reads its own (in its directory)."""
+    with _proc.Ahead(request, tmp_path_factory) as ahead:
+
+        def add(key, name, *args):
+            path = os.path.join(REPO, "bench", name)
+            ahead.add(key, path, *args, env=bench_env, timeout=300)
+
+        # windows every 5 steps (a window is 4), two a sampled run
+        add(
+            "test_e2e_overhead_runs_every_variant_and_writes_its_json",
+            "e2e_overhead.py",
+            *("--rounds", "1", "--every", "5", "--run-steps", "10", "--json", "e2e.json"),
+        )
+        add(
+            "test_stop_cost_times_every_phase",
+            "stop_cost.py",
+            *("--windows", "2", "--idle", "2", "--json", "sc.json"),
+        )
+        add(
+            "test_e2e_overhead_rejects_a_run_that_is_not_whole_windows",
+            "e2e_overhead.py",
+            *("--every", "8", "--run-steps", "12"),
+        )
+        add(
+            "test_module_hooks_bench_runs",
+            "module_hooks.py",
+            *("--repeats", "1", "--forwards", "3", "--json", "mh.json"),
+        )
+        add("test_ladder_tables_prints_both_tables_per_rung#0", "ladder_tables.py", "linear")
+        add("test_ladder_tables_prints_both_tables_per_rung#1", "ladder_tables.py", "ladder")
+        yield ahead
+
+
+def test_e2e_overhead_runs_every_variant_and_writes_its_json(ahead, request):
+    out, tmp_path = ahead[request.node.name]  # one round, windows every 5 steps, 10 a run
     assert out.returncode == 0, out.stderr
     doc = json.loads((tmp_path / "e2e.json").read_text())
     variants = {
@@ -74,17 +99,8 @@ def test_e2e_overhead_runs_every_variant_and_writes_its_json(tmp_path):
     assert os.listdir(tmp_path / "tmp") == []  # its trace directory is removed at the end
 
 
-def test_stop_cost_times_every_phase(tmp_path):
-    out = run_bench(
-        "stop_cost.py",
-        tmp_path,
-        "--windows",
-        "2",
-        "--idle",
-        "2",
-        "--json",
-        str(tmp_path / "sc.json"),
-    )
+def test_stop_cost_times_every_phase(ahead, request):
+    out, tmp_path = ahead[request.node.name]  # two windows, two idle
     assert out.returncode == 0, out.stderr
     doc = json.loads((tmp_path / "sc.json").read_text())
     assert len(doc["windows"]) == 2
@@ -105,35 +121,26 @@ def test_stop_cost_times_every_phase(tmp_path):
     assert all(w["events_n"] > 0 for w in doc["windows"])
 
 
-def test_e2e_overhead_rejects_a_run_that_is_not_whole_windows(tmp_path):
-    out = run_bench("e2e_overhead.py", tmp_path, "--every", "8", "--run-steps", "12")
+def test_e2e_overhead_rejects_a_run_that_is_not_whole_windows(ahead, request):
+    out, _tmp_path = ahead[request.node.name]  # --every 8 --run-steps 12
     assert out.returncode == 2
     assert "--run-steps (12) must be a multiple of --every (8)" in out.stderr
 
 
-def test_module_hooks_bench_runs(tmp_path):
-    out = run_bench(
-        "module_hooks.py",
-        tmp_path,
-        "--repeats",
-        "1",
-        "--forwards",
-        "3",
-        "--json",
-        str(tmp_path / "mh.json"),
-    )
+def test_module_hooks_bench_runs(ahead, request):
+    out, tmp_path = ahead[request.node.name]  # one repeat of three forwards
     assert out.returncode == 0, out.stderr
     doc = json.loads((tmp_path / "mh.json").read_text())
     assert doc["modules"] == 101 and len(doc["ns"]) == 6
 
 
-def test_ladder_tables_prints_both_tables_per_rung(tmp_path):
-    out = run_bench("ladder_tables.py", tmp_path, "linear")
+def test_ladder_tables_prints_both_tables_per_rung(ahead, request):
+    out, _tmp_path = ahead[request.node.name + "#0"]  # the linear rung
     assert out.returncode == 0, out.stderr
     assert out.stdout.count(": plain torch.profiler ===") == 2
     assert out.stdout.count(": torch-profiled ===") == 2
     assert out.stdout.count("Self CPU time total:") == 4  # torch's table and ours, two sizes
-    bad = run_bench("ladder_tables.py", tmp_path, "ladder")
+    bad, _tmp_path = ahead[request.node.name + "#1"]  # a rung that is not one
     assert bad.returncode == 2 and "unknown rung(s) ladder" in bad.stderr
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from tests import _proc
 
 PER_NAME_BYTES = 3000  # measured ~0.6-1.5 KB at rest; prometheus_client ~4.3 KB
@@ -47,46 +49,100 @@ print(json.dumps({"held": held, "rest": rest, "ranges": len(counted),
 """
 
 
-def _memory(tmp_path, names, calls, settle, cap):
-    script = tmp_path / "memory.py"
-    script.write_text(MEMORY)
-    env = _proc.sdk_env(
+def _memory_env(cap: int) -> dict[str, str]:
+    return _proc.sdk_env(
         {
             "PROFILED_EXPORTERS": "prometheus",  # metrics only: no window opens
             "PROFILED_PROMETHEUS_ADDR": "127.0.0.1:0",
             "PROFILED_METRICS_MAX_RANGES": str(cap),
         }
     )
-    out = _proc.run(str(script), str(names), str(calls), str(settle), env=env, cwd=tmp_path)
+
+
+@pytest.fixture(scope="module")
+def ahead(request, tmp_path_factory):
+    """Every program of this module (each its own process, as before), run two at a time as
+    the module starts; a test reads its own."""
+    with _proc.Ahead(request, tmp_path_factory) as ahead:
+        for key, names, calls, settle, cap in (
+            ("test_ten_thousand_names_stay_within_the_cap", 10_000, 2, 0.0, 1000),
+            (
+                "test_a_range_name_costs_a_few_kb_like_a_prometheus_label_value",
+                3000,
+                5,
+                0.0,
+                20_000,
+            ),
+            ("test_pending_durations_are_given_back_between_exports", 50, 500, 1.6, 1000),
+        ):
+            args = ("memory.py", str(names), str(calls), str(settle))
+            ahead.add(key, *args, env=_memory_env(cap), files={"memory.py": MEMORY})
+        overflow = {
+            "PROFILED_EXPORTERS": "prometheus",
+            "PROFILED_PROMETHEUS_ADDR": "127.0.0.1:0",
+            "PROFILED_METRICS": "1",
+            "PROFILED_METRICS_MAX_RANGES": "50",
+        }
+        ahead.add(
+            "test_names_past_the_cap_are_counted_under_other_with_one_warning",
+            "overflow.py",
+            env=_proc.sdk_env(overflow),
+            files={"overflow.py": OVERFLOW},
+        )
+
+        def windows_env(cwd):
+            return _proc.sdk_env(
+                {
+                    "PROFILED_EXPORTERS": "json",
+                    "PROFILED_JSON_PATH": str(cwd / "r.jsonl"),
+                    "PROFILED_EVERY": "10",
+                    "PROFILED_METRICS": "0",
+                    "PROFILED_ANALYSIS_PROCESS": "0",
+                }
+            )
+
+        ahead.add(
+            "test_a_window_copies_no_names_when_none_were_added_and_at_most_the_bound",
+            "windows.py",
+            env=windows_env,
+            files={"windows.py": WINDOWS},
+            timeout=300,
+        )
+        yield ahead
+
+
+def _memory(ahead, request):
+    """What MEMORY printed in the test's run (names, calls each, settle seconds, cap)."""
+    out, _cwd = ahead[request.node.name]
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.splitlines()[-1]), out.stderr
 
 
-def test_ten_thousand_names_stay_within_the_cap(tmp_path):
+def test_ten_thousand_names_stay_within_the_cap(ahead, request):
     """The issue's case: 10k names made with f-strings, the default cap (1000): the names past
     it share one range, `other`, told once; memory is the names themselves (``RANGE_NAMES``,
     ~100 B each) and 1000 histograms (it was 364 MB at up to 1023 calls a name; ~86 MB at 20)."""
-    got, err = _memory(tmp_path, 10_000, 2, 0.0, 1000)
+    got, err = _memory(ahead, request)  # 10k names, 2 calls each, the cap 1000
     assert got["ranges"] == 1001  # warm + 999 request names + other
     assert got["other"] == (10_000 - 999) * 2 and got["total"] == 10_000 * 2 + 1
     assert got["rest"] < 10_000 * 200 + 1000 * PER_NAME_BYTES, got
     assert err.count("distinct range names reached the metrics") == 1, err[-3000:]
 
 
-def test_a_range_name_costs_a_few_kb_like_a_prometheus_label_value(tmp_path):
+def test_a_range_name_costs_a_few_kb_like_a_prometheus_label_value(ahead, request):
     """3000 names each its own range (the cap above them): at rest (folded, the report that a
     scrape is served from held too) and with 5 calls each pending."""
-    got, _ = _memory(tmp_path, 3000, 5, 0.0, 20_000)
+    got, _ = _memory(ahead, request)  # 3000 names, 5 calls each, the cap 20k
     assert got["ranges"] == 3001 and got["total"] == 3000 * 5 + 1
     assert got["rest"] < 3000 * PER_NAME_BYTES, got
     assert got["held"] < 3000 * PER_NAME_BYTES, got
 
 
-def test_pending_durations_are_given_back_between_exports(tmp_path):
+def test_pending_durations_are_given_back_between_exports(ahead, request):
     """50 names called 500 times each (under ``BATCH``: no call folds them), then the
     program idles: the feed's thread folds them within ``TIDY_S`` (the export is a minute
     away), so a name holds its histogram, not 500 floats (16 KB)."""
-    got, _ = _memory(tmp_path, 50, 500, 1.6, 1000)
+    got, _ = _memory(ahead, request)  # 50 names, 500 calls each, then 1.6 s idle
     assert got["total"] == 50 * 500 + 1
     assert got["held"] < 50 * PENDING_PER_NAME_BYTES, got
 
@@ -119,18 +175,8 @@ print("OTHER_SERIES", page.count('profiled_range_duration_seconds_count{range="o
 """
 
 
-def test_names_past_the_cap_are_counted_under_other_with_one_warning(tmp_path):
-    script = tmp_path / "overflow.py"
-    script.write_text(OVERFLOW)
-    env = _proc.sdk_env(
-        {
-            "PROFILED_EXPORTERS": "prometheus",
-            "PROFILED_PROMETHEUS_ADDR": "127.0.0.1:0",
-            "PROFILED_METRICS": "1",
-            "PROFILED_METRICS_MAX_RANGES": "50",
-        }
-    )
-    out = _proc.run(str(script), env=env, cwd=tmp_path)
+def test_names_past_the_cap_are_counted_under_other_with_one_warning(ahead, request):
+    out, _cwd = ahead[request.node.name]  # OVERFLOW, the cap 50
     assert out.returncode == 0, out.stderr[-3000:]
     words = out.stdout.split()
     got = dict(zip(words[::2], words[1::2]))
@@ -175,23 +221,12 @@ print("NAMES", instrument_names, "MAX", getattr(state, "WINDOW_NAMES_MAX", 10_00
 """
 
 
-def test_a_window_copies_no_names_when_none_were_added_and_at_most_the_bound(tmp_path):
+def test_a_window_copies_no_names_when_none_were_added_and_at_most_the_bound(ahead, request):
     """Windows before and after 12k run-time names: each is handed at most
     ``WINDOW_NAMES_MAX`` names (it was every name ever made), and a window after which no
     name was added is handed the very same set (no copy: it was a new copy of every name at
     every window)."""
-    script = tmp_path / "windows.py"
-    script.write_text(WINDOWS)
-    env = _proc.sdk_env(
-        {
-            "PROFILED_EXPORTERS": "json",
-            "PROFILED_JSON_PATH": str(tmp_path / "r.jsonl"),
-            "PROFILED_EVERY": "10",
-            "PROFILED_METRICS": "0",
-            "PROFILED_ANALYSIS_PROCESS": "0",
-        }
-    )
-    out = _proc.run(str(script), env=env, cwd=tmp_path, timeout=300)
+    out, tmp_path = ahead[request.node.name]  # WINDOWS, a window every 10 steps
     assert out.returncode == 0, out.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
     handed = eval(lines["HANDED"])  # noqa: S307 - our own program's printed list

@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from tests import _proc
 from tests._records import metrics_records, window_records
 
 PROGRAM = """
@@ -47,22 +48,64 @@ def _pids(path) -> list[int]:
     return [r["pid"] for r in window_records(path.read_text())]
 
 
-@pytest.mark.parametrize("children", [None, "1"])
-def test_a_spawned_child_is_silent_unless_asked(run_python, tmp_path, children):
-    script = tmp_path / "prog.py"
-    script.write_text(PROGRAM)
-    out = tmp_path / "reports.jsonl"
-    env = {
-        "PROFILED_EVERY": "4",
-        "PROFILED_EXPORTERS": "json,console",
-        "PROFILED_JSON_PATH": str(out),
-        "PROFILED_ACTIVITIES": "cpu",
-    }
-    if children:
-        env["PROFILED_CHILDREN"] = children
-    result = run_python(
-        f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')", env=env, timeout=240
+def _main(script: str, *argv: str) -> str:
+    """Code that runs ``script`` (in the working directory) as ``__main__``: what spawned
+    children import again."""
+    return (
+        f"import runpy, sys; sys.argv = [{script!r}, *{list(argv)!r}]; "
+        f"runpy.run_path({script!r}, run_name='__main__')"
     )
+
+
+@pytest.fixture(scope="module")
+def ahead(request, tmp_path_factory):
+    """Every program of this module (each its own process, its children spawned, forked or
+    served as before), run two at a time as the module starts; a test reads its own."""
+    with _proc.Ahead(request, tmp_path_factory) as ahead:
+        for children in (None, "1"):
+
+            def env(cwd, children=children):
+                return _proc.sdk_env(
+                    PROFILED_EVERY="4",
+                    PROFILED_EXPORTERS="json,console",
+                    PROFILED_JSON_PATH=str(cwd / "reports.jsonl"),
+                    PROFILED_ACTIVITIES="cpu",
+                    **({"PROFILED_CHILDREN": children} if children else {}),
+                )
+
+            key = f"test_a_spawned_child_is_silent_unless_asked[{children}]"
+            ahead.add(key, "-c", _main("prog.py"), env=env, files={"prog.py": PROGRAM},
+                      timeout=240)  # fmt: skip
+        for context in ("spawn", "forkserver", "fork"):
+            if context not in multiprocessing.get_all_start_methods():
+                continue
+
+            def env(cwd):
+                return _proc.sdk_env(
+                    PROFILED_EVERY="4",
+                    PROFILED_EXPORTERS="json,console,trace",
+                    PROFILED_JSON_PATH=str(cwd / "reports.jsonl"),
+                    PROFILED_TRACE_DIR=str(cwd / "traces"),
+                    PROFILED_ACTIVITIES="cpu",
+                    PROFILED_ANALYSIS_PROCESS="0",  # fewer processes on a busy box
+                )
+
+            key = f"test_dataloader_workers_never_profile_themselves_whatever_the_order[{context}]"
+            ahead.add(key, "-c", _main("loader.py", context), env=env,
+                      files={"loader.py": LOADER_PROGRAM}, timeout=400)  # fmt: skip
+        for children in (None, "1"):
+            env = {"PROFILED_CHILDREN": children} if children else {}
+            env["PROFILED_EXPORTR"] = "json"  # misspelt: said once, by the parent, not by each
+            key = f"test_a_dataloader_worker_is_a_child_unless_children_are_asked_for[{children}]"
+            ahead.add(key, "-c", _main("decisions.py", "spawn"), env=_proc.sdk_env(env),
+                      files={"decisions.py": DECISION_PROGRAM}, timeout=240)  # fmt: skip
+        yield ahead
+
+
+@pytest.mark.parametrize("children", [None, "1"])
+def test_a_spawned_child_is_silent_unless_asked(ahead, request, children):
+    result, tmp_path = ahead[request.node.name]  # PROGRAM, windows every 4 steps
+    out = tmp_path / "reports.jsonl"
     assert result.returncode == 0, result.stderr[-3000:]
     assert "child exit 0" in result.stdout
     pids = _pids(out)
@@ -88,7 +131,7 @@ class Squares(Dataset):
     def __len__(self):
         return 16
 
-    @profiled("getitem")  # each worker calls it 8 times an epoch: windows, unless it is silent
+    @profiled("getitem")  # the worker calls it 16 times an epoch: windows, unless it is silent
     def __getitem__(self, i):
         return torch.full((4,), float(i)) ** 2
 
@@ -97,7 +140,7 @@ def train_step(batch):
     return (batch @ batch.T).sum()
 
 def epoch(context):
-    loader = DataLoader(Squares(), batch_size=2, num_workers=2, multiprocessing_context=context)
+    loader = DataLoader(Squares(), batch_size=2, num_workers=1, multiprocessing_context=context)
     got = []
     for batch in loader:  # starts the workers, then the parent's decorated calls
         got += [int(v) for v in batch[:, 0]]
@@ -113,26 +156,11 @@ if __name__ == "__main__":
 """
 
 
-def _loader_run(run_python, tmp_path, context: str):
-    """Run the program; its result, the parent's pid, the pid of each window report, and the
-    pids that wrote traces or metrics records."""
-    script = tmp_path / "loader.py"
-    script.write_text(LOADER_PROGRAM)
+def _loader_run(ahead, request):
+    """The test's run of LOADER_PROGRAM; its result, the parent's pid, the pid of each window
+    report, and the pids that wrote traces or metrics records."""
+    result, tmp_path = ahead[request.node.name]
     out = tmp_path / "reports.jsonl"
-    env = {
-        "PROFILED_EVERY": "4",
-        "PROFILED_EXPORTERS": "json,console,trace",
-        "PROFILED_JSON_PATH": str(out),
-        "PROFILED_TRACE_DIR": str(tmp_path / "traces"),
-        "PROFILED_ACTIVITIES": "cpu",
-        "PROFILED_ANALYSIS_PROCESS": "0",  # fewer processes on a busy box
-    }
-    result = run_python(
-        f"import runpy, sys; sys.argv = ['loader.py', {context!r}]; "
-        f"runpy.run_path({str(script)!r}, run_name='__main__')",
-        env=env,
-        timeout=400,
-    )
     assert result.returncode == 0, result.stderr[-3000:]
     parent = int(result.stdout.split("parent ")[1].split()[0])
     traces = sorted(p.name for p in (tmp_path / "traces").iterdir())
@@ -144,16 +172,14 @@ def _loader_run(run_python, tmp_path, context: str):
 
 
 @pytest.mark.parametrize("context", ["spawn", "forkserver", "fork"])
-def test_dataloader_workers_never_profile_themselves_whatever_the_order(
-    run_python, tmp_path, context
-):
+def test_dataloader_workers_never_profile_themselves_whatever_the_order(ahead, request, context):
     """Before: workers that a loader started before the parent's first decorated call (the
     usual ``for batch in loader:`` first) each opened windows, printed tables and wrote
     traces (three tables, three trace files for one program): ``PROFILED_PARENT_PID`` is set
     only once the parent's profiling starts. Every start method, both orders."""
     if context not in multiprocessing.get_all_start_methods():
         pytest.skip(f"no {context} start method here")
-    result, parent, pids, writers = _loader_run(run_python, tmp_path, context)
+    result, parent, pids, writers = _loader_run(ahead, request)
     assert pids and set(pids) == {parent}, pids  # one process reported windows: the parent
     assert writers == {parent}  # traces and metrics records: the parent's alone
     tables = (result.stdout + result.stderr).count("torch-profiled | window")
@@ -182,22 +208,11 @@ if __name__ == "__main__":
 
 
 @pytest.mark.parametrize("children", [None, "1"])
-def test_a_dataloader_worker_is_a_child_unless_children_are_asked_for(
-    run_python, tmp_path, children
-):
+def test_a_dataloader_worker_is_a_child_unless_children_are_asked_for(ahead, request, children):
     """The decision itself, in a real spawned worker started before any decorated call: a
     child (profiling off there) by default; ``PROFILED_CHILDREN=1`` lets it profile itself.
     A misspelt name is warned about by the parent alone (the worker's environment is its)."""
-    script = tmp_path / "decisions.py"
-    script.write_text(DECISION_PROGRAM)
-    env = {"PROFILED_CHILDREN": children} if children else {}
-    env["PROFILED_EXPORTR"] = "json"  # misspelt: said once, by the parent, not by each worker
-    result = run_python(
-        f"import runpy, sys; sys.argv = ['decisions.py', 'spawn']; "
-        f"runpy.run_path({str(script)!r}, run_name='__main__')",
-        env=env,
-        timeout=240,
-    )
+    result, _cwd = ahead[request.node.name]  # DECISION_PROGRAM, PROFILED_EXPORTR=json
     assert result.returncode == 0, result.stderr[-3000:]
     assert "parent False True" in result.stdout
     expected = "worker False True" if children else "worker True False"

@@ -20,7 +20,7 @@ import time
 import pytest
 import torch
 
-from tests import _proc
+from tests import _early, _proc
 from tests._proc import REPO
 
 DATA = os.path.join(REPO, "tests", "data", "gate_h100")
@@ -139,16 +139,25 @@ print(json.dumps(early), flush=True)
 """
 
 
-@pytest.mark.parametrize("name, enabled", [("SIGUSR2", "1"), ("SIGUSR1", "0")])
-def test_the_trigger_is_wired_at_import_before_torch(tmp_path, name, enabled):
-    env = _proc.sdk_env(
-        SIG=name,
-        PROFILED_TRIGGER=name,
-        PROFILED_ENABLED=enabled,
-        PROFILED_SAMPLE_RATE="0",
-        PROFILED_SCHEDULE="warmup=0,active=1",
+WIRED = [("SIGUSR2", "1"), ("SIGUSR1", "0")]
+for _name, _enabled in WIRED:  # each its own program, run early (tests/_early.py)
+    _early.add(
+        __name__,
+        f"test_the_trigger_is_wired_at_import_before_torch[{_name}-{_enabled}]",
+        *("-c", EARLY),
+        env=_proc.sdk_env(
+            SIG=_name,
+            PROFILED_TRIGGER=_name,
+            PROFILED_ENABLED=_enabled,
+            PROFILED_SAMPLE_RATE="0",
+            PROFILED_SCHEDULE="warmup=0,active=1",
+        ),
     )
-    result = _proc.run("-c", EARLY, env=env, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("name, enabled", WIRED)
+def test_the_trigger_is_wired_at_import_before_torch(request, name, enabled):
+    result, _cwd = _early.result(request)  # EARLY, signalled with {name} as it loads
     assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
     assert result.returncode != -getattr(signal, name)
     out = json.loads(result.stdout.strip().splitlines()[-1])

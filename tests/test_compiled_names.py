@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from tests import _proc
+from tests import _early, _proc
 
 PROGRAM = r"""
 import torch
@@ -42,10 +42,16 @@ print("LIMIT", limit)
 """
 
 
-def test_run_time_names_in_compiled_code_recompile_no_sdk_frame():
-    proc = _proc.run(
-        "-c", PROGRAM, env=_proc.sdk_env(TORCH_LOGS="recompiles", PROFILED_EXPORTERS="none")
-    )
+_early.add(
+    __name__,
+    "test_run_time_names_in_compiled_code_recompile_no_sdk_frame",
+    *("-c", PROGRAM),
+    env=_proc.sdk_env(TORCH_LOGS="recompiles", PROFILED_EXPORTERS="none"),
+)
+
+
+def test_run_time_names_in_compiled_code_recompile_no_sdk_frame(request):
+    proc, _cwd = _early.result(request)  # PROGRAM, Dynamo's recompiles logged
     assert proc.returncode == 0, proc.stderr[-4000:]
     limit = int(re.search(r"LIMIT (\d+)", proc.stdout).group(1))
     recompiled = re.findall(r"Recompiling function (\S+) in (\S+):\d+", proc.stderr)

@@ -16,6 +16,7 @@ from instrument import Config, ConfigWarning, Schedule
 from instrument import config as config_mod
 from instrument.ranks import MAX_TERMS, RankSet
 from instrument.sampling import Action
+from tests import _early, _proc
 
 DEFAULT_SCHEDULE_ENV = "wait=0,warmup=1,active=3,repeat=1,skip_first=0"
 
@@ -664,23 +665,26 @@ print("peak MiB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, fl
 """
 
 
-@pytest.mark.parametrize(
-    ("var", "bad", "warns"),
-    [
-        (
-            "PROFILED_TRACE_MAX_MB",
-            "1e303",
-            True,
-        ),  # was: OverflowError from the first decorated call
-        ("PROFILED_EXPORT_TIMEOUT_S", "1e300", True),  # was: shutdown failed (OverflowError)
-        ("PROFILED_RANKS", "0-4000000000", True),  # was: out of memory at the first call
-        ("PROFILED_RANKS", "0-20000000", False),  # valid: was 4.4 s and 2.5 GB at the first call
-    ],
-)
-def test_an_absurd_value_costs_one_warning_in_a_real_program(run_python, var, bad, warns):
-    result = run_python(
-        CRASH_PROGRAM, env={var: bad, "PROFILED_EXPORTERS": "trace", "PROFILED_TRACE_DIR": "traces"}
+ABSURD = [
+    ("PROFILED_TRACE_MAX_MB", "1e303", True),  # was: OverflowError from the first decorated call
+    ("PROFILED_EXPORT_TIMEOUT_S", "1e300", True),  # was: shutdown failed (OverflowError)
+    ("PROFILED_RANKS", "0-4000000000", True),  # was: out of memory at the first call
+    ("PROFILED_RANKS", "0-20000000", False),  # valid: was 4.4 s and 2.5 GB at the first call
+]
+for _var, _bad, _warns in ABSURD:  # each its own program, run early (tests/_early.py)
+    _early.add(
+        __name__,
+        f"test_an_absurd_value_costs_one_warning_in_a_real_program[{_var}-{_bad}-{_warns}]",
+        *("-c", CRASH_PROGRAM),
+        env=_proc.sdk_env(
+            {_var: _bad, "PROFILED_EXPORTERS": "trace", "PROFILED_TRACE_DIR": "traces"}
+        ),
     )
+
+
+@pytest.mark.parametrize(("var", "bad", "warns"), ABSURD)
+def test_an_absurd_value_costs_one_warning_in_a_real_program(request, var, bad, warns):
+    result, _cwd = _early.result(request)  # CRASH_PROGRAM with {var}={bad}
     assert result.returncode == 0, result.stderr
     assert "first call returned" in result.stdout
     assert "shutdown complete" in result.stdout and ".pt.trace.json" in result.stdout

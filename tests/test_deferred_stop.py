@@ -27,7 +27,7 @@ import instrument
 from instrument import Schedule, _torch, profiled, state  # noqa: E402
 from instrument import stops as stops_mod
 from instrument.testing import InMemoryExporter, capture
-from tests import _proc
+from tests import _early, _proc
 
 X = torch.randn(32, 32)
 
@@ -209,14 +209,26 @@ _torch.ProfilerWindow.end_marker_event = lambda self: Event()
 """
 
 
-@pytest.mark.parametrize("case", ["recording", "draining"])
-def test_a_profiler_the_program_starts_meanwhile_survives_the_windows_end(case, tmp_path):
-    # recording: theirs starts at step 2 (of the recorded 1-3); draining: at step 4, after the
-    # window's end, while its deferred stop waits (a stand-in event that never completes)
-    script = textwrap.dedent(_PROGRAM).format(
-        setup=_STAND_IN if case == "draining" else "", start_at=2 if case == "recording" else 4
+# recording: theirs starts at step 2 (of the recorded 1-3); draining: at step 4, after the
+# window's end, while its deferred stop waits (a stand-in event that never completes); each its
+# own program, run early (tests/_early.py)
+for _case in ("recording", "draining"):
+    _early.add(
+        __name__,
+        f"test_a_profiler_the_program_starts_meanwhile_survives_the_windows_end[{_case}]",
+        "-c",
+        textwrap.dedent(_PROGRAM).format(
+            setup=_STAND_IN if _case == "draining" else "",
+            start_at=2 if _case == "recording" else 4,
+        ),
+        "theirs.json",
+        env=_proc.sdk_env(),
     )
-    proc = _proc.run("-c", script, str(tmp_path / "theirs.json"))
+
+
+@pytest.mark.parametrize("case", ["recording", "draining"])
+def test_a_profiler_the_program_starts_meanwhile_survives_the_windows_end(request, case):
+    proc, _cwd = _early.result(request)
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
 
@@ -595,10 +607,17 @@ print("parent", records_cpu_ops(), "child", os.waitstatus_to_exitcode(status))
 """
 
 
+_early.add(
+    __name__,
+    "test_a_child_forked_while_the_thread_is_paused_records_cpu_ops",
+    *("-W", "ignore::DeprecationWarning", "-c", _FORK.format(stand_in=_STAND_IN)),
+    env=_proc.sdk_env(),
+)
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork: POSIX only")
-def test_a_child_forked_while_the_thread_is_paused_records_cpu_ops():
+def test_a_child_forked_while_the_thread_is_paused_records_cpu_ops(request):
     """A DataLoader worker forked during a drain inherits the thread's switch, off."""
-    script = _FORK.format(stand_in=_STAND_IN)
-    proc = _proc.run("-W", "ignore::DeprecationWarning", "-c", script)
+    proc, _cwd = _early.result(request)  # _FORK with the stand-in event
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "parent False child 0"

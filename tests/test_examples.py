@@ -24,10 +24,50 @@ from tests._proc import REPO
 EXAMPLES = os.path.join(REPO, "examples")
 
 
-def run_example(name, cwd, *args, env=None, timeout=300):
-    return _proc.run(
-        os.path.join(EXAMPLES, name), *args, env=_proc.sdk_env(env), cwd=cwd, timeout=timeout
-    )
+@pytest.fixture(scope="module")
+def ahead(request, tmp_path_factory):
+    """The examples whose tests only read what a run left (each its own process from an empty
+    directory, as before), run two at a time as the module starts: not 05 nor 07, whose tests
+    time the run or load the machine themselves."""
+    with _proc.Ahead(request, tmp_path_factory) as ahead:
+
+        def add(key, name, *args, env=None):
+            path = os.path.join(EXAMPLES, name)
+            ahead.add(key, path, *args, env=_proc.sdk_env(env), timeout=300)
+
+        add("test_02_linear_is_one_addmm_per_call", "02_linear.py")
+        add("test_03_mlp_eager_against_compiled_and_the_diff", "03_mlp.py")
+        add(
+            "test_04_llm_per_layer_table_while_generating",
+            "04_llm.py",
+            env={"PROFILED_EXPORTERS": "console,trace"},
+        )
+        blocked = str(tmp_path_factory.mktemp("blocked"))
+        os.makedirs(os.path.join(blocked, "transformers"))
+        with open(os.path.join(blocked, "transformers", "__init__.py"), "w") as f:
+            f.write("raise ImportError('transformers is not installed')\n")
+        add(
+            "test_04_llm_without_transformers_says_how_to_install_it",
+            "04_llm.py",
+            env={"PYTHONPATH": os.pathsep.join([blocked, REPO])},
+        )
+        # a window (warm-up 1 + 3 recorded steps) at steps 0, 8 and 16
+        add(
+            "test_06_training_loop_windows_open_in_tensorboard_and_hta",
+            "06_training_loop.py",
+            "--steps",
+            "24",
+            "--modules",
+            env={"PROFILED_EVERY": "8", "PROFILED_EXPORTERS": "console,trace"},
+        )
+        add(
+            "test_06_training_loop_disabled_runs_the_same_loop_with_no_profiler",
+            "06_training_loop.py",
+            "--steps",
+            "6",
+            env={"PROFILED_ENABLED": "0"},
+        )
+        yield ahead
 
 
 def table_rows(text, header):
@@ -49,8 +89,8 @@ def calls(row):
     return int(re.split(r"\s{2,}", row.strip())[1].split()[0])
 
 
-def test_02_linear_is_one_addmm_per_call(tmp_path):
-    out = run_example("02_linear.py", tmp_path)
+def test_02_linear_is_one_addmm_per_call(ahead, request):
+    out, tmp_path = ahead[request.node.name]  # 02_linear.py
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("linear ") == 2
     ranges = table_rows(out.stderr, "@profiled range")
@@ -70,8 +110,8 @@ def test_02_linear_is_one_addmm_per_call(tmp_path):
     assert len(os.listdir(tmp_path / "profiled_traces")) == 2
 
 
-def test_03_mlp_eager_against_compiled_and_the_diff(tmp_path):
-    out = run_example("03_mlp.py", tmp_path)
+def test_03_mlp_eager_against_compiled_and_the_diff(ahead, request):
+    out, tmp_path = ahead[request.node.name]  # 03_mlp.py
     assert out.returncode == 0, out.stderr + out.stdout
     eager, compiled = table_rows(out.stderr, "top operators by self CPU time")
     assert calls(eager["aten::gelu"]) == 3 and calls(eager["aten::mul"]) == 3
@@ -100,8 +140,8 @@ def test_03_mlp_eager_against_compiled_and_the_diff(tmp_path):
         assert "no C++ compiler on the PATH" in out.stdout
 
 
-def test_04_llm_per_layer_table_while_generating(tmp_path):
-    out = run_example("04_llm.py", tmp_path, env={"PROFILED_EXPORTERS": "console,trace"})
+def test_04_llm_per_layer_table_while_generating(ahead, request):
+    out, tmp_path = ahead[request.node.name]  # 04_llm.py, exporters console and trace
     assert out.returncode == 0, out.stderr
     assert "generated 8 tokens" in out.stdout
     assert "random weights" in out.stdout
@@ -117,13 +157,9 @@ def test_04_llm_per_layer_table_while_generating(tmp_path):
     assert len(os.listdir(tmp_path / "profiled_traces")) == 1
 
 
-def test_04_llm_without_transformers_says_how_to_install_it(tmp_path):
-    blocker = tmp_path / "blocked" / "transformers"
-    blocker.mkdir(parents=True)
-    (blocker / "__init__.py").write_text("raise ImportError('transformers is not installed')\n")
-    out = run_example(
-        "04_llm.py", tmp_path, env={"PYTHONPATH": os.pathsep.join([str(blocker.parent), REPO])}
-    )
+def test_04_llm_without_transformers_says_how_to_install_it(ahead, request):
+    # 04_llm.py where importing transformers raises ImportError
+    out, tmp_path = ahead[request.node.name]
     assert out.returncode == 1
     assert "needs transformers" in out.stderr
     assert "pip install -c constraints.txt -e '.[llm]'" in out.stderr
@@ -191,10 +227,9 @@ if __name__ == "__main__":
 
 
 @pytest.mark.filterwarnings("ignore:The inplace keyword")  # HTA 0.5 on pandas 3
-def test_06_training_loop_windows_open_in_tensorboard_and_hta(tmp_path):
+def test_06_training_loop_windows_open_in_tensorboard_and_hta(ahead, request):
     # a window (warm-up 1 + 3 recorded steps) at steps 0, 8 and 16
-    env = {"PROFILED_EVERY": "8", "PROFILED_EXPORTERS": "console,trace"}
-    out = run_example("06_training_loop.py", tmp_path, "--steps", "24", "--modules", env=env)
+    out, tmp_path = ahead[request.node.name]
     assert out.returncode == 0, out.stderr
     first, last = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", out.stdout).groups())
     assert last < first  # it really trains
@@ -242,10 +277,8 @@ def test_06_training_loop_windows_open_in_tensorboard_and_hta(tmp_path):
         )
 
 
-def test_06_training_loop_disabled_runs_the_same_loop_with_no_profiler(tmp_path):
-    out = run_example(
-        "06_training_loop.py", tmp_path, "--steps", "6", env={"PROFILED_ENABLED": "0"}
-    )
+def test_06_training_loop_disabled_runs_the_same_loop_with_no_profiler(ahead, request):
+    out, tmp_path = ahead[request.node.name]  # PROFILED_ENABLED=0, six steps
     assert out.returncode == 0, out.stderr
     assert "loss " in out.stdout and "@profiled range" not in out.stderr
     assert not (tmp_path / "runs").exists()

@@ -24,7 +24,7 @@ import sys
 import pytest
 
 from instrument import cli, gate
-from tests import _proc
+from tests import _early, _proc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROGRAM = os.path.join(HERE, "_gate_program.py")
@@ -575,11 +575,19 @@ p.export_chrome_trace(sys.argv[1])
 """
 
 
-def test_summarize_missing_range_lists_ranges_recorded_as_operators(tmp_path, capsys):
+_early.add(
+    __name__,
+    "test_summarize_missing_range_lists_ranges_recorded_as_operators",
+    *("-c", OWN_PROFILER, "own.json"),
+    env=_proc.sdk_env(),
+)
+
+
+def test_summarize_missing_range_lists_ranges_recorded_as_operators(request, capsys):
     """An @profiled range inside the program's own profiler is recorded as an operator: the
     message said the trace held no ranges, with ``my_block`` right there."""
-    path = str(tmp_path / "own.json")
-    proc = _proc.run("-c", OWN_PROFILER, path)
+    proc, cwd = _early.result(request)  # OWN_PROFILER, its trace written to own.json
+    path = str(cwd / "own.json")
     assert proc.returncode == 0, proc.stderr
     rc, out, err = _main(capsys, "summarize", "--range", "my_blok", path)
     _one_line_error(rc, out, err)

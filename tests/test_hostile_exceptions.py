@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 
+from tests import _early, _proc
+
 PROGRAM = r"""
 import sys, threading, time, warnings
 import torch
@@ -164,8 +166,6 @@ CASES = [
 
 
 def test_no_exception_an_exporter_raises_kills_its_lane_or_hangs_flush(tmp_path):
-    from tests import _proc
-
     script = tmp_path / "prog.py"
     script.write_text(PROGRAM)
     out = _proc.run(str(script), *CASES, cwd=tmp_path, timeout=300)
@@ -185,10 +185,7 @@ def test_no_exception_an_exporter_raises_kills_its_lane_or_hangs_flush(tmp_path)
     assert len(out.stderr) < 200_000
 
 
-def test_the_warning_names_a_hostile_exception_by_its_class(run_python):
-    """Through ``export_report`` on the caller's thread: the hostile exception costs one
-    warning that names its class, never an exception into the caller."""
-    code = r"""
+HOSTILE_REPRS = r"""
 import warnings, time
 from exporters import Exporter
 from instrument.pipeline import export_report
@@ -217,7 +214,18 @@ with warnings.catch_warnings(record=True) as caught:
 import json
 print(json.dumps([str(w.message) for w in caught]))
 """
-    out = run_python(code)
+_early.add(
+    __name__,
+    "test_the_warning_names_a_hostile_exception_by_its_class",
+    *("-c", HOSTILE_REPRS),
+    env=_proc.sdk_env(),
+)
+
+
+def test_the_warning_names_a_hostile_exception_by_its_class(request):
+    """Through ``export_report`` on the caller's thread: the hostile exception costs one
+    warning that names its class, never an exception into the caller."""
+    out, _cwd = _early.result(request)  # HOSTILE_REPRS
     assert out.returncode == 0, out.stderr
     messages = json.loads(out.stdout)
     assert len(messages) == 2, messages

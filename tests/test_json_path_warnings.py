@@ -31,15 +31,13 @@ print("done")
 LOCATION = re.compile(r"^(?P<file>.+?):(?P<line>\d+): ExporterWarning: (?P<message>.*)$")
 
 
-def _run(tmp_path, json_path: str, *options: str):
-    (tmp_path / "prog.py").write_text(PROGRAM)
-    env = _proc.sdk_env(
+def _env(json_path: str) -> dict[str, str]:
+    return _proc.sdk_env(
         PROFILED_EXPORTERS="json",
         PROFILED_JSON_PATH=json_path,
         PROFILED_SAMPLE_RATE="0",  # metrics records only: no profiler window
         PROFILED_METRICS="1",
     )
-    return _proc.run(*options, str(tmp_path / "prog.py"), env=env, cwd=tmp_path)
 
 
 def _setup(tmp_path, case: str) -> tuple[str, str]:
@@ -61,10 +59,33 @@ def _setup(tmp_path, case: str) -> tuple[str, str]:
 CASES = ["directory", "under a file", "a file as its directory", "fifo"]
 
 
+@pytest.fixture(scope="module")
+def ahead(request, tmp_path_factory):
+    """Every program of this module (each its own process in a directory set up by
+    ``_setup``, as before), run two at a time as the module starts; a test reads its own."""
+    with _proc.Ahead(request, tmp_path_factory) as ahead:
+        ahead.bad_paths = {}  # key -> the path and what the warning must say about it
+
+        def add(key, case, *options):
+            cwd = ahead.directory(key)
+            if cwd is not None:
+                path, why = ahead.bad_paths[key] = _setup(cwd, case)
+                ahead.add(key, *options, "prog.py", env=_env(path), files={"prog.py": PROGRAM})
+
+        for case in CASES:
+            add(f"test_a_bad_json_path_warns_once_at_a_real_line_saying_why[{case}]", case)
+        add(
+            "test_the_warnings_module_is_a_real_one_that_a_filter_can_name",
+            "directory",
+            *("-W", "ignore:::exporters.json_lines"),
+        )
+        yield ahead
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_a_bad_json_path_warns_once_at_a_real_line_saying_why(tmp_path, case):
-    path, why = _setup(tmp_path, case)
-    out = _run(tmp_path, path)
+def test_a_bad_json_path_warns_once_at_a_real_line_saying_why(ahead, request, case):
+    out, _tmp_path = ahead[request.node.name]  # PROGRAM with the bad path ``_setup`` made
+    path, why = ahead.bad_paths[request.node.name]
     assert out.returncode == 0 and out.stdout == "done\n", out.stderr
     found = [m for line in out.stderr.splitlines() if (m := LOCATION.match(line))]
     assert len(found) == 1, out.stderr  # once, however many records
@@ -76,8 +97,7 @@ def test_a_bad_json_path_warns_once_at_a_real_line_saying_why(tmp_path, case):
     assert "nor are later ones" in message or "Later ones are tried again" in message
 
 
-def test_the_warnings_module_is_a_real_one_that_a_filter_can_name(tmp_path):
-    path, _ = _setup(tmp_path, "directory")
-    out = _run(tmp_path, path, "-W", "ignore:::exporters.json_lines")
+def test_the_warnings_module_is_a_real_one_that_a_filter_can_name(ahead, request):
+    out, _tmp_path = ahead[request.node.name]  # a directory as the path; -W ignore:::...
     assert out.returncode == 0 and out.stdout == "done\n", out.stderr
     assert "ExporterWarning" not in out.stderr, out.stderr

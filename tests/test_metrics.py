@@ -13,6 +13,7 @@ import pytest
 
 from instrument import metrics
 from instrument.report import RangeHistogram
+from tests import _proc
 from tests._records import metrics_records, window_records
 
 # ---------------------------------------------------------------- the histograms themselves
@@ -355,22 +356,97 @@ print("done")
 """
 
 
-def _run(tmp_path, env, *argv, program=PROGRAM):
-    from tests import _proc
+SAYS_SWITCH = PROGRAM + (
+    "from instrument import state\nprint('metrics on:', state.metrics_on)\nprint('done')\n"
+)
 
-    script = tmp_path / "prog.py"
-    script.write_text(program)
-    path = tmp_path / "r.jsonl"
-    full = {"PROFILED_EXPORTERS": "json", "PROFILED_JSON_PATH": str(path)}
-    full.update(env)
-    out = _proc.run(str(script), *argv, env=_proc.sdk_env(full), cwd=tmp_path, timeout=180)
+FORKED = (
+    PROGRAM
+    + r"""
+from instrument import metrics
+pid = os.fork()
+if pid == 0:
+    work(x)
+    counts = {h.name: h.count for h in metrics.snapshot().ranges}
+    os.write(1, ("child counts %s\n" % counts).encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+print("done")
+"""
+)
+
+
+@pytest.fixture(scope="module")
+def ahead(request, tmp_path_factory):
+    """This module's programs, each its own process as before, run two at a time as the
+    programs' tests start; a test reads its own (``_run``)."""
+    with _proc.Ahead(request, tmp_path_factory) as ahead:
+
+        def add(key, env, *argv, program=PROGRAM, json=True):
+            def child_env(cwd):
+                full = {"PROFILED_EXPORTERS": "json", "PROFILED_JSON_PATH": str(cwd / "r.jsonl")}
+                return _proc.sdk_env({**(full if json else {}), **env})
+
+            ahead.add(key, "prog.py", *argv, env=child_env, files={"prog.py": program},
+                      timeout=180)  # fmt: skip
+
+        add(
+            "test_the_json_exporter_gets_exact_counts_for_every_call",
+            {"PROFILED_METRICS_INTERVAL_S": "0.2"},
+            "0.7",
+        )
+        key = "test_metrics_can_be_switched_off_and_are_off_without_a_metrics_exporter"
+        add(key + "#0", {"PROFILED_METRICS": "0"})
+        add(key + "#1", {"PROFILED_EXPORTERS": "console"}, program=SAYS_SWITCH)
+        add("test_a_forked_child_starts_empty_and_exports_nothing", {}, program=FORKED)
+        add(
+            "test_a_child_forked_while_the_flags_were_being_written_does_not_hang",
+            {},
+            program=FLAGS_FORK,
+            json=False,
+        )
+        add("test_module_ranges_only_when_asked#0", {}, program=MODULES)
+        add("test_module_ranges_only_when_asked#1", {"PROFILED_METRICS_MODULES": "1"},
+            program=MODULES)  # fmt: skip
+        add(
+            "test_memory_stays_flat_over_200k_calls",
+            {"PROFILED_SCHEDULE": "wait=1000000"},
+            program=TINY_CALLS,
+        )
+        add(
+            "test_an_exporter_failing_in_export_metrics_costs_a_warning_only",
+            {},
+            program=BROKEN_EXPORTER,
+        )
+        add("test_the_records_are_json_with_the_documented_keys", {})
+        add("test_async_functions_and_generators_are_counted_too", {},
+            program=ASYNC_AND_GENERATORS)  # fmt: skip
+        add(
+            "test_device_sampling_on_a_machine_without_cuda_changes_nothing",
+            {"PROFILED_METRICS_DEVICE_EVERY": "1"},
+        )
+        add(
+            "test_switching_metrics_on_and_off_under_running_calls_never_breaks_them",
+            {},
+            program=TOGGLE_PROGRAM,
+            json=False,
+        )
+        yield ahead
+
+
+def _run(ahead, key, done=True):
+    """The program run under ``key`` (a test's name): its result, and what it wrote to its
+    JSON lines file; it ended normally, its last line ``done``."""
+    out, cwd = ahead[key]
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.splitlines()[-1] == "done"
+    if done:
+        assert out.stdout.splitlines()[-1] == "done"
+    path = cwd / "r.jsonl"
     return out, (path.read_text() if path.exists() else "")
 
 
-def test_the_json_exporter_gets_exact_counts_for_every_call(tmp_path):
-    out, text = _run(tmp_path, {"PROFILED_METRICS_INTERVAL_S": "0.2"}, "0.7")
+def test_the_json_exporter_gets_exact_counts_for_every_call(ahead, request):
+    out, text = _run(ahead, request.node.name)  # metrics every 0.2 s, 0.7 s asleep at the end
     records = metrics_records(text)
     assert len(records) >= 3, text[-2000:]  # a few periodic ones, then the last at exit
     last = records[-1]
@@ -393,32 +469,15 @@ def test_the_json_exporter_gets_exact_counts_for_every_call(tmp_path):
     assert window_records(text), "the window report is still written beside them"
 
 
-def test_metrics_can_be_switched_off_and_are_off_without_a_metrics_exporter(tmp_path):
-    _out, text = _run(tmp_path, {"PROFILED_METRICS": "0"})
+def test_metrics_can_be_switched_off_and_are_off_without_a_metrics_exporter(ahead, request):
+    _out, text = _run(ahead, request.node.name + "#0")  # PROFILED_METRICS=0
     assert metrics_records(text) == [] and window_records(text)
-    code = PROGRAM + (
-        "from instrument import state\nprint('metrics on:', state.metrics_on)\nprint('done')\n"
-    )
-    out, _text = _run(tmp_path, {"PROFILED_EXPORTERS": "console"}, program=code)
+    out, _text = _run(ahead, request.node.name + "#1")  # SAYS_SWITCH, the console only
     assert "metrics on: False" in out.stdout
 
 
-def test_a_forked_child_starts_empty_and_exports_nothing(tmp_path):
-    code = (
-        PROGRAM
-        + r"""
-from instrument import metrics
-pid = os.fork()
-if pid == 0:
-    work(x)
-    counts = {h.name: h.count for h in metrics.snapshot().ranges}
-    os.write(1, ("child counts %s\n" % counts).encode())
-    os._exit(0)
-os.waitpid(pid, 0)
-print("done")
-"""
-    )
-    out, text = _run(tmp_path, {}, program=code)
+def test_a_forked_child_starts_empty_and_exports_nothing(ahead, request):
+    out, text = _run(ahead, request.node.name)  # FORKED
     # none of the parent's counts; and nothing of its own (a forked child exports nothing)
     assert "child counts {}" in out.stdout
     records = metrics_records(text)
@@ -426,13 +485,7 @@ print("done")
     assert records[-1]["ranges"]["work"]["count"] == 300 + 8 * 2000
 
 
-def test_a_child_forked_while_the_flags_were_being_written_does_not_hang(tmp_path):
-    """A thread of the parent holds the lock the decorator's flags are written under when
-    another forks (a DataLoader starting its workers while a profiler starts): the child gets
-    a new lock, and its profiler starts, metrics switches and decorated calls go on."""
-    from tests import _proc
-
-    code = r"""
+FLAGS_FORK = r"""
 import os, threading, time, torch
 from instrument import profiled, state
 
@@ -469,15 +522,17 @@ else:
     os.kill(pid, 9)
     print("child hung")
 """
-    script = tmp_path / "fork.py"
-    script.write_text(code)
-    out = _proc.run(str(script), cwd=tmp_path, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_a_child_forked_while_the_flags_were_being_written_does_not_hang(ahead, request):
+    """A thread of the parent holds the lock the decorator's flags are written under when
+    another forks (a DataLoader starting its workers while a profiler starts): the child gets
+    a new lock, and its profiler starts, metrics switches and decorated calls go on."""
+    out, _text = _run(ahead, request.node.name, done=False)  # FLAGS_FORK
     assert "child done" in out.stdout and "child exit 0" in out.stdout, out.stdout
 
 
-def test_module_ranges_only_when_asked(tmp_path):
-    code = r"""
+MODULES = r"""
 import torch
 from instrument import instrument_module, profiled
 model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
@@ -491,9 +546,12 @@ for _ in range(50):
     fwd(torch.zeros(2, 4))
 print("done")
 """
-    _out, text = _run(tmp_path, {}, program=code)
+
+
+def test_module_ranges_only_when_asked(ahead, request):
+    _out, text = _run(ahead, request.node.name + "#0")  # MODULES
     assert set(metrics_records(text)[-1]["ranges"]) == {"fwd"}
-    _out, text = _run(tmp_path, {"PROFILED_METRICS_MODULES": "1"}, program=code)
+    _out, text = _run(ahead, request.node.name + "#1")  # and PROFILED_METRICS_MODULES=1
     ranges = metrics_records(text)[-1]["ranges"]
     assert ranges["fwd"]["count"] == 50
     assert {k: v["count"] for k, v in ranges.items() if k != "fwd"} == {
@@ -503,8 +561,7 @@ print("done")
     }
 
 
-def test_memory_stays_flat_over_200k_calls(tmp_path):
-    code = r"""
+TINY_CALLS = r"""
 import resource, torch
 from instrument import profiled
 
@@ -524,14 +581,16 @@ for _ in range(200_000):
 print("grew_kb", rss_kb() - before)
 print("done")
 """
-    out, text = _run(tmp_path, {"PROFILED_SCHEDULE": "wait=1000000"}, program=code)
+
+
+def test_memory_stays_flat_over_200k_calls(ahead, request):
+    out, text = _run(ahead, request.node.name)  # TINY_CALLS, no window
     grew = int(out.stdout.split("grew_kb")[1].split()[0])
     assert grew < 2048, out.stdout  # no memory per call: a few pages of noise at most
     assert metrics_records(text)[-1]["ranges"]["tiny"]["count"] == 220_000
 
 
-def test_an_exporter_failing_in_export_metrics_costs_a_warning_only(tmp_path):
-    code = r"""
+BROKEN_EXPORTER = r"""
 import instrument, warnings
 from exporters import Exporter, ExportResult
 from instrument import profiled
@@ -552,13 +611,16 @@ assert sum(f() for _ in range(10)) == 10
 instrument.shutdown()
 print("done")
 """
-    out, _text = _run(tmp_path, {}, program=code)
+
+
+def test_an_exporter_failing_in_export_metrics_costs_a_warning_only(ahead, request):
+    out, _text = _run(ahead, request.node.name)  # BROKEN_EXPORTER
     assert "raised RuntimeError" in out.stderr and "export_metrics()" in out.stderr
     assert "Traceback" not in out.stderr
 
 
-def test_the_records_are_json_with_the_documented_keys(tmp_path):
-    _out, text = _run(tmp_path, {})
+def test_the_records_are_json_with_the_documented_keys(ahead, request):
+    _out, text = _run(ahead, request.node.name)
     last = metrics_records(text)[-1]  # the one made at exit
     assert json.loads(json.dumps(last)) == last
     assert set(last) == {
@@ -586,8 +648,7 @@ def test_the_records_are_json_with_the_documented_keys(tmp_path):
     }
 
 
-def test_async_functions_and_generators_are_counted_too(tmp_path):
-    code = r"""
+ASYNC_AND_GENERATORS = r"""
 import asyncio
 from instrument import profiled
 
@@ -608,16 +669,19 @@ assert asyncio.run(main()) == 4950
 assert [r for _ in range(10) for r in rows()] == [1, 2] * 10
 print("done")
 """
-    _out, text = _run(tmp_path, {}, program=code)
+
+
+def test_async_functions_and_generators_are_counted_too(ahead, request):
+    _out, text = _run(ahead, request.node.name)  # ASYNC_AND_GENERATORS
     ranges = metrics_records(text)[-1]["ranges"]
     assert ranges["fetch"]["count"] == 100  # one per call, covering the awaited time
     assert ranges["rows"]["count"] == 30  # one per resume: 2 items + the finishing resume
 
 
-def test_device_sampling_on_a_machine_without_cuda_changes_nothing(tmp_path):
+def test_device_sampling_on_a_machine_without_cuda_changes_nothing(ahead, request):
     """PROFILED_METRICS_DEVICE_EVERY=1 where CUDA is not in use: every call still counted
     exactly, no device histograms, nothing said on stderr."""
-    out, text = _run(tmp_path, {"PROFILED_METRICS_DEVICE_EVERY": "1"})
+    out, text = _run(ahead, request.node.name)  # PROFILED_METRICS_DEVICE_EVERY=1
     last = metrics_records(text)[-1]
     assert last["ranges"]["work"]["count"] == 300 + 8 * 2000
     assert last["device_ranges"] == {}
@@ -671,15 +735,10 @@ print("errors", errors)
 """
 
 
-def test_switching_metrics_on_and_off_under_running_calls_never_breaks_them(tmp_path):
+def test_switching_metrics_on_and_off_under_running_calls_never_breaks_them(ahead, request):
     """Another thread turns metrics on and off for as long as three threads call decorated
     functions (sync, step, context form): no call raises (each reads the switch once)."""
-    script = tmp_path / "toggle.py"
-    script.write_text(TOGGLE_PROGRAM)
-    from tests import _proc
-
-    out = _proc.run(str(script), env=_proc.sdk_env({}), timeout=180)
-    assert out.returncode == 0, out.stderr[-3000:]
+    out, _text = _run(ahead, request.node.name, done=False)  # TOGGLE_PROGRAM
     assert out.stdout.strip().splitlines()[-1] == "errors []", out.stdout[-3000:]
     assert int(out.stdout.split("toggles ")[1].split()[0]) > 100  # it did run alongside
 

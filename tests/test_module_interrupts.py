@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from tests import _proc
+from tests import _early, _proc
 
 PROGRAM = r"""
 import json, os, signal, sys, threading, time
@@ -151,17 +151,28 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def _run(mode: str) -> dict:
-    proc = _proc.run("-c", PROGRAM, mode, timeout=300)
+MODES = ["sdk", "user"]
+for _mode in MODES:  # each its own program, run early (tests/_early.py)
+    _early.add(
+        __name__,
+        f"test_interrupted_forwards_under_a_recording_profiler_leave_later_forwards_whole[{_mode}]",
+        *("-c", PROGRAM, _mode),
+        env=_proc.sdk_env(),
+        timeout=300,
+    )
+
+
+def _run(request) -> dict:
+    proc, _cwd = _early.result(request)  # PROGRAM in the test's mode
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
     return json.loads(lines[-1][len("RESULT ") :])
 
 
-@pytest.mark.parametrize("mode", ["sdk", "user"])
-def test_interrupted_forwards_under_a_recording_profiler_leave_later_forwards_whole(mode):
-    out = _run(mode)
+@pytest.mark.parametrize("mode", MODES)
+def test_interrupted_forwards_under_a_recording_profiler_leave_later_forwards_whole(request, mode):
+    out = _run(request)
     cases = out["cases"]
     assert len(cases) == 8
     for where, how, interrupted, tidy in cases:

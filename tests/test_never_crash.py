@@ -17,6 +17,7 @@ import torch
 
 from instrument import Schedule, _torch, profiled
 from instrument.testing import capture
+from tests import _proc
 from tests._records import window_records
 
 
@@ -24,30 +25,88 @@ def _reports(path) -> list[dict]:
     return window_records(path.read_text())
 
 
-def _run(
-    run_python,
-    tmp_path,
-    code: str,
-    every: int,
-    runs: int = 1,
-    timeout: float = 600,  # a hang fails anyway; a busy machine must not (runs took 74 s)
-    extra: dict[str, str] | None = None,
-) -> list[dict]:
-    out = tmp_path / "reports.jsonl"
-    for attempt in range(runs):
-        if out.exists():
-            out.unlink()
-        env = {
-            "PROFILED_EVERY": str(every),
+def _sampled(every: int | None, **extra: str):
+    """The environment of a program whose windows go to ``reports.jsonl`` in its directory."""
+    return lambda cwd: _proc.sdk_env(
+        {
+            **({"PROFILED_EVERY": str(every)} if every is not None else {}),
             "PROFILED_EXPORTERS": "json",
-            "PROFILED_JSON_PATH": str(out),
+            "PROFILED_JSON_PATH": str(cwd / "reports.jsonl"),
             "PROFILED_ACTIVITIES": "cpu",
-            **(extra or {}),
+            **extra,
         }
-        result = run_python(code, env=env, timeout=timeout)
+    )
+
+
+@pytest.fixture(scope="module")
+def ahead(request, tmp_path_factory):
+    """Every program of this module, run two at a time as the module starts (each in its own
+    process, as before: they share nothing); a test reads its own. A hang fails anyway; a busy
+    machine must not (runs took 74 s): 600 s each."""
+    cpu_memory = {"PROFILED_EXPORTERS": "memory", "PROFILED_ACTIVITIES": "cpu"}
+    programs = [
+        # key, program, environment, runs
+        ("test_a_range_held_across_windows_never_crashes", HELD_ACROSS_STEPS, _sampled(4), 3),
+        ("test_asyncio_tasks_hold_ranges_while_another_steps[4]", ASYNC_TASKS, _sampled(4), 1),
+        ("test_asyncio_tasks_hold_ranges_while_another_steps[40]", ASYNC_TASKS, _sampled(40), 1),
+        ("test_free_running_threads_with_configure_and_flush", THREADS, _sampled(5), 2),
+        ("test_an_interrupt_storm_never_leaves_the_profiler_on", STORM, _sampled(3), 2),
+        (
+            "test_a_window_whose_thread_ends_is_stopped_there_and_windows_go_on",
+            OWNER_ENDS,
+            _sampled(None, PROFILED_SCHEDULE="wait=1,warmup=0,active=2,repeat=2"),
+            1,
+        ),
+        (
+            "test_a_range_held_across_the_programs_own_profiler_restart",
+            RESTARTED,
+            {"PROFILED_EXPORTERS": "memory"},
+            1,
+        ),
+        (
+            "test_the_programs_profiler_on_another_thread_while_a_window_records",
+            OTHER_THREAD_PROFILER,
+            _sampled(4),
+            1,
+        ),
+        (
+            "test_children_forked_while_another_thread_runs_windows_never_hang",
+            FORKS,
+            {"PROFILED_EVERY": "3", **cpu_memory},
+            1,
+        ),
+        (
+            "test_a_child_forked_while_another_thread_owns_a_window_never_touches_it",
+            FORK_WHILE_OWNER_HOLDS_LOCK,
+            {"PROFILED_ACTIVITIES": "cpu"},
+            1,
+        ),
+        (
+            "test_tracebacks_kept_across_windows_never_free_a_live_range",
+            KEPT_TRACEBACKS,
+            {"PROFILED_EVERY": "4", **cpu_memory},
+            1,
+        ),
+    ]
+    with _proc.Ahead(request, tmp_path_factory) as ahead:
+        for key, code, env, runs in programs:
+            env = env if callable(env) else _proc.sdk_env(env)
+            for n in range(runs):
+                ahead.add(f"{key}#{n}" if runs > 1 else key, "-c", code, env=env, timeout=600)
+        yield ahead
+
+
+def _run(ahead, request, runs: int = 1) -> list[dict]:
+    """The test's program ran ``runs`` times (each exits normally, having said it is done): the
+    reports of each run."""
+    reports = []
+    for attempt in range(runs):
+        key = request.node.name + (f"#{attempt}" if runs > 1 else "")
+        result, cwd = ahead[key]
         assert result.returncode == 0, (attempt, result.returncode, result.stderr[-3000:])
         assert "done" in result.stdout, result.stdout
-    return _reports(out)
+        reports.append(_reports(cwd / "reports.jsonl"))
+    return reports
 
 
 HELD_ACROSS_STEPS = """
@@ -64,13 +123,13 @@ print("done")
 
 
 @pytest.mark.timeout(900)  # three runs of up to ~75 s each on the busy box, and a hang's 600 s
-def test_a_range_held_across_windows_never_crashes(run_python, tmp_path):
+def test_a_range_held_across_windows_never_crashes(ahead, request):
     """The issue's reproduction: every window ends inside an open ``chunk``."""
-    reports = _run(run_python, tmp_path, HELD_ACROSS_STEPS, every=4, runs=3)
-    assert len(reports) >= 5
-    # a chunk that began in a window and outlived it is counted, and said to be open
-    opened = [r["ranges"]["chunk"] for r in reports if "chunk" in r["ranges"]]
-    assert opened and all(c["open_calls"] >= 1 for c in opened)
+    for reports in _run(ahead, request, runs=3):
+        assert len(reports) >= 5
+        # a chunk that began in a window and outlived it is counted, and said to be open
+        opened = [r["ranges"]["chunk"] for r in reports if "chunk" in r["ranges"]]
+        assert opened and all(c["open_calls"] >= 1 for c in opened)
 
 
 ASYNC_TASKS = """
@@ -101,8 +160,8 @@ print("done")
 
 
 @pytest.mark.parametrize("every", [4, 40])
-def test_asyncio_tasks_hold_ranges_while_another_steps(run_python, tmp_path, every):
-    reports = _run(run_python, tmp_path, ASYNC_TASKS, every=every)
+def test_asyncio_tasks_hold_ranges_while_another_steps(ahead, request, every):
+    (reports,) = _run(ahead, request)
     assert len(reports) >= 3
     assert any("held" in r["ranges"] for r in reports)
 
@@ -138,11 +197,11 @@ print("done")
 
 
 @pytest.mark.timeout(900)  # two runs, and a hang's 600 s
-def test_free_running_threads_with_configure_and_flush(run_python, tmp_path):
+def test_free_running_threads_with_configure_and_flush(ahead, request):
     """8 threads x 2000 root calls (each ends a step), windows every 5 steps, while another
     thread flushes and reconfigures: ranges of every thread cross window boundaries."""
-    reports = _run(run_python, tmp_path, THREADS, every=5, runs=2)
-    assert len(reports) >= 3
+    for reports in _run(ahead, request, runs=2):
+        assert len(reports) >= 3
 
 
 STORM = """
@@ -216,7 +275,7 @@ print("done", interrupts, steps, before, after)
 
 
 @pytest.mark.timeout(900)  # two runs of up to ~75 s each on the busy box, and a hang's 600 s
-def test_an_interrupt_storm_never_leaves_the_profiler_on(run_python, tmp_path):
+def test_an_interrupt_storm_never_leaves_the_profiler_on(ahead, request):
     """A signal handler that raises every 0.3 ms lands anywhere, windows' starts and stops
     included: the program's exception comes through unchanged, no profiler is left on,
     sampling goes on afterwards and the process exits normally.
@@ -226,7 +285,7 @@ def test_an_interrupt_storm_never_leaves_the_profiler_on(run_python, tmp_path):
     exception would leave through the outer one into the loop's own frame, outside its try
     (the test's own defect: 1 run in 50 died that way on the busy 2-core box, rc -14, and
     every run once the handler spins)."""
-    _run(run_python, tmp_path, STORM, every=3, runs=2)
+    _run(ahead, request, runs=2)
 
 
 def test_a_range_that_outlives_its_window_is_counted_and_never_ended_in_the_next():
@@ -328,24 +387,14 @@ print("done")
 """
 
 
-def test_a_window_whose_thread_ends_is_stopped_there_and_windows_go_on(run_python, tmp_path):
+def test_a_window_whose_thread_ends_is_stopped_there_and_windows_go_on(ahead, request):
     """Only that thread can stop its profiler: it is stopped as the thread ends (else torch
     2.13 crashed at exit, and on torch 2.11 with CUDA no profiler could start again), and the
     next window records."""
-    out = tmp_path / "reports.jsonl"
-    result = run_python(
-        OWNER_ENDS,
-        env={
-            "PROFILED_SCHEDULE": "wait=1,warmup=0,active=2,repeat=2",
-            "PROFILED_EXPORTERS": "json",
-            "PROFILED_JSON_PATH": str(out),
-            "PROFILED_ACTIVITIES": "cpu",
-        },
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "done" in result.stdout
+    (reports,) = _run(ahead, request)
+    result, _cwd = ahead[request.node.name]
     assert "ended before it could stop its profiler" not in result.stderr
-    last = _reports(out)[-1]
+    last = reports[-1]
     assert last["steps"] == [4, 5] and last["ranges"]["w"]["calls"] == 2
 
 
@@ -367,10 +416,10 @@ print("done")
 """
 
 
-def test_a_range_held_across_the_programs_own_profiler_restart(run_python):
+def test_a_range_held_across_the_programs_own_profiler_restart(ahead, request):
     """The program's two profilers in a row look alike to torch's flag: their starts and
     stops move the epoch too (this crashed 2 runs of 2 before)."""
-    result = run_python(RESTARTED, env={"PROFILED_EXPORTERS": "memory"})
+    result, _cwd = ahead[request.node.name]
     assert result.returncode == 0, result.stderr[-3000:]
     assert "done" in result.stdout
 
@@ -404,22 +453,11 @@ print("done")
 """
 
 
-def test_the_programs_profiler_on_another_thread_while_a_window_records(run_python, tmp_path):
+def test_the_programs_profiler_on_another_thread_while_a_window_records(ahead, request):
     """Stopping a thread-local window after another thread's profiler started and stopped
     crashes in torch: the window is dropped, not stopped, and windows go on."""
-    out = tmp_path / "reports.jsonl"
-    result = run_python(
-        OTHER_THREAD_PROFILER,
-        env={
-            "PROFILED_EVERY": "4",
-            "PROFILED_EXPORTERS": "json",
-            "PROFILED_JSON_PATH": str(out),
-            "PROFILED_ACTIVITIES": "cpu",
-        },
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "done" in result.stdout
-    assert len(_reports(out)) >= 3  # windows after the program's profiler
+    (reports,) = _run(ahead, request)
+    assert len(reports) >= 3  # windows after the program's profiler
 
 
 FORKS = """
@@ -468,14 +506,10 @@ print("hung", hung)
 
 
 @pytest.mark.timeout(900)
-def test_children_forked_while_another_thread_runs_windows_never_hang(run_python):
+def test_children_forked_while_another_thread_runs_windows_never_hang(ahead, request):
     """The parent's lock may be held by its training thread at the fork: the child makes its
     own (14 children of 40 hung before)."""
-    result = run_python(
-        FORKS,
-        env={"PROFILED_EVERY": "3", "PROFILED_EXPORTERS": "memory", "PROFILED_ACTIVITIES": "cpu"},
-        timeout=600,
-    )
+    result, _cwd = ahead[request.node.name]
     assert result.returncode == 0, result.stderr[-3000:]
     assert "hung 0" in result.stdout, result.stdout
 
@@ -520,13 +554,11 @@ t.join()
 
 
 @pytest.mark.timeout(900)
-def test_a_child_forked_while_another_thread_owns_a_window_never_touches_it(run_python):
+def test_a_child_forked_while_another_thread_owns_a_window_never_touches_it(ahead, request):
     """A forked child clears the parent's other threads' locals as it starts: the window a
     thread of the parent owns is the parent's, never stopped from the child (which hung on its
     copy of a lock that thread held at the fork: 3 runs in 16 of the test above)."""
-    result = run_python(
-        FORK_WHILE_OWNER_HOLDS_LOCK, env={"PROFILED_ACTIVITIES": "cpu"}, timeout=600
-    )
+    result, _cwd = ahead[request.node.name]
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "child exited", result.stdout
 
@@ -552,14 +584,11 @@ print("done")
 """
 
 
-def test_tracebacks_kept_across_windows_never_free_a_live_range(run_python):
+def test_tracebacks_kept_across_windows_never_free_a_live_range(ahead, request):
     """A decorated call that raises after its window changed leaves its frame in the
     traceback: the range is orphaned and the frame lets go of it, so freeing the traceback
     later, under another window, touches no profiler state."""
-    result = run_python(
-        KEPT_TRACEBACKS,
-        env={"PROFILED_EVERY": "4", "PROFILED_EXPORTERS": "memory", "PROFILED_ACTIVITIES": "cpu"},
-    )
+    result, _cwd = ahead[request.node.name]
     assert result.returncode == 0, result.stderr[-3000:]
     assert "done" in result.stdout
 

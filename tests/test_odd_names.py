@@ -70,12 +70,26 @@ print(json.dumps(sorted(o.name for o in report.occurrences.items if o.kind == "r
 """
 
 
+@pytest.fixture(scope="module")
+def ahead(request, tmp_path_factory):
+    """The module's three programs (each its own process, as before), run two at a time as
+    the module starts; a test reads its own, from its directory."""
+    with _proc.Ahead(request, tmp_path_factory) as ahead:
+        for helper in ("1", "0"):
+            key = f"test_a_window_with_odd_names_reaches_every_exporter_with_names_intact[{helper}]"
+            ahead.add(key, "-c", PROGRAM, json.dumps(RANGES), json.dumps(USER), ".",
+                      env=_proc.sdk_env(PROFILED_ANALYSIS_PROCESS=helper), timeout=180)  # fmt: skip
+        ahead.add(
+            "test_the_cli_reads_a_plain_profilers_trace_with_quotes_in_names",
+            *("-c", PLAIN_PROFILER, "plain.pt.trace.json"),
+            env=_proc.sdk_env(),
+        )
+        yield ahead
+
+
 @pytest.mark.parametrize("helper", ["1", "0"])
-def test_a_window_with_odd_names_reaches_every_exporter_with_names_intact(tmp_path, helper):
-    env = _proc.sdk_env(PROFILED_ANALYSIS_PROCESS=helper)
-    run = _proc.run(
-        "-c", PROGRAM, json.dumps(RANGES), json.dumps(USER), str(tmp_path), env=env, timeout=180
-    )
+def test_a_window_with_odd_names_reaches_every_exporter_with_names_intact(ahead, request, helper):
+    run, tmp_path = ahead[request.node.name]  # PROGRAM, writing into its directory
     assert run.returncode == 0, run.stderr
     assert "could not be analyzed" not in run.stderr and "Traceback" not in run.stderr
     # the JSON line: one record, every range and the user's ranges by their own names
@@ -192,11 +206,11 @@ prof.export_chrome_trace(sys.argv[1])
 """
 
 
-def test_the_cli_reads_a_plain_profilers_trace_with_quotes_in_names(tmp_path):
+def test_the_cli_reads_a_plain_profilers_trace_with_quotes_in_names(ahead, request):
     """``torch-profiled summarize`` of a trace the user's own torch.profiler wrote: torch
     leaves ``"`` in names unescaped (invalid JSON); the CLI reads it as the SDK's windows do."""
+    made, tmp_path = ahead[request.node.name]  # PLAIN_PROFILER
     trace = tmp_path / "plain.pt.trace.json"
-    made = _proc.run("-c", PLAIN_PROFILER, str(trace), cwd=tmp_path)
     assert made.returncode == 0, made.stderr[-2000:]
     with pytest.raises(ValueError):
         json.loads(trace.read_text())  # what torch wrote is not JSON: the case under test

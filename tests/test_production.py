@@ -7,11 +7,13 @@ import json
 import threading
 import warnings
 
+import pytest
 import torch
 
 from exporters import Exporter, ExporterWarning, ExportResult, InMemoryExporter
 from instrument import Schedule, profiled, session
 from instrument.pipeline import QUEUE_SIZE
+from tests import _proc
 from tests._records import window_records
 
 X = torch.randn(8, 8)
@@ -115,6 +117,55 @@ def test_a_full_queue_drops_the_oldest_counts_it_and_warns_once():
     assert len(full) == 1 and "Hanging" in str(full[0].message)
 
 
+@pytest.fixture(scope="module")
+def ahead(request, tmp_path_factory):
+    """The programs after the deadline test's (each its own process, as before), run two at a
+    time as the first of their tests starts; a test reads its own. The deadline test's runs
+    alone, before them: its exporters have 1 s at exit."""
+    with _proc.Ahead(request, tmp_path_factory) as ahead:
+
+        def add(key, code, timeout=120, **env):
+            def child_env(cwd):
+                return _proc.sdk_env({"PROFILED_JSON_PATH": str(cwd / "r.jsonl"), **env})
+
+            ahead.add(key, "-c", code, env=child_env, timeout=timeout)
+
+        json_only = {"PROFILED_EXPORTERS": "json"}
+        add(
+            "test_reports_arrive_in_order_and_complete_at_exit",
+            IN_ORDER,
+            PROFILED_SCHEDULE="warmup=0,active=2,repeat=0",
+            **json_only,
+        )
+        add(
+            "test_forked_child_never_exports_nor_stops_the_parents_window",
+            FORKED_CHILD,
+            PROFILED_SCHEDULE="warmup=1,active=6",
+            **json_only,
+        )
+        add(
+            "test_multiprocessing_fork_children_export_nothing_and_leave_the_window",
+            MP_FORK,
+            PROFILED_SCHEDULE="warmup=1,active=3,repeat=2,wait=4",
+            **json_only,
+        )
+        add("test_dataloader_fork_workers_run_decorated_code", LOADER_FORK, **json_only)
+
+        def rss_env(cwd):  # the json exporter's default file, in the working directory
+            return _proc.sdk_env(
+                PROFILED_EVERY="500", PROFILED_EXPORTERS="json,trace", PROFILED_TRACE_KEEP="3"
+            )
+
+        ahead.add(
+            "test_resident_memory_stays_flat_over_20k_steps_with_a_window_every_500",
+            "-c",
+            RSS,
+            env=rss_env,
+            timeout=600,
+        )
+        yield ahead
+
+
 def test_exit_waits_for_queued_reports_only_until_the_deadline(run_python, tmp_path):
     code = """
 import threading, torch
@@ -155,9 +206,7 @@ print("done", flush=True)
     assert [r["window"] for r in records] == [0, 1]  # the others got both
 
 
-def test_reports_arrive_in_order_and_complete_at_exit(run_python, tmp_path):
-    """Windows that end right before exit are still exported (queued, then flushed)."""
-    code = """
+IN_ORDER = """
 import torch
 import instrument
 from instrument import profiled
@@ -170,14 +219,11 @@ x = torch.randn(4, 4)
 for _ in range(12):
     train_step(x)
 """
-    out = run_python(
-        code,
-        env={
-            "PROFILED_EXPORTERS": "json",
-            "PROFILED_SCHEDULE": "warmup=0,active=2,repeat=0",
-            "PROFILED_JSON_PATH": str(tmp_path / "r.jsonl"),
-        },
-    )
+
+
+def test_reports_arrive_in_order_and_complete_at_exit(ahead, request):
+    """Windows that end right before exit are still exported (queued, then flushed)."""
+    out, tmp_path = ahead[request.node.name]  # IN_ORDER
     assert out.returncode == 0, out.stderr
     records = window_records((tmp_path / "r.jsonl").read_text())
     assert [r["steps"] for r in records] == [[2 * i, 2 * i + 1] for i in range(6)]
@@ -186,8 +232,7 @@ for _ in range(12):
 # ------------------------------------------------------------------ processes
 
 
-def test_forked_child_never_exports_nor_stops_the_parents_window(run_python, tmp_path):
-    code = """
+FORKED_CHILD = """
 import os, sys, json, torch
 import instrument
 from instrument import profiled
@@ -217,15 +262,11 @@ for _ in range(10):
 instrument.shutdown()
 print(os.getpid(), flush=True)
 """
+
+
+def test_forked_child_never_exports_nor_stops_the_parents_window(ahead, request):
+    out, tmp_path = ahead[request.node.name]  # FORKED_CHILD
     path = tmp_path / "r.jsonl"
-    out = run_python(
-        code,
-        env={
-            "PROFILED_EXPORTERS": "json",
-            "PROFILED_JSON_PATH": str(path),
-            "PROFILED_SCHEDULE": "warmup=1,active=6",
-        },
-    )
     assert out.returncode == 0, out.stderr
     reports = window_records(path.read_text())
     assert len(reports) == 1 and reports[0]["pid"] == int(out.stdout)
@@ -233,8 +274,7 @@ print(os.getpid(), flush=True)
     assert reports[0]["ranges"]["train_step"]["calls"] == 6  # the parent's calls only
 
 
-def test_multiprocessing_fork_children_export_nothing_and_leave_the_window(run_python, tmp_path):
-    code = """
+MP_FORK = """
 import multiprocessing as mp, torch
 import instrument
 from instrument import profiled
@@ -260,15 +300,11 @@ for p in procs:
 for _ in range(10):
     train_step(x)          # steps 5-14: the rest of this window, and part of the next
 """
+
+
+def test_multiprocessing_fork_children_export_nothing_and_leave_the_window(ahead, request):
+    out, tmp_path = ahead[request.node.name]  # MP_FORK
     path = tmp_path / "r.jsonl"
-    out = run_python(
-        code,
-        env={
-            "PROFILED_EXPORTERS": "json",
-            "PROFILED_JSON_PATH": str(path),
-            "PROFILED_SCHEDULE": "warmup=1,active=3,repeat=2,wait=4",
-        },
-    )
     assert out.returncode == 0, out.stderr
     reports = window_records(path.read_text())
     assert [r["steps"] for r in reports] == [[5, 6, 7], [13, 14]]
@@ -276,8 +312,7 @@ for _ in range(10):
     assert len({r["pid"] for r in reports}) == 1  # the parent's windows only
 
 
-def test_dataloader_fork_workers_run_decorated_code(run_python, tmp_path):
-    code = """
+LOADER_FORK = """
 import torch
 from torch.utils.data import DataLoader, Dataset
 import instrument
@@ -300,8 +335,11 @@ total = sum(float(train_step(b)) for b in loader)
 instrument.shutdown()
 print(int(total), flush=True)
 """
+
+
+def test_dataloader_fork_workers_run_decorated_code(ahead, request):
+    out, tmp_path = ahead[request.node.name]  # LOADER_FORK
     path = tmp_path / "r.jsonl"
-    out = run_python(code, env={"PROFILED_EXPORTERS": "json", "PROFILED_JSON_PATH": str(path)})
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) == sum(i * i for i in range(64))
     reports = window_records(path.read_text())
@@ -360,8 +398,7 @@ def test_eight_threads_through_many_windows_give_exact_call_counts():
 # ------------------------------------------------------------------ memory
 
 
-def test_resident_memory_stays_flat_over_20k_steps_with_a_window_every_500(run_python, tmp_path):
-    code = """
+RSS = """
 import json, resource, torch
 import instrument
 from instrument import profiled
@@ -384,15 +421,10 @@ for i in range(20_000):
 instrument.shutdown()
 print(json.dumps(samples))
 """
-    out = run_python(
-        code,
-        env={
-            "PROFILED_EVERY": "500",
-            "PROFILED_EXPORTERS": "json,trace",
-            "PROFILED_TRACE_KEEP": "3",
-        },
-        timeout=600,
-    )
+
+
+def test_resident_memory_stays_flat_over_20k_steps_with_a_window_every_500(ahead, request):
+    out, tmp_path = ahead[request.node.name]  # RSS
     assert out.returncode == 0, out.stderr
     samples = json.loads(out.stdout)
     assert len(samples) == 40

@@ -17,7 +17,7 @@ import pytest
 
 from instrument import _torch, profiled
 from instrument.decorator import range_name
-from tests import _proc
+from tests import _early, _proc
 
 SURROGATE = os.fsdecode(b"load-\xff.bin")
 NAMES = {
@@ -196,8 +196,17 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def test_every_call_form_runs_and_records_names_torch_cannot_take_as_given():
-    proc = _proc.run("-c", PROGRAM, timeout=300)
+_early.add(
+    __name__,
+    "test_every_call_form_runs_and_records_names_torch_cannot_take_as_given",
+    *("-c", PROGRAM),
+    env=_proc.sdk_env(),
+    timeout=300,
+)
+
+
+def test_every_call_form_runs_and_records_names_torch_cannot_take_as_given(request):
+    proc, _cwd = _early.result(request)  # PROGRAM
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
     out = json.loads(lines[-1][len("RESULT ") :])

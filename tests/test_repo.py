@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tests import _proc
+from tests import _early, _proc
 from tests._proc import REPO
 
 
@@ -125,8 +125,17 @@ def test_the_bench_index_names_every_script_and_no_script_is_named_after_an_issu
     assert not [n for n in os.listdir(bench) if n.endswith(".sh")]
 
 
-def test_seed_demo_runs_and_writes_loadable_traces(tmp_path):
-    out = _proc.run(os.path.join(REPO, "examples", "01_matmul_bias.py"), cwd=tmp_path, timeout=300)
+_early.add(
+    __name__,
+    "test_seed_demo_runs_and_writes_loadable_traces",
+    os.path.join(REPO, "examples", "01_matmul_bias.py"),
+    env=_proc.sdk_env(),
+    timeout=300,
+)
+
+
+def test_seed_demo_runs_and_writes_loadable_traces(request):
+    out, tmp_path = _early.result(request)  # examples/01_matmul_bias.py, from an empty directory
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("matmul_bias ") == 2  # the two sizes are announced on stdout
     tables = out.stderr.count("@profiled range")

@@ -11,6 +11,7 @@ from exporters import InMemoryExporter
 from instrument import Schedule, configure, flush, profiled, session
 from instrument.config import Config, ConfigWarning
 from instrument.sampling import Sampling, draw
+from tests import _early, _proc
 
 X = torch.randn(8, 8)
 
@@ -215,16 +216,26 @@ print(json.dumps([list(r.steps) for r in mem.reports]))
 """
 
 
-def test_processes_with_the_same_seed_open_the_same_windows(run_python):
+SEEDED = {
+    "PROFILED_SAMPLE_RATE": "0.05",
+    "PROFILED_EVERY": "5",
+    "PROFILED_SCHEDULE": "warmup=1,active=2",
+    "PROFILED_SEED": "42",
+}
+_SEEDS = ("42", "42", "43")  # twice the same seed, then another: three processes, run early
+for _n, _seed in enumerate(_SEEDS):
+    _early.add(
+        __name__,
+        f"test_processes_with_the_same_seed_open_the_same_windows#{_n}",
+        *("-c", PROGRAM),
+        env=_proc.sdk_env(SEEDED, PROFILED_SEED=_seed),
+    )
+
+
+def test_processes_with_the_same_seed_open_the_same_windows(request):
     """What makes ranks agree without talking: same seed, same steps, in separate processes."""
-    env = {
-        "PROFILED_SAMPLE_RATE": "0.05",
-        "PROFILED_EVERY": "5",
-        "PROFILED_SCHEDULE": "warmup=1,active=2",
-        "PROFILED_SEED": "42",
-    }
-    runs = [run_python(PROGRAM, env=env) for _ in range(2)]
-    other = run_python(PROGRAM, env={**env, "PROFILED_SEED": "43"})
+    runs = [_early.result(request, f"#{n}")[0] for n in range(2)]  # PROGRAM, seed 42 twice
+    other = _early.result(request, "#2")[0]  # seed 43
     for out in (*runs, other):
         assert out.returncode == 0, out.stderr
     steps = [json.loads(out.stdout) for out in runs]

@@ -15,6 +15,7 @@ import instrument
 from exporters import Exporter, ExportResult, InMemoryExporter
 from instrument import Schedule, configure, profiled, session, shutdown, step
 from instrument.testing import capture
+from tests import _proc
 
 X = torch.randn(32, 32)
 
@@ -359,8 +360,7 @@ def test_activities_validation():
 # ---------------------------------------------------------------- real processes
 
 
-def test_interpreter_exit_exports_partial_window(run_python, tmp_path):
-    code = """
+PARTIAL_AT_EXIT = """
 import torch
 from instrument import profiled
 
@@ -373,15 +373,47 @@ for _ in range(3):
     mm(x)
 print("done", flush=True)
 """
-    out = run_python(
-        code,
-        env={
-            "PROFILED_SCHEDULE": "warmup=1,active=10",
-            "PROFILED_EXPORTERS": "console,trace",
-            "PROFILED_TRACE_DIR": str(tmp_path / "tr"),
-            "PROFILED_TRACE_GZIP": "0",
-        },
-    )
+
+
+@pytest.fixture(scope="module")
+def ahead(request, tmp_path_factory):
+    """The programs of the tests below (each its own process, as before), run two at a time as
+    the first of them starts; a test reads its own, from its directory."""
+    with _proc.Ahead(request, tmp_path_factory) as ahead:
+
+        def add(key, code, **env):
+            ahead.add(key, "-c", code, env=_proc.sdk_env(env))
+
+        add(
+            "test_interpreter_exit_exports_partial_window",
+            PARTIAL_AT_EXIT,
+            PROFILED_SCHEDULE="warmup=1,active=10",
+            PROFILED_EXPORTERS="console,trace",
+            PROFILED_TRACE_DIR="tr",
+            PROFILED_TRACE_GZIP="0",
+        )
+        add("test_program_too_short_prints_why", TOO_SHORT, PROFILED_EXPORTERS="console")
+        add(
+            "test_environment_drives_the_ambient_session",
+            TWELVE_MM,
+            PROFILED_SCHEDULE="wait=1,warmup=1,active=2,repeat=2",
+            PROFILED_EXPORTERS="trace",
+            PROFILED_TRACE_DIR="tr",
+            PROFILED_TRACE_KEEP="1",
+        )
+        key = "test_bad_environment_warns_once_and_program_runs"
+        add(key + "#0", SIX_CALLS, PROFILED_SCHEDULE="wait=x", PROFILED_EXPORTERS="memory")
+        add(key + "#1", SIX_CALLS, PROFILED_SCHEDULE="wait=x", PROFILED_STRICT="1")
+        add(
+            "test_warnings_are_not_errors_for_unknown_exporter_names",
+            TWO_CALLS,
+            PROFILED_EXPORTERS="memory,nosuch",
+        )
+        yield ahead
+
+
+def test_interpreter_exit_exports_partial_window(ahead, request):
+    out, tmp_path = ahead[request.node.name]  # PARTIAL_AT_EXIT, traces into tr/
     assert out.returncode == 0, out.stderr
     assert out.stdout == "done\n"  # nothing of ours on standard output
     assert "steps 1-2 (partial)" in out.stderr
@@ -393,8 +425,7 @@ print("done", flush=True)
     )
 
 
-def test_program_too_short_prints_why(run_python):
-    code = """
+TOO_SHORT = """
 from instrument import profiled
 
 @profiled
@@ -403,15 +434,17 @@ def f():
 
 f()
 """
-    out = run_python(code, env={"PROFILED_EXPORTERS": "console"})
+
+
+def test_program_too_short_prints_why(ahead, request):
+    out, _cwd = ahead[request.node.name]  # TOO_SHORT, the console
     assert out.returncode == 0, out.stderr
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("torch-profiled:")]
     assert len(lines) == 1 and "no table" in lines[0], out.stderr
     assert out.stdout == ""
 
 
-def test_environment_drives_the_ambient_session(run_python, tmp_path):
-    code = """
+TWELVE_MM = """
 import torch
 from instrument import profiled
 
@@ -423,22 +456,16 @@ x = torch.randn(16, 16)
 for _ in range(12):
     mm(x)
 """
-    out = run_python(
-        code,
-        env={
-            "PROFILED_SCHEDULE": "wait=1,warmup=1,active=2,repeat=2",
-            "PROFILED_EXPORTERS": "trace",
-            "PROFILED_TRACE_DIR": str(tmp_path / "tr"),
-            "PROFILED_TRACE_KEEP": "1",
-        },
-    )
+
+
+def test_environment_drives_the_ambient_session(ahead, request):
+    out, tmp_path = ahead[request.node.name]  # TWELVE_MM, two windows, the last trace kept
     assert out.returncode == 0, out.stderr
     files = os.listdir(tmp_path / "tr")
     assert len(files) == 1 and files[0].endswith(".pt.trace.json.gz")
 
 
-def test_bad_environment_warns_once_and_program_runs(run_python):
-    code = """
+SIX_CALLS = """
 from instrument import profiled
 
 @profiled
@@ -449,17 +476,19 @@ for _ in range(6):
     f()
 print("ok")
 """
-    out = run_python(code, env={"PROFILED_SCHEDULE": "wait=x", "PROFILED_EXPORTERS": "memory"})
+
+
+def test_bad_environment_warns_once_and_program_runs(ahead, request):
+    out, _cwd = ahead[request.node.name + "#0"]  # SIX_CALLS, PROFILED_SCHEDULE=wait=x
     assert out.returncode == 0, out.stderr
     assert out.stdout == "ok\n"
     assert out.stderr.count("PROFILED_SCHEDULE='wait=x' is invalid") == 1
-    strict = run_python(code, env={"PROFILED_SCHEDULE": "wait=x", "PROFILED_STRICT": "1"})
+    strict, _cwd = ahead[request.node.name + "#1"]  # and PROFILED_STRICT=1
     assert strict.returncode != 0
     assert "ValueError" in strict.stderr and "PROFILED_SCHEDULE" in strict.stderr
 
 
-def test_warnings_are_not_errors_for_unknown_exporter_names(run_python):
-    code = """
+TWO_CALLS = """
 from instrument import profiled
 
 @profiled
@@ -469,7 +498,10 @@ def f():
 f(); f()
 print("ok")
 """
-    out = run_python(code, env={"PROFILED_EXPORTERS": "memory,nosuch"})
+
+
+def test_warnings_are_not_errors_for_unknown_exporter_names(ahead, request):
+    out, _cwd = ahead[request.node.name]  # TWO_CALLS, exporters memory and nosuch
     assert out.returncode == 0
     assert "unknown exporter 'nosuch'" in out.stderr and "console" in out.stderr
 

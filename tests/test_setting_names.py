@@ -14,6 +14,7 @@ import pytest
 from instrument import Config, ConfigWarning
 from instrument import config as config_mod
 from instrument.config import ENV_VARS, SETTINGS
+from tests import _proc
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -55,14 +56,49 @@ MISSPELT = {
 }
 
 
+STRICT_WRONG = ["PROFILED_ENABLE", "PROFILED_EXPORTER", "PROFILED_XYZZY"]
+UNREADABLE = ["flase", "2", ""]
+COMPILE_CASES = {
+    "bad-name": (
+        "PROFILED_EXPORTR",
+        "json",
+        "PROFILED_EXPORTR='json' is not a torch-profiled setting",
+    ),
+    "bad-switch": ("PROFILED_ENABLED", "flase", "PROFILED_ENABLED='flase' is invalid"),
+}
+
+
+@pytest.fixture(scope="module")
+def ahead(request, tmp_path_factory):
+    """This module's programs, each in its own process as before (its settings are read as it
+    starts), run two at a time as the module starts; a test reads its own."""
+    with _proc.Ahead(request, tmp_path_factory) as ahead:
+
+        def add(key: str, code: str, **env: str) -> None:
+            ahead.add(key, "-c", code, env=_proc.sdk_env({**BASE_ENV, **env}))
+
+        misspelt = {**dict.fromkeys(MISSPELT, "0"), "PROFILED_XYZZY": "1"}
+        misspelt["PROFILED_EXPORTER"] = "json"
+        add("test_misspelt_names_warn_once_each_naming_the_setting_meant", PROGRAM, **misspelt)
+        for wrong in STRICT_WRONG:
+            key = f"test_strict_makes_a_misspelt_name_an_error[{wrong}]"
+            add(key, PROGRAM, **{wrong: "0", "PROFILED_STRICT": "1"})
+        for bad in UNREADABLE:
+            key = f"test_an_unreadable_enabled_switch_turns_profiling_off[{bad}]"
+            add(key + "#0", PROGRAM, PROFILED_ENABLED=bad)
+            add(key + "#1", PROGRAM, PROFILED_ENABLED=bad, PROFILED_STRICT="1")
+        for case, (var, value, _said) in COMPILE_CASES.items():
+            key = f"test_a_bad_name_or_switch_does_not_break_a_fullgraph_compile[{case}]"
+            add(key, COMPILED_FIRST, **{var: value})
+        yield ahead
+
+
 def _config_warnings(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if "ConfigWarning" in line]
 
 
-def test_misspelt_names_warn_once_each_naming_the_setting_meant(run_python):
-    env = {**BASE_ENV, **dict.fromkeys(MISSPELT, "0"), "PROFILED_XYZZY": "1"}
-    env["PROFILED_EXPORTER"] = "json"
-    result = run_python(PROGRAM, env=env)
+def test_misspelt_names_warn_once_each_naming_the_setting_meant(ahead, request):
+    result, _cwd = ahead[request.node.name]
     assert result.returncode == 0, result.stderr[-3000:]
     assert "done" in result.stdout
     warned = _config_warnings(result.stderr)
@@ -77,9 +113,9 @@ def test_misspelt_names_warn_once_each_naming_the_setting_meant(run_python):
     assert "torch-profiled | window" in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("wrong", ["PROFILED_ENABLE", "PROFILED_EXPORTER", "PROFILED_XYZZY"])
-def test_strict_makes_a_misspelt_name_an_error(run_python, wrong):
-    result = run_python(PROGRAM, env={**BASE_ENV, wrong: "0", "PROFILED_STRICT": "1"})
+@pytest.mark.parametrize("wrong", STRICT_WRONG)
+def test_strict_makes_a_misspelt_name_an_error(ahead, request, wrong):
+    result, _cwd = ahead[request.node.name]  # PROGRAM with {wrong}=0 and PROFILED_STRICT=1
     assert result.returncode == 1, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"ValueError: {wrong}='0' is not a torch-profiled setting")
@@ -87,9 +123,9 @@ def test_strict_makes_a_misspelt_name_an_error(run_python, wrong):
     assert "decorator returned" not in result.stdout  # raised when the decorator was applied
 
 
-@pytest.mark.parametrize("bad", ["flase", "2", ""])
-def test_an_unreadable_enabled_switch_turns_profiling_off(run_python, bad):
-    result = run_python(PROGRAM, env={**BASE_ENV, "PROFILED_ENABLED": bad})
+@pytest.mark.parametrize("bad", UNREADABLE)
+def test_an_unreadable_enabled_switch_turns_profiling_off(ahead, request, bad):
+    result, _cwd = ahead[request.node.name + "#0"]  # PROGRAM with PROFILED_ENABLED={bad}
     assert result.returncode == 0, result.stderr[-3000:]
     assert "decorator returned the function itself: True" in result.stdout  # off, and free
     assert "torch-profiled | window" not in result.stdout + result.stderr
@@ -97,7 +133,7 @@ def test_an_unreadable_enabled_switch_turns_profiling_off(run_python, bad):
     assert len(warned) == 1, warned
     assert f"PROFILED_ENABLED={bad!r} is invalid" in warned[0]
     assert "using PROFILED_ENABLED=0 (profiling off" in warned[0]
-    strict = run_python(PROGRAM, env={**BASE_ENV, "PROFILED_ENABLED": bad, "PROFILED_STRICT": "1"})
+    strict, _cwd = ahead[request.node.name + "#1"]  # and PROFILED_STRICT=1
     assert strict.returncode == 1
     last = strict.stderr.strip().splitlines()[-1]
     assert last.startswith(f"ValueError: PROFILED_ENABLED={bad!r} is invalid")
@@ -155,18 +191,13 @@ print("both ran", flush=True)
 """
 
 
-@pytest.mark.parametrize(
-    ("var", "value", "said"),
-    [
-        ("PROFILED_EXPORTR", "json", "PROFILED_EXPORTR='json' is not a torch-profiled setting"),
-        ("PROFILED_ENABLED", "flase", "PROFILED_ENABLED='flase' is invalid"),
-    ],
-)
-def test_a_bad_name_or_switch_does_not_break_a_fullgraph_compile(run_python, var, value, said):
+@pytest.mark.parametrize("case", COMPILE_CASES)
+def test_a_bad_name_or_switch_does_not_break_a_fullgraph_compile(ahead, request, case):
     """The checks run where the first decorator is applied; a ``with profiled(...)`` inside
     ``torch.compile(fullgraph=True)`` code is such a place, and a warning cannot be traced
     there: the first eager use says it instead."""
-    result = run_python(COMPILED_FIRST, env={**BASE_ENV, var: value})
+    result, _cwd = ahead[request.node.name]  # COMPILED_FIRST with {var}={value}
+    _var, _value, said = COMPILE_CASES[case]
     assert result.returncode == 0, result.stderr[-3000:]
     assert "both ran" in result.stdout
     assert result.stderr.count(said) == 1, result.stderr[-3000:]

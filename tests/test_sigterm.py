@@ -68,40 +68,95 @@ print("ended on its own", flush=True)
 """
 
 
-def _start(tmp_path, where: str, **env: str) -> tuple[subprocess.Popen, object]:
-    script = tmp_path / "prog.py"
-    script.write_text(PROGRAM)
-    path = tmp_path / "r.jsonl"
+def _settings(cwd, **env: str) -> dict[str, str]:
     settings = {
         "PROFILED_EXPORTERS": "json",
-        "PROFILED_JSON_PATH": str(path),
+        "PROFILED_JSON_PATH": str(cwd / "r.jsonl"),
         "PROFILED_SCHEDULE": "warmup=0,active=100000",
         "PROFILED_EXPORT_TIMEOUT_S": "30",
         "PROFILED_ACTIVITIES": "cpu",
     }
     settings.update(env)
-    child = _proc.start(str(script), where, env=_proc.sdk_env(settings), cwd=tmp_path)
-    assert child.stdout is not None
-    line = child.stdout.readline()
-    assert line == "ready\n", (line, child.communicate(timeout=120))
-    return child, path
+    return _proc.sdk_env(settings)
 
 
-def _term(child: subprocess.Popen) -> tuple[str, str]:
-    child.send_signal(signal.SIGTERM)
-    try:
-        return child.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        out, err = child.communicate()
-        raise AssertionError(f"hung after SIGTERM: {err[-3000:]}") from None
+def _terminated(where: str, env: dict[str, str], pause_s: float = 0.0):
+    """PROGRAM at ``where``, sent SIGTERM ``pause_s`` after it said it is ready (its window
+    recording): what it printed and how it ended, on a thread of ``Ahead``'s (the test
+    asserts)."""
+
+    def run(cwd) -> dict:
+        (cwd / "prog.py").write_text(PROGRAM)
+        child = _proc.start("prog.py", where, env=env, cwd=cwd)
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        if line != "ready\n":
+            child.kill()
+            out, err = child.communicate(timeout=120)
+            return {"ready": line, "out": out, "err": err, "rc": child.returncode}
+        time.sleep(pause_s)
+        child.send_signal(signal.SIGTERM)
+        try:
+            out, err = child.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            out, err = child.communicate()
+            return {"ready": line, "hung": True, "out": out, "err": err, "rc": child.returncode}
+        return {"ready": line, "out": out, "err": err, "rc": child.returncode}
+
+    return run
 
 
-@pytest.mark.parametrize("where", ["inside-call", "between-steps", "busy"])
-def test_sigterm_exports_the_open_window_and_metrics_then_ends_by_the_signal(tmp_path, where):
-    child, path = _start(tmp_path, where)
-    out, err = _term(child)
-    assert child.returncode == -signal.SIGTERM, err[-3000:]
+WHERE = ["inside-call", "between-steps", "busy"]
+
+
+@pytest.fixture(scope="module")
+def ahead(request, tmp_path_factory):
+    """Every program of this module (each its own process, started, signalled and read as
+    before), run two at a time as the module starts; a test reads its own."""
+    with _proc.Ahead(request, tmp_path_factory) as ahead:
+
+        def add(key, where, pause_s=0.0, **env):
+            cwd = ahead.directory(key)
+            if cwd is not None:
+                ahead.call(key, _terminated(where, _settings(cwd, **env), pause_s))
+
+        for where in WHERE:
+            add(
+                f"test_sigterm_exports_the_open_window_and_metrics_then_ends_by_the_signal[{where}]",
+                where,
+            )
+        add(
+            "test_sigterm_with_metrics_only_writes_the_last_interval",
+            "busy",
+            PROFILED_SCHEDULE="skip_first=1000000",
+        )
+        add("test_a_programs_own_sigterm_handler_keeps_its_behaviour", "own-handler")
+        add("test_a_c_level_sigterm_handler_is_kept", "c-handler", 0.2)
+        # 0.2 s: into the sleep under the lock
+        add(
+            "test_sigterm_while_the_main_thread_holds_an_sdk_lock_never_hangs",
+            "holding-lock",
+            0.2,
+            PROFILED_EXPORT_TIMEOUT_S="2",
+        )
+        yield ahead
+
+
+def _term(ahead, request) -> tuple[dict, object]:
+    """The test's run: it said it was ready, then ended after its SIGTERM; and its JSON lines
+    file."""
+    ran, cwd = ahead[request.node.name]
+    assert ran["ready"] == "ready\n", ran
+    assert not ran.get("hung"), f"hung after SIGTERM: {ran['err'][-3000:]}"
+    return ran, cwd / "r.jsonl"
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_sigterm_exports_the_open_window_and_metrics_then_ends_by_the_signal(ahead, request, where):
+    ran, path = _term(ahead, request)
+    out, err = ran["out"], ran["err"]
+    assert ran["rc"] == -signal.SIGTERM, err[-3000:]
     assert "ended on its own" not in out
     text = path.read_text()
     windows = window_records(text)
@@ -111,44 +166,40 @@ def test_sigterm_exports_the_open_window_and_metrics_then_ends_by_the_signal(tmp
     assert "Traceback" not in err, err[-3000:]
 
 
-def test_sigterm_with_metrics_only_writes_the_last_interval(tmp_path):
+def test_sigterm_with_metrics_only_writes_the_last_interval(ahead, request):
     """No window ever opens (the schedule skips them all): the metrics interval still goes."""
-    child, path = _start(tmp_path, "busy", PROFILED_SCHEDULE="skip_first=1000000")
-    _term(child)
-    assert child.returncode == -signal.SIGTERM
+    ran, path = _term(ahead, request)
+    assert ran["rc"] == -signal.SIGTERM
     text = path.read_text()
     assert not window_records(text) and metrics_records(text)
 
 
-def test_a_programs_own_sigterm_handler_keeps_its_behaviour(tmp_path):
+def test_a_programs_own_sigterm_handler_keeps_its_behaviour(ahead, request):
     """Its graceful exit (SystemExit(7) here) runs the exit hook: the window is exported."""
-    child, path = _start(tmp_path, "own-handler")
-    out, err = _term(child)
-    assert "own handler ran" in out
-    assert child.returncode == 7, err[-3000:]
+    ran, path = _term(ahead, request)
+    assert "own handler ran" in ran["out"]
+    assert ran["rc"] == 7, ran["err"][-3000:]
     windows = window_records(path.read_text())
     assert len(windows) == 1 and windows[0]["partial"]
 
 
-def test_a_c_level_sigterm_handler_is_kept(tmp_path):
+def test_a_c_level_sigterm_handler_is_kept(ahead, request):
     """``faulthandler.register(SIGTERM)`` (a handler Python's getsignal reports as the
     default): ours would have replaced it and ended the process; it dumps the stacks and
-    the program goes on to end on its own."""
-    child, path = _start(tmp_path, "c-handler")
-    time.sleep(0.2)
-    out, err = _term(child)
-    assert child.returncode == 0, err[-3000:]
+    the program goes on to end on its own (SIGTERM 0.2 s after it is ready)."""
+    ran, path = _term(ahead, request)
+    out, err = ran["out"], ran["err"]
+    assert ran["rc"] == 0, err[-3000:]
     assert "ended on its own" in out
     assert "Most recent call first" in err or "most recent call first" in err
     assert len(window_records(path.read_text())) == 1, err[-3000:]  # exported at its exit
 
 
-def test_sigterm_while_the_main_thread_holds_an_sdk_lock_never_hangs(tmp_path):
+def test_sigterm_while_the_main_thread_holds_an_sdk_lock_never_hangs(ahead, request):
     """The export runs on another thread bounded by the deadline: it cannot take the lock the
     interrupted main thread holds, so the process ends by the signal when the deadline
     passes, saying what was lost."""
-    child, path = _start(tmp_path, "holding-lock", PROFILED_EXPORT_TIMEOUT_S="2")
-    time.sleep(0.2)  # into the sleep under the lock
-    out, err = _term(child)
-    assert child.returncode == -signal.SIGTERM, err[-3000:]
+    ran, _path = _term(ahead, request)  # SIGTERM 0.2 s into the sleep under the lock
+    err = ran["err"]
+    assert ran["rc"] == -signal.SIGTERM, err[-3000:]
     assert "torch-profiled: SIGTERM:" in err, err[-3000:]

@@ -74,26 +74,65 @@ def _said(stderr: str, text: str) -> list[str]:
     return [line for line in stderr.splitlines() if text in line]
 
 
-@pytest.mark.parametrize(
-    "name, enabled, own_handler",
-    [
-        ("SIGUSR2", "1", False),
-        ("SIGUSR1", "1", True),
-        ("SIGUSR2", "0", True),
-        ("SIGUSR1", "0", False),
-    ],
-)
-def test_the_trigger_signal_never_ends_the_process(tmp_path, name, enabled, own_handler):
-    env = _proc.sdk_env(
-        SIG=name,
-        PROFILED_TRIGGER=name,
-        PROFILED_ENABLED=enabled,
-        PROFILED_SAMPLE_RATE="0",
-        PROFILED_SCHEDULE="warmup=0,active=1",
-    )
-    if own_handler:
-        env["OWN_HANDLER"] = "1"
-    result = _proc.run("-c", NEVER_KILLS, env=env, cwd=tmp_path, timeout=120)
+@pytest.fixture(scope="module")
+def ahead(request, tmp_path_factory):
+    """The programs of the tests that read what one run printed (signalled while loading, as
+    before, where a test did), run two at a time as the module starts, each its own process;
+    a test reads its own. (Not the file triggers' in this process, nor the program run after
+    them: their polls keep pace.)"""
+    with _proc.Ahead(request, tmp_path_factory) as ahead:
+
+        def add(key: str, code: str, **env: str) -> None:
+            ahead.add(key, "-c", code, env=_proc.sdk_env(env))
+
+        trigger_only = {"PROFILED_SAMPLE_RATE": "0", "PROFILED_SCHEDULE": "warmup=0,active=1"}
+        for name, enabled, own in NEVER_KILLS_CASES:
+            key = f"test_the_trigger_signal_never_ends_the_process[{name}-{enabled}-{own}]"
+            more = {"OWN_HANDLER": "1"} if own else {}
+            add(key, NEVER_KILLS, SIG=name, PROFILED_TRIGGER=name, PROFILED_ENABLED=enabled,
+                **trigger_only, **more)  # fmt: skip
+        for name in LOADING_SIGNALS:
+            env = _proc.sdk_env(PROFILED_TRIGGER=name, **trigger_only)
+            key = f"test_a_signal_sent_while_the_job_loads_opens_a_window_later[{name}]"
+            ahead.call(key, _signalled_while_loading(name, env))
+        add(
+            "test_configure_cycles_keep_one_handler_and_shutdown_leaves_it_idle",
+            CONFIGURE_CYCLES,
+            PROFILED_EXPORTERS="memory",
+        )
+        add(
+            "test_a_session_started_in_another_thread_takes_the_handler_installed_at_import",
+            IN_ANOTHER_THREAD,
+            **TRIGGER_ONLY,
+        )
+        add(
+            "test_after_an_explicit_session_the_ambient_one_still_takes_the_signal",
+            AFTER_EXPLICIT,
+            **TRIGGER_ONLY,
+        )
+        add(
+            "test_imported_outside_the_main_thread_it_says_so_and_the_session_installs_it",
+            IMPORTED_IN_A_THREAD,
+            PROFILED_TRIGGER="usr1",
+            PROFILED_EXPORTERS="memory",
+        )
+        for name, where in C_HANDLER_CASES:
+            key = f"test_a_handler_installed_by_c_code_is_never_dropped[{name}-{where}]"
+            add(key, C_HANDLER, SIG=name, WHERE=where, PROFILED_TRIGGER=name, **trigger_only)
+        yield ahead
+
+
+NEVER_KILLS_CASES = [
+    ("SIGUSR2", "1", False),
+    ("SIGUSR1", "1", True),
+    ("SIGUSR2", "0", True),
+    ("SIGUSR1", "0", False),
+]
+
+
+@pytest.mark.parametrize("name, enabled, own_handler", NEVER_KILLS_CASES)
+def test_the_trigger_signal_never_ends_the_process(ahead, request, name, enabled, own_handler):
+    result, _cwd = ahead[request.node.name]  # NEVER_KILLS with these settings
     assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["own"] == (4 if own_handler else 0)  # chained every time, ours never replaced it
@@ -138,139 +177,164 @@ print(json.dumps([r.reason.kind for r in mem.reports]), flush=True)
 """
 
 
-@pytest.mark.parametrize("name", ["SIGUSR2", "SIGUSR1"])
-def test_a_signal_sent_while_the_job_loads_opens_a_window_later(tmp_path, name):
-    env = _proc.sdk_env(
-        PROFILED_TRIGGER=name, PROFILED_SAMPLE_RATE="0", PROFILED_SCHEDULE="warmup=0,active=1"
-    )
-    proc = _proc.start("-c", LOADING, env=env, cwd=tmp_path)
-    assert proc.stdout.readline() == "loading\n", proc.stderr.read()
-    os.kill(proc.pid, getattr(signal, name))
-    (tmp_path / "sent").write_text("")
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, (proc.returncode, err[-3000:])  # was -10/-12: killed
-    assert json.loads(out.strip().splitlines()[-1]) == ["trigger"]
+def _signalled_while_loading(name: str, env: dict[str, str]):
+    """LOADING in ``env`` (made on the test's thread), sent ``name`` once it says it is
+    loading, then told it was sent: what it said and how it ended (on a thread of
+    ``Ahead``'s; the test asserts)."""
+
+    def run(cwd) -> dict:
+        proc = _proc.start("-c", LOADING, env=env, cwd=cwd)
+        try:
+            line = proc.stdout.readline()
+            if line == "loading\n":
+                os.kill(proc.pid, getattr(signal, name))
+                (cwd / "sent").write_text("")
+            out, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+            proc.wait()
+        return {"line": line, "out": out, "err": err, "rc": proc.returncode}
+
+    return run
 
 
-def test_configure_cycles_keep_one_handler_and_shutdown_leaves_it_idle(run_python):
+LOADING_SIGNALS = ["SIGUSR2", "SIGUSR1"]
+
+
+@pytest.mark.parametrize("name", LOADING_SIGNALS)
+def test_a_signal_sent_while_the_job_loads_opens_a_window_later(ahead, request, name):
+    ran, _cwd = ahead[request.node.name]  # LOADING, sent {name} while it loads
+    assert ran["line"] == "loading\n", ran["err"]
+    assert ran["rc"] == 0, (ran["rc"], ran["err"][-3000:])  # was -10/-12: killed
+    assert json.loads(ran["out"].strip().splitlines()[-1]) == ["trigger"]
+
+
+CONFIGURE_CYCLES = (
+    "import os, signal, torch, instrument\n"
+    "from instrument import profiled\n"
+    "@profiled('work')\n"
+    "def work():\n"
+    "    return torch.ones(2) + 1\n"
+    "seen = []\n"
+    "for n in range(3):\n"
+    "    instrument.configure(trigger='SIGUSR2', activities=['cpu'])\n"
+    "    work()\n"
+    "    seen.append(signal.getsignal(signal.SIGUSR2))\n"
+    "assert callable(seen[0]) and all(h is seen[0] for h in seen), seen\n"
+    "instrument.shutdown()\n"
+    "assert signal.getsignal(signal.SIGUSR2) is seen[0]\n"
+    "for _ in range(3):\n"
+    "    os.kill(os.getpid(), signal.SIGUSR2)\n"
+    "print('still alive', flush=True)\n"
+)
+
+
+def test_configure_cycles_keep_one_handler_and_shutdown_leaves_it_idle(ahead, request):
     """A trigger set in code (no variable): configure() cycles never stack handlers, and after
     shutdown() the signal is ignored (said once) instead of ending the program."""
-    result = run_python(
-        "import os, signal, torch, instrument\n"
-        "from instrument import profiled\n"
-        "@profiled('work')\n"
-        "def work():\n"
-        "    return torch.ones(2) + 1\n"
-        "seen = []\n"
-        "for n in range(3):\n"
-        "    instrument.configure(trigger='SIGUSR2', activities=['cpu'])\n"
-        "    work()\n"
-        "    seen.append(signal.getsignal(signal.SIGUSR2))\n"
-        "assert callable(seen[0]) and all(h is seen[0] for h in seen), seen\n"
-        "instrument.shutdown()\n"
-        "assert signal.getsignal(signal.SIGUSR2) is seen[0]\n"
-        "for _ in range(3):\n"
-        "    os.kill(os.getpid(), signal.SIGUSR2)\n"
-        "print('still alive', flush=True)\n",
-        env={"PROFILED_EXPORTERS": "memory"},
-    )
+    result, _cwd = ahead[request.node.name]  # CONFIGURE_CYCLES
     assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
     assert result.stdout == "still alive\n"
     assert len(_said(result.stderr, "SIGUSR2 arrived while profiling has ended")) == 1
 
 
-def test_a_session_started_in_another_thread_takes_the_handler_installed_at_import(run_python):
+IN_ANOTHER_THREAD = (
+    "import os, signal, threading, time, torch, instrument\n"
+    "from instrument import profiled\n"
+    "from exporters import InMemoryExporter\n"
+    "mem = InMemoryExporter()\n"
+    "instrument.configure(exporters=[mem])\n"
+    "@profiled('step', step=True)\n"
+    "def step():\n"
+    "    return torch.ones(2) + 1\n"
+    "started = threading.Event()\n"
+    "def train():\n"
+    "    step()\n"
+    "    started.set()\n"
+    "    deadline = time.monotonic() + 60\n"
+    "    while not mem.reports and time.monotonic() < deadline:\n"
+    "        step()\n"
+    "        instrument.flush(0.01)\n"
+    "t = threading.Thread(target=train)\n"
+    "t.start()\n"
+    "started.wait(60)\n"
+    "os.kill(os.getpid(), signal.SIGUSR2)\n"
+    "t.join()\n"
+    "instrument.shutdown()\n"
+    "print([r.reason.kind for r in mem.reports], flush=True)\n"
+)
+
+# a trigger on SIGUSR2 that only it opens windows of, one step each
+TRIGGER_ONLY = {
+    "PROFILED_TRIGGER": "SIGUSR2",
+    "PROFILED_SAMPLE_RATE": "0",
+    "PROFILED_SCHEDULE": "warmup=0,active=1",
+}
+
+
+def test_a_session_started_in_another_thread_takes_the_handler_installed_at_import(ahead, request):
     """Python installs handlers only from the main thread: the one put there at import lets a
     session that starts in a worker thread use the signal trigger all the same."""
-    result = run_python(
-        "import os, signal, threading, time, torch, instrument\n"
-        "from instrument import profiled\n"
-        "from exporters import InMemoryExporter\n"
-        "mem = InMemoryExporter()\n"
-        "instrument.configure(exporters=[mem])\n"
-        "@profiled('step', step=True)\n"
-        "def step():\n"
-        "    return torch.ones(2) + 1\n"
-        "started = threading.Event()\n"
-        "def train():\n"
-        "    step()\n"
-        "    started.set()\n"
-        "    deadline = time.monotonic() + 60\n"
-        "    while not mem.reports and time.monotonic() < deadline:\n"
-        "        step()\n"
-        "        instrument.flush(0.01)\n"
-        "t = threading.Thread(target=train)\n"
-        "t.start()\n"
-        "started.wait(60)\n"
-        "os.kill(os.getpid(), signal.SIGUSR2)\n"
-        "t.join()\n"
-        "instrument.shutdown()\n"
-        "print([r.reason.kind for r in mem.reports], flush=True)\n",
-        env={
-            "PROFILED_TRIGGER": "SIGUSR2",
-            "PROFILED_SAMPLE_RATE": "0",
-            "PROFILED_SCHEDULE": "warmup=0,active=1",
-        },
-    )
+    result, _cwd = ahead[request.node.name]  # IN_ANOTHER_THREAD, with TRIGGER_ONLY
     assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
     assert result.stdout == "['trigger']\n"
     assert "outside the main thread" not in result.stderr
 
 
-def test_after_an_explicit_session_the_ambient_one_still_takes_the_signal(run_python):
+AFTER_EXPLICIT = (
+    "import os, signal, time, torch, instrument\n"
+    "from instrument import Schedule, profiled, session\n"
+    "from exporters import InMemoryExporter\n"
+    "ambient, explicit = InMemoryExporter(), InMemoryExporter()\n"
+    "instrument.configure(exporters=[ambient])\n"
+    "@profiled('step', step=True)\n"
+    "def step():\n"
+    "    return torch.ones(2) + 1\n"
+    "step()\n"
+    "with session(exporters=[explicit], sample_rate=0.0, trigger='SIGUSR2',\n"
+    "             schedule=Schedule(warmup=0, active=1)) as s:\n"
+    "    os.kill(os.getpid(), signal.SIGUSR2)\n"
+    "    for _ in range(3):\n"
+    "        s.step()\n"
+    "for _ in range(3):\n"
+    "    step()\n"
+    "instrument.flush()\n"
+    "before = len(ambient.reports)\n"
+    "os.kill(os.getpid(), signal.SIGUSR2)\n"
+    "for _ in range(3):\n"
+    "    step()\n"
+    "instrument.shutdown()\n"
+    "print(len(explicit.reports), len(ambient.reports) - before, flush=True)\n"
+)
+
+
+def test_after_an_explicit_session_the_ambient_one_still_takes_the_signal(ahead, request):
     """Both sessions arm the same handler; the explicit one's end takes only its callback."""
-    result = run_python(
-        "import os, signal, time, torch, instrument\n"
-        "from instrument import Schedule, profiled, session\n"
-        "from exporters import InMemoryExporter\n"
-        "ambient, explicit = InMemoryExporter(), InMemoryExporter()\n"
-        "instrument.configure(exporters=[ambient])\n"
-        "@profiled('step', step=True)\n"
-        "def step():\n"
-        "    return torch.ones(2) + 1\n"
-        "step()\n"
-        "with session(exporters=[explicit], sample_rate=0.0, trigger='SIGUSR2',\n"
-        "             schedule=Schedule(warmup=0, active=1)) as s:\n"
-        "    os.kill(os.getpid(), signal.SIGUSR2)\n"
-        "    for _ in range(3):\n"
-        "        s.step()\n"
-        "for _ in range(3):\n"
-        "    step()\n"
-        "instrument.flush()\n"
-        "before = len(ambient.reports)\n"
-        "os.kill(os.getpid(), signal.SIGUSR2)\n"
-        "for _ in range(3):\n"
-        "    step()\n"
-        "instrument.shutdown()\n"
-        "print(len(explicit.reports), len(ambient.reports) - before, flush=True)\n",
-        env={
-            "PROFILED_TRIGGER": "SIGUSR2",
-            "PROFILED_SAMPLE_RATE": "0",
-            "PROFILED_SCHEDULE": "warmup=0,active=1",
-        },
-    )
+    result, _cwd = ahead[request.node.name]  # AFTER_EXPLICIT, with TRIGGER_ONLY
     assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
     assert result.stdout == "1 1\n"
 
 
-def test_imported_outside_the_main_thread_it_says_so_and_the_session_installs_it(run_python):
+IMPORTED_IN_A_THREAD = (
+    "import os, signal, threading\n"
+    "t = threading.Thread(target=lambda: __import__('instrument'))\n"
+    "t.start(); t.join()\n"
+    "import instrument\n"
+    "from instrument import profiled\n"
+    "@profiled('step', step=True)\n"
+    "def step():\n"
+    "    return 1\n"
+    "step()\n"
+    "instrument.shutdown()\n"
+    "os.kill(os.getpid(), signal.SIGUSR1)\n"
+    "print('alive', flush=True)\n"
+)
+
+
+def test_imported_outside_the_main_thread_it_says_so_and_the_session_installs_it(ahead, request):
     """Python installs handlers only from the main thread: an import elsewhere says until when
     the signal keeps its default action; the session's start on the main thread installs it."""
-    result = run_python(
-        "import os, signal, threading\n"
-        "t = threading.Thread(target=lambda: __import__('instrument'))\n"
-        "t.start(); t.join()\n"
-        "import instrument\n"
-        "from instrument import profiled\n"
-        "@profiled('step', step=True)\n"
-        "def step():\n"
-        "    return 1\n"
-        "step()\n"
-        "instrument.shutdown()\n"
-        "os.kill(os.getpid(), signal.SIGUSR1)\n"
-        "print('alive', flush=True)\n",
-        env={"PROFILED_TRIGGER": "usr1", "PROFILED_EXPORTERS": "memory"},
-    )
+    result, _cwd = ahead[request.node.name]  # IMPORTED_IN_A_THREAD
     assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
     assert result.stdout == "alive\n"
     (line,) = _said(result.stderr, "first imported outside the main thread")
@@ -335,23 +399,16 @@ def test_atomic_blocks_leave_a_c_handler_put_over_a_python_one():
         signal.signal(sig, before)
 
 
-@pytest.mark.parametrize(
-    "name, where",
-    [
-        ("SIGUSR1", "before the import"),
-        ("SIGUSR2", "over a Python handler"),
-        ("SIGUSR1", "after the import"),
-    ],
-)
-def test_a_handler_installed_by_c_code_is_never_dropped(tmp_path, name, where):
-    env = _proc.sdk_env(
-        SIG=name,
-        WHERE=where,
-        PROFILED_TRIGGER=name,
-        PROFILED_SAMPLE_RATE="0",
-        PROFILED_SCHEDULE="warmup=0,active=1",
-    )
-    result = _proc.run("-c", C_HANDLER, env=env, cwd=tmp_path, timeout=120)
+C_HANDLER_CASES = [
+    ("SIGUSR1", "before the import"),
+    ("SIGUSR2", "over a Python handler"),
+    ("SIGUSR1", "after the import"),
+]
+
+
+@pytest.mark.parametrize("name, where", C_HANDLER_CASES)
+def test_a_handler_installed_by_c_code_is_never_dropped(ahead, request, name, where):
+    result, _cwd = ahead[request.node.name]  # C_HANDLER with SIG={name}, WHERE={where}
     dumps = result.stderr.count("Current thread")  # one per dump, whatever the threads
     assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
     assert dumps == 2, result.stderr[-3000:]  # the stack dump, as the session runs and after

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 import warnings
@@ -58,50 +57,101 @@ print(json.dumps({"steps": steps, "chained": len(chained)}), flush=True)
 """
 
 
-def _start(env: dict[str, str], tmp_path) -> subprocess.Popen:
-    full = _proc.sdk_env(
+def _exchange(code: str, env: dict[str, str], poke) -> dict:
+    """Run ``code`` in ``env`` (made on the test's thread) until it says it is ready, then
+    ``poke(proc)`` it (a signal, a file) and let it end: what it said, and how it ended. On a
+    thread of ``Ahead``'s: the test asserts."""
+
+    def exchange(cwd) -> dict:
+        proc = _proc.start("-c", code, env=env, cwd=cwd)
+        ready = proc.stdout.readline()
+        poked = poke(proc, cwd) if ready == "ready\n" else None
+        try:
+            out, err = proc.communicate(timeout=90)
+        finally:
+            proc.kill()
+            proc.wait()
+        return {"ready": ready, "poked": poked, "out": out, "err": err, "rc": proc.returncode}
+
+    return exchange
+
+
+def _triggered(env: dict[str, str]) -> dict[str, str]:
+    """PROGRAM's environment: only the trigger opens a window (warm-up 1, 2 recorded)."""
+    return _proc.sdk_env(
         {"PROFILED_SAMPLE_RATE": "0", "PROFILED_SCHEDULE": "warmup=1,active=2", **env}
     )
-    proc = _proc.start("-c", PROGRAM, env=full, cwd=tmp_path)
-    assert proc.stdout.readline() == "ready\n", proc.stderr.read()
-    return proc
 
 
-def _result(proc: subprocess.Popen) -> dict:
-    out, err = proc.communicate(timeout=90)
-    assert proc.returncode == 0, err
-    return json.loads(out.strip().splitlines()[-1])
+def _signal(sig: int, after_s: float = 0.0):
+    """A poke: steps run for ``after_s`` (no window opens, sampling rate 0), then ``sig``."""
+
+    def poke(proc, cwd) -> None:
+        time.sleep(after_s)
+        os.kill(proc.pid, sig)
+
+    return poke
+
+
+def _write_trigger_file(proc, cwd) -> bool:
+    time.sleep(0.3)
+    running = proc.poll() is None
+    (cwd / "profile-now").write_text("")
+    return running
+
+
+@pytest.fixture(scope="module")
+def ahead_triggered(request, tmp_path_factory):
+    """The programs of the tests before this module's in-process ones, each its own process as
+    before, run (and signalled) two at a time as the first of them starts."""
+    with _proc.Ahead(request, tmp_path_factory) as ahead:
+        for own in (False, True):
+            env = {"PROFILED_TRIGGER": "SIGUSR2", **({"OWN_HANDLER": "1"} if own else {})}
+            key = f"test_signal_opens_one_window_and_chains_the_handler_already_there[{own}]"
+            ahead.call(key, _exchange(PROGRAM, _triggered(env), _signal(signal.SIGUSR2, 0.3)))
+        ahead.call(
+            "test_without_a_trigger_the_signal_keeps_its_default_action",
+            _exchange(PROGRAM, _triggered({}), _signal(signal.SIGUSR2)),
+        )
+        key = "test_trigger_file_opens_a_window_and_is_removed"
+        cwd = ahead.directory(key)
+        if cwd is not None:
+            env = _triggered({"PROFILED_TRIGGER": str(cwd / "profile-now")})
+            ahead.call(key, _exchange(PROGRAM, env, _write_trigger_file))
+        yield ahead
+
+
+def _result(ran: dict) -> dict:
+    assert ran["ready"] == "ready\n", ran["err"]
+    assert ran["rc"] == 0, ran["err"]
+    return json.loads(ran["out"].strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("own_handler", [False, True])
-def test_signal_opens_one_window_and_chains_the_handler_already_there(tmp_path, own_handler):
-    env = {"PROFILED_TRIGGER": "SIGUSR2"}
-    if own_handler:
-        env["OWN_HANDLER"] = "1"
-    proc = _start(env, tmp_path)
-    time.sleep(0.3)  # steps run, no window opens (sampling rate 0)
-    os.kill(proc.pid, signal.SIGUSR2)
-    result = _result(proc)
+def test_signal_opens_one_window_and_chains_the_handler_already_there(
+    ahead_triggered, request, own_handler
+):
+    # PROGRAM with PROFILED_TRIGGER=SIGUSR2 (and its own handler): steps run 0.3 s, no window
+    # opens (sampling rate 0), then SIGUSR2
+    ran, _cwd = ahead_triggered[request.node.name]
+    result = _result(ran)
     assert len(result["steps"]) == 1 and len(result["steps"][0]) == 2
     assert result["chained"] == (1 if own_handler else 0)
 
 
-def test_without_a_trigger_the_signal_keeps_its_default_action(tmp_path):
-    proc = _start({}, tmp_path)
-    os.kill(proc.pid, signal.SIGUSR2)
-    proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGUSR2  # nothing of ours was installed
+def test_without_a_trigger_the_signal_keeps_its_default_action(ahead_triggered, request):
+    ran, _cwd = ahead_triggered[request.node.name]  # PROGRAM, SIGUSR2 once it is ready
+    assert ran["ready"] == "ready\n", ran["err"]
+    assert ran["rc"] == -signal.SIGUSR2  # nothing of ours was installed
 
 
-def test_trigger_file_opens_a_window_and_is_removed(tmp_path):
-    path = tmp_path / "profile-now"
-    proc = _start({"PROFILED_TRIGGER": str(path)}, tmp_path)
-    time.sleep(0.3)
-    assert proc.poll() is None
-    path.write_text("")
-    result = _result(proc)
+def test_trigger_file_opens_a_window_and_is_removed(ahead_triggered, request):
+    # PROGRAM with PROFILED_TRIGGER=<its directory>/profile-now, written 0.3 s after ready
+    ran, cwd = ahead_triggered[request.node.name]
+    result = _result(ran)
+    assert ran["poked"] is True  # it was still running when the file came
     assert len(result["steps"]) == 1
-    assert not path.exists()
+    assert not (cwd / "profile-now").exists()
 
 
 def test_trigger_opens_a_window_after_the_schedule_has_finished(tmp_path):
@@ -263,20 +313,38 @@ print(json.dumps({"steps": steps, "got": len(got), "untouched": untouched}), flu
 """
 
 
-@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT", "SIGHUP"])
-def test_a_signal_that_is_not_ours_to_take_is_refused(tmp_path, name):
-    full = _proc.sdk_env(
-        PROFILED_SAMPLE_RATE="0",
-        THE_SIGNAL=name,
-        PROFILED_SCHEDULE="warmup=0,active=1",
-        PROFILED_TRIGGER=name,
-    )
-    proc = _proc.start("-c", REFUSED, env=full, cwd=tmp_path)
-    assert proc.stdout.readline() == "ready\n", proc.stderr.read()
-    os.kill(proc.pid, getattr(signal, name))
-    out, err = proc.communicate(timeout=90)
-    assert proc.returncode == 0, err
-    result = json.loads(out.strip().splitlines()[-1])
+REFUSED_SIGNALS = ["SIGTERM", "SIGINT", "SIGHUP"]
+
+
+@pytest.fixture(scope="module")
+def ahead_refused(request, tmp_path_factory):
+    """The programs of the tests after this module's in-process ones, each its own process as
+    before, run (and signalled) two at a time as the first of them starts."""
+    with _proc.Ahead(request, tmp_path_factory) as ahead:
+        for name in REFUSED_SIGNALS:
+            env = _proc.sdk_env(
+                PROFILED_SAMPLE_RATE="0",
+                THE_SIGNAL=name,
+                PROFILED_SCHEDULE="warmup=0,active=1",
+                PROFILED_TRIGGER=name,
+            )
+            key = f"test_a_signal_that_is_not_ours_to_take_is_refused[{name}]"
+            ahead.call(key, _exchange(REFUSED, env, _signal(getattr(signal, name))))
+        ahead.call(
+            "test_sigusr1_opens_a_window_too",
+            _exchange(
+                PROGRAM, _triggered({"PROFILED_TRIGGER": "USR1"}), _signal(signal.SIGUSR1, 0.3)
+            ),
+        )
+        yield ahead
+
+
+@pytest.mark.parametrize("name", REFUSED_SIGNALS)
+def test_a_signal_that_is_not_ours_to_take_is_refused(ahead_refused, request, name):
+    # REFUSED, its own handler on {name}, PROFILED_TRIGGER={name}: {name} once it is ready
+    ran, _cwd = ahead_refused[request.node.name]
+    result = _result(ran)
+    err = ran["err"]
     assert result == {"steps": [], "got": 1, "untouched": True}  # only the program's handler
     warned = [line for line in err.splitlines() if "ConfigWarning" in line]
     assert len(warned) == 1, err
@@ -285,11 +353,9 @@ def test_a_signal_that_is_not_ours_to_take_is_refused(tmp_path, name):
     assert "using the default PROFILED_TRIGGER=unset" in warned[0]
 
 
-def test_sigusr1_opens_a_window_too(tmp_path):
-    proc = _start({"PROFILED_TRIGGER": "USR1"}, tmp_path)
-    time.sleep(0.3)
-    os.kill(proc.pid, signal.SIGUSR1)
-    result = _result(proc)
+def test_sigusr1_opens_a_window_too(ahead_refused, request):
+    ran, _cwd = ahead_refused[request.node.name]  # PROFILED_TRIGGER=USR1; SIGUSR1 after 0.3 s
+    result = _result(ran)
     assert len(result["steps"]) == 1 and len(result["steps"][0]) == 2
 
 

@@ -10,18 +10,26 @@ import instrument
 from exporters import ExporterWarning, InMemoryExporter
 from exporters._warn import warn
 from instrument import ConfigWarning, Schedule, profiled
+from tests import _early, _proc
+
+BAD_VALUE = (
+    "from instrument import profiled\n"
+    "@profiled('f')\n"
+    "def f():\n"
+    "    return 41 + 1\n"
+    "print('result', f())\n"
+)
+_early.add(
+    __name__,
+    "test_bad_environment_value_under_warnings_as_errors",
+    *("-c", BAD_VALUE),
+    env=_proc.sdk_env(PROFILED_EVERY="abc", PROFILED_EXPORTERS="memory", PYTHONWARNINGS="error"),
+)
 
 
-def test_bad_environment_value_under_warnings_as_errors(run_python):
+def test_bad_environment_value_under_warnings_as_errors(request):
     """A bad ``PROFILED_*`` value is one plain stderr line; the first decorated call returns."""
-    result = run_python(
-        "from instrument import profiled\n"
-        "@profiled('f')\n"
-        "def f():\n"
-        "    return 41 + 1\n"
-        "print('result', f())\n",
-        env={"PROFILED_EVERY": "abc", "PROFILED_EXPORTERS": "memory", "PYTHONWARNINGS": "error"},
-    )
+    result, _cwd = _early.result(request)  # BAD_VALUE, PROFILED_EVERY=abc, -W error
     assert result.returncode == 0, result.stderr
     assert "result 42" in result.stdout
     lines = [ln for ln in result.stderr.splitlines() if "PROFILED_EVERY" in ln]
@@ -29,31 +37,39 @@ def test_bad_environment_value_under_warnings_as_errors(run_python):
     assert "Traceback" not in result.stderr
 
 
-def test_the_users_exception_is_not_replaced_by_an_sdk_warning(run_python):
+USER_ERROR = (
+    "import time, instrument\n"
+    "from exporters import Exporter, ExportResult\n"
+    "class Slow(Exporter):\n"
+    "    def export(self, report):\n"
+    "        time.sleep(1.5)\n"
+    "        return ExportResult.SUCCESS\n"
+    "    def shutdown(self):\n"
+    "        pass\n"
+    "@instrument.profiled('work')\n"
+    "def work():\n"
+    "    return 1\n"
+    "try:\n"
+    "    with instrument.session(exporters=[Slow()], export_timeout_s=0.2,\n"
+    "                            schedule=instrument.Schedule(active=1),\n"
+    "                            activities=['cpu']) as s:\n"
+    "        work(); s.step(); work(); s.step()\n"
+    "        raise ValueError('the user error')\n"
+    "except BaseException as exc:\n"
+    "    print('caught', type(exc).__name__, exc, type(exc.__context__).__name__)\n"
+)
+_early.add(
+    __name__,
+    "test_the_users_exception_is_not_replaced_by_an_sdk_warning",
+    *("-c", USER_ERROR),
+    env=_proc.sdk_env(PYTHONWARNINGS="error"),
+)
+
+
+def test_the_users_exception_is_not_replaced_by_an_sdk_warning(request):
     """A session that ends while the user's ValueError propagates, and whose export misses its
     deadline (a warning), still lets that ValueError through, unchanged, under ``-W error``."""
-    result = run_python(
-        "import time, instrument\n"
-        "from exporters import Exporter, ExportResult\n"
-        "class Slow(Exporter):\n"
-        "    def export(self, report):\n"
-        "        time.sleep(1.5)\n"
-        "        return ExportResult.SUCCESS\n"
-        "    def shutdown(self):\n"
-        "        pass\n"
-        "@instrument.profiled('work')\n"
-        "def work():\n"
-        "    return 1\n"
-        "try:\n"
-        "    with instrument.session(exporters=[Slow()], export_timeout_s=0.2,\n"
-        "                            schedule=instrument.Schedule(active=1),\n"
-        "                            activities=['cpu']) as s:\n"
-        "        work(); s.step(); work(); s.step()\n"
-        "        raise ValueError('the user error')\n"
-        "except BaseException as exc:\n"
-        "    print('caught', type(exc).__name__, exc, type(exc.__context__).__name__)\n",
-        env={"PYTHONWARNINGS": "error"},
-    )
+    result, _cwd = _early.result(request)  # USER_ERROR: a 1.5 s export against 0.2 s
     assert result.returncode == 0, result.stderr
     assert "caught ValueError the user error NoneType" in result.stdout
     assert "torch-profiled: ExporterWarning: " in result.stderr

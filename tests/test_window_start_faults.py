@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from tests import _proc
+from tests import _early, _proc
 from tests._records import window_records
 
 INJECT = r"""
@@ -120,18 +120,25 @@ print("done", flush=True)
 """
 
 
-def test_a_warning_from_torchs_start_under_w_error_loses_no_window(tmp_path):
+_early.add(
+    __name__,
+    "test_a_warning_from_torchs_start_under_w_error_loses_no_window",
+    *("-W", "error", "-c", W_ERROR),
+    env=lambda cwd: _proc.sdk_env(
+        PROFILED_ACTIVITIES="cpu,cuda",
+        PROFILED_EXPORTERS="json",
+        PROFILED_JSON_PATH=str(cwd / "r.jsonl"),
+        PROFILED_SCHEDULE="warmup=1,active=2,repeat=3",
+    ),
+)
+
+
+def test_a_warning_from_torchs_start_under_w_error_loses_no_window(request):
     """This host has no GPU: torch warns "CUDA is not available, disabling CUDA profiling" in
     every start; under -W error that warning used to be raised there and every window was
     skipped. Now the CPU windows are recorded and torch's warning is told once."""
+    out, tmp_path = _early.result(request)  # W_ERROR under -W error, CPU and CUDA asked for
     path = tmp_path / "r.jsonl"
-    env = _proc.sdk_env(
-        PROFILED_ACTIVITIES="cpu,cuda",
-        PROFILED_EXPORTERS="json",
-        PROFILED_JSON_PATH=str(path),
-        PROFILED_SCHEDULE="warmup=1,active=2,repeat=3",
-    )
-    out = _proc.run("-W", "error", "-c", W_ERROR, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "window skipped" not in out.stderr, out.stderr[-3000:]
     assert [r["window"] for r in window_records(path.read_text())] == [0, 1, 2]
