@@ -32,6 +32,17 @@ def bench_env(tmp_path) -> dict[str, str]:
     return env
 
 
+def run_bench(name, tmp_path, *args, timeout=300):
+    """Run ``bench/<name>`` now, in its own process (the benches not run ahead)."""
+    return _proc.run(
+        os.path.join(REPO, "bench", name),
+        *args,
+        env=bench_env(tmp_path),
+        cwd=tmp_path,
+        timeout=timeout,
+    )
+
+
 @pytest.fixture(scope="module")
 def ahead(request, tmp_path_factory):
     """Every bench run of this module (each a fresh interpreter, as before; no timing is

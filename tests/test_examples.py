@@ -24,6 +24,13 @@ from tests._proc import REPO
 EXAMPLES = os.path.join(REPO, "examples")
 
 
+def run_example(name, cwd, *args, env=None, timeout=300):
+    """Run ``examples/<name>`` as a program in ``cwd`` (the framework examples' tests)."""
+    return _proc.run(
+        os.path.join(EXAMPLES, name), *args, env=_proc.sdk_env(env), cwd=cwd, timeout=timeout
+    )
+
+
 @pytest.fixture(scope="module")
 def ahead(request, tmp_path_factory):
     """The examples whose tests only read what a run left (each its own process from an empty
