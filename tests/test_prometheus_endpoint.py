@@ -138,7 +138,8 @@ def test_a_flood_of_half_sent_requests_costs_the_program_nothing(tmp_path):
         assert proc.stdout.readline() == "opened 15\n", proc.stderr.read()
         # a real scrape answers while the 300 connections are still open
         status, page = _get(f"http://127.0.0.1:{port}/metrics")
-        assert status == 200 and _count(page, "work") in (100, 200)
+        # (a live snapshot: the program makes its next 100 calls meanwhile)
+        assert status == 200 and 100 <= _count(page, "work") <= 200, page[-2000:]
         proc.stdin.write("end\n")
         proc.stdin.flush()
         out, err = proc.communicate(timeout=120)
