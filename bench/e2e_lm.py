@@ -78,6 +78,9 @@ from torch import nn  # noqa: E402
 import instrument  # noqa: E402
 from instrument import profiled  # noqa: E402
 
+sys.path.insert(0, os.path.join(REPO, "bench"))
+from e2e_overhead import cpu_name  # noqa: E402  (the same machine line as its sibling)
+
 # d_model, layers, heads (head size 64 on CUDA), sequence, batch (sequences per step), vocab
 SIZES = {
     # overhead-bound: ~1,300 small kernels a step, little arithmetic (~15 ms steps on an H100)
@@ -936,17 +939,6 @@ def print_size(name: str, res: dict[str, Any], device: str) -> None:
         )
     if res["torch_trace_events"] is not None:
         print(f"  torch's hand-written window trace: {res['torch_trace_events']} events")
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main(argv: list[str] | None = None) -> int:
