@@ -56,11 +56,19 @@ def gpt2():
     return model
 
 
+FETCH_FLOPS = 2 * 8**3  # a sample's fetch does one 8x8 matrix product (counted FLOPs)
+ACCUMULATE = 4  # the HF run's gradient accumulation: micro-batches per optimizer step
+
+
 class Tokens(torch.utils.data.Dataset):
+    """Token sequences; fetching one does a small matrix product, so that the FLOPs inside a
+    data wait count the samples fetched in it."""
+
     def __len__(self) -> int:
         return 1 << 20
 
     def __getitem__(self, i: int) -> dict:
+        torch.ones(8, 8) @ torch.ones(8, 8)
         x = torch.randint(0, 128, (32,), generator=torch.Generator().manual_seed(i))
         return {"input_ids": x, "labels": x}
 
@@ -77,7 +85,8 @@ def hf() -> dict:
                 instrument.flush()
 
     args = TrainingArguments(
-        output_dir="out", max_steps=STEPS, per_device_train_batch_size=4, logging_steps=5,
+        output_dir="out", max_steps=STEPS, per_device_train_batch_size=1, logging_steps=5,
+        gradient_accumulation_steps=ACCUMULATE,
         report_to="tensorboard", save_strategy="no", use_cpu=True, disable_tqdm=True,
         torch_compile=True, torch_compile_backend="eager",
     )  # fmt: skip
@@ -96,6 +105,8 @@ def hf() -> dict:
             tags[tag] = tags.get(tag, 0) + len(acc.Scalars(tag))
     return {
         "log_history": trainer.state.log_history,
+        # the Trainer's own FLOPs of one micro-batch (6 x parameters x tokens)
+        "declared_per_micro_batch": trainer.floating_point_ops({"input_ids": torch.zeros(1, 32)}),
         "tensorboard": tags,
         "callbacks": [type(c).__name__ for c in trainer.callback_handler.callbacks],
         **graph_breaks(),

@@ -1,12 +1,14 @@
 """``instrument.integrations.hf`` in a real ``transformers.Trainer``: a 2-layer GPT-2 built from
-a config (no download) trained for 50 steps on the CPU, compiled (``torch_compile``, Dynamo's
-eager backend), with the callback placed by ``profile_trainer`` ahead of the TensorBoard
-logger. One run; each test reads a part of it."""
+a config (no download) trained for 50 optimizer steps on the CPU with gradient accumulation
+(4 micro-batches of one sequence a step), compiled (``torch_compile``, Dynamo's eager
+backend), with the callback placed by ``profile_trainer`` ahead of the TensorBoard logger.
+One run; each test reads a part of it. (Without accumulation, example 08's test.)"""
 
 from __future__ import annotations
 
 import pytest
 
+from tests._frameworks_job import ACCUMULATE, FETCH_FLOPS
 from tests._integrations import phase_calls, run_job
 
 pytest.importorskip("transformers")
@@ -19,7 +21,9 @@ def run(tmp_path_factory):
     return run_job("hf", tmp_path_factory.mktemp("hf"))
 
 
-def test_windows_open_at_the_configured_trainer_steps_with_each_phase_once_a_step(run):
+def test_windows_open_at_the_configured_optimizer_steps_with_a_forward_backward_per_micro_batch(
+    run,
+):
     _, windows = run
     # PROFILED_EVERY=20, warm-up 1, active 2: the Trainer's optimizer steps are the SDK's
     assert [w["steps"] for w in windows] == [[1, 2], [21, 22], [41, 42]]
@@ -27,14 +31,32 @@ def test_windows_open_at_the_configured_trainer_steps_with_each_phase_once_a_ste
     for w in windows:
         assert phase_calls(w, "hf") == {
             "hf.step": 2,
-            "hf.forward_backward": 2,
+            "hf.forward_backward": 2 * ACCUMULATE,  # each micro-batch's
             "hf.optimizer": 2,
             "hf.data_wait": 2,
         }
         ranges = w["ranges"]
-        # the model's FLOPs are inside forward_backward, none in the optimizer or data wait
+        # the model's FLOPs are inside forward_backward, none in the optimizer; a step's data
+        # wait holds the fetch of all its micro-batches (the Trainer fetches them up front)
         assert ranges["hf.forward_backward"]["flops"] > 0
-        assert ranges["hf.optimizer"]["flops"] == ranges["hf.data_wait"]["flops"] == 0
+        assert ranges["hf.optimizer"]["flops"] == 0
+        assert ranges["hf.data_wait"]["flops"] == 2 * ACCUMULATE * FETCH_FLOPS
+
+
+def test_the_per_step_figures_describe_an_optimizer_step_of_every_micro_batch(run):
+    result, windows = run
+    fb = windows[0]["ranges"]["hf.forward_backward"]
+    micro_batch = fb["flops"] / fb["calls"]  # counted: the model's forward and backward
+    train_logs = [h for h in result["log_history"] if "loss" in h]
+    counted = [h for h in train_logs if "profiled/flops_per_step" in h]
+    assert counted
+    for h in counted:
+        assert h["profiled/flops_per_step"] == ACCUMULATE * (micro_batch + FETCH_FLOPS)
+    # declared: the Trainer's floating_point_ops of every micro-batch since the last log,
+    # per optimizer step (rated by the step time: rate x time gives the step's FLOPs back)
+    for h in train_logs:
+        declared = h["profiled/declared_flops_per_s"] * h["profiled/step_time_s"]
+        assert declared == pytest.approx(ACCUMULATE * result["declared_per_micro_batch"])
 
 
 def test_per_step_metrics_reach_the_trainers_logs_and_its_tensorboard_logger(run):

@@ -10,8 +10,9 @@ Steps: each optimizer step of the Trainer (``on_step_begin`` .. ``on_step_end``)
 step, so ``PROFILED_*`` (schedule, every, sampling, slow step, trigger) open windows at the
 Trainer's steps: the SDK's step 0 is the first step this ``train()`` runs. Phases, as ranges:
 
-- ``hf.forward_backward``: ``on_step_begin`` .. ``on_pre_optimizer_step`` (every micro-batch of
-  a gradient-accumulation step, and gradient clipping);
+- ``hf.forward_backward``: one per micro-batch: ``on_step_begin`` or the last
+  ``on_substep_end`` .. the next ``on_substep_end`` or ``on_pre_optimizer_step`` (with
+  gradient accumulation, N of them a step; the last one holds gradient clipping);
 - ``hf.optimizer``: ``on_pre_optimizer_step`` .. ``on_optimizer_step``;
 - ``hf.data_wait``: from the end of the Trainer's work after a step (its ``on_step_end``, or
   the ``on_log``/``on_evaluate``/``on_save`` that logging, evaluation and checkpointing end
@@ -87,6 +88,13 @@ class ProfiledCallback(TrainerCallback):
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._phases.begin_step()
         self._phases.enter("forward_backward")
+
+    @guarded
+    def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """A micro-batch of a gradient-accumulation step ends (not the last: that one ends at
+        ``on_pre_optimizer_step``): the next one's ``forward_backward`` begins."""
+        if self._phases.leave("forward_backward"):
+            self._phases.enter("forward_backward")
 
     @guarded
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
