@@ -30,7 +30,7 @@ from .config import enabled_from_env
 if TYPE_CHECKING:
     from .config import Config, ConfigWarning
     from .decorator import profiled
-    from .lifetime import configure, flush, session, shutdown, step
+    from .lifetime import configure, flush, get_config, peak_tflops, session, shutdown, step
     from .module import ModuleHandle, instrument_module
     from .report import KernelStats, OpStats, RangeStats, WindowReport
     from .sampling import Schedule
@@ -49,7 +49,9 @@ __all__ = [
     "WindowReport",
     "configure",
     "flush",
+    "get_config",
     "instrument_module",
+    "peak_tflops",
     "profiled",
     "session",
     "shutdown",
@@ -64,7 +66,7 @@ def _load_runtime() -> None:
     decorator): what the face imported eagerly before it was lazy, in the same order."""
     from .config import Config, ConfigWarning
     from .decorator import profiled
-    from .lifetime import configure, flush, session, shutdown, step
+    from .lifetime import configure, flush, get_config, peak_tflops, session, shutdown, step
     from .module import ModuleHandle, instrument_module
     from .report import KernelStats, OpStats, RangeStats, WindowReport
     from .sampling import Schedule
@@ -76,6 +78,8 @@ def _load_runtime() -> None:
         profiled=profiled,
         configure=configure,
         flush=flush,
+        get_config=get_config,
+        peak_tflops=peak_tflops,
         session=session,
         shutdown=shutdown,
         step=step,

@@ -16,13 +16,13 @@ from exporters import ExporterWarning, check_exporter_names, resolve_exporters
 from exporters._settings import quote, reason
 from exporters._warn import warn
 
-from . import _torch, analysis_process, collectives, metrics, state, triggers
+from . import _torch, analysis_process, collectives, metrics, peaks, state, triggers
 from ._atomic import _StandIn, atomic
 from .config import Config, _reject_unknown, _reset_warnings, enabled_from_env
 from .sampling import Schedule
 from .sessions import Session
 
-__all__ = ["configure", "flush", "session", "shutdown", "step"]
+__all__ = ["configure", "flush", "get_config", "peak_tflops", "session", "shutdown", "step"]
 
 
 def ambient_config() -> Config:
@@ -263,6 +263,21 @@ def configure(**fields: Any) -> None:
         state.refresh_idle()
     if old is not None:
         old.close()
+
+
+def get_config() -> Config:
+    """The configuration the ambient session uses (or the next one will): the environment,
+    then ``configure()``'s fields, as one frozen ``Config``. Reading it starts nothing."""
+    return ambient_config()
+
+
+def peak_tflops(device: str) -> dict[str, float]:
+    """The dense peak TFLOP/s per dtype (``"bf16"``, ...) of the device named ``device``
+    (torch's name, as ``WindowReport.device``) that the reports rate MFU by:
+    ``PROFILED_PEAK_TFLOPS`` (or ``configure(peak_tflops=...)``) for every dtype, else the
+    SDK's table; ``{}`` for a device the table does not know."""
+    peak = peaks.lookup(device, ambient_config().peak_tflops)
+    return dict(peak.tflops) if peak is not None else {}
 
 
 def step() -> None:

@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 
+import instrument
 from instrument import Schedule
 from instrument.testing import capture
 
@@ -80,3 +81,20 @@ def test_log_every_must_be_a_positive_integer():
     for bad in (0, -1, 1.5, True, "10"):
         with pytest.raises(ValueError, match="log_every must be an integer >= 1"):
             ProfiledLoop(log_every=bad)
+
+
+def test_the_settings_and_peaks_an_integration_reads_are_public(monkeypatch):
+    """``instrument.get_config()``: the environment, then ``configure()``; ``peak_tflops()``:
+    the reports' peak table, ``PROFILED_PEAK_TFLOPS`` first (the integrations' MFU)."""
+    assert instrument.peak_tflops("NVIDIA H200")["bf16"] == 989.4
+    assert instrument.peak_tflops("cpu") == {}
+    monkeypatch.setenv("PROFILED_PEAK_TFLOPS", "0.05")
+    monkeypatch.setenv("PROFILED_WITH_FLOPS", "1")
+    config = instrument.get_config()
+    assert isinstance(config, instrument.Config)
+    assert (config.peak_tflops, config.with_flops) == (0.05, True)
+    assert set(instrument.peak_tflops("cpu").values()) == {0.05}
+    assert instrument.peak_tflops("NVIDIA H200")["bf16"] == 0.05
+    instrument.configure(with_flops=False, peak_tflops=2.0)
+    assert (instrument.get_config().with_flops, instrument.get_config().peak_tflops) == (False, 2.0)
+    assert instrument.peak_tflops("cpu")["fp32"] == 2.0

@@ -19,8 +19,8 @@ FLOPs come from two places. *Counted*: with ``PROFILED_WITH_FLOPS=1`` each windo
 holds the FLOPs of the matrix products and attention it recorded; ``CountedFlops`` (an
 exporter the integrations add to the ambient session) keeps the latest window's FLOPs per
 step, and every later step is rated by them: FLOP/s over the step's time, MFU over the
-device's dense peak for the FLOPs' dtype (``instrument.peaks``, the reports' table). *Declared*:
-what the framework says (the Trainer's ``floating_point_ops``, a LightningModule's
+device's dense peak for the FLOPs' dtype (``instrument.peak_tflops``: the reports' table).
+*Declared*: what the framework says (the Trainer's ``floating_point_ops``, a LightningModule's
 ``flops_per_batch``), rated against the same peak.
 """
 
@@ -35,11 +35,7 @@ from typing import Any, TypeVar
 
 from exporters import Exporter, ExportResult
 from exporters._warn import warn
-
-from .. import lifetime, peaks
-from ..decorator import profiled
-from ..report import WindowReport
-from ..sessions import ProfilerWarning
+from instrument import ProfilerWarning, WindowReport, configure, get_config, peak_tflops, profiled
 
 __all__ = [
     "COUNTED",
@@ -215,14 +211,12 @@ def listen_for_counted_flops() -> None:
     (``configure()``: an ambient window open now ends there, as ``configure()`` says). Not
     where profiling is off, no exporter takes windows (none would open), or it is there."""
     with _listen_lock:
-        config = lifetime.ambient_config()
+        config = get_config()
         if not (config.enabled and config.with_flops):
             return
         names = list(config.exporters)
         if any(e is COUNTED for e in names) or not any(_takes_windows(e) for e in names):
             return
-        from .. import configure
-
         configure(exporters=[*names, COUNTED])
 
 
@@ -235,8 +229,8 @@ def _takes_windows(exporter: Any) -> bool:
 def peak_flops_per_s(device: str, dtype: str) -> float | None:
     """The dense peak of the device named ``device`` for ``dtype`` (``PROFILED_PEAK_TFLOPS``
     first, as in the reports); None: unknown."""
-    peak = peaks.lookup(device, lifetime.ambient_config().peak_tflops)
-    return peak.flops_per_s(dtype) if peak is not None and dtype else None
+    tflops = peak_tflops(device).get(dtype) if dtype else None
+    return tflops * 1e12 if tflops else None
 
 
 def device_name(device: Any) -> str:

@@ -42,8 +42,8 @@ except ImportError as exc:  # pragma: no cover - the hf extra is not installed
     ) from exc
 
 from exporters._warn import warn
+from instrument import ProfilerWarning
 
-from ..sessions import ProfilerWarning
 from ._core import Phases, StepMetrics, device_name, guarded, listen_for_counted_flops
 
 __all__ = ["ProfiledCallback", "profile_trainer"]
