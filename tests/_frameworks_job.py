@@ -19,11 +19,17 @@ import warnings
 
 import torch
 
+from tests._integrations import (
+    ACCUMULATE,
+    FETCH_SIZE,
+    FLUSH_AT,
+    HF_STEPS,
+    LIGHTNING_STEPS,
+    READINGS,
+)
+
 warnings.filterwarnings("ignore")  # the frameworks' own chatter about CPU runs
 torch.set_num_threads(1)
-
-STEPS = 50
-FLUSH_AT = 10
 
 
 def rss_bytes() -> int:
@@ -56,10 +62,6 @@ def gpt2():
     return model
 
 
-FETCH_FLOPS = 2 * 8**3  # a sample's fetch does one 8x8 matrix product (counted FLOPs)
-ACCUMULATE = 4  # the HF run's gradient accumulation: micro-batches per optimizer step
-
-
 class Tokens(torch.utils.data.Dataset):
     """Token sequences; fetching one does a small matrix product, so that the FLOPs inside a
     data wait count the samples fetched in it."""
@@ -68,7 +70,7 @@ class Tokens(torch.utils.data.Dataset):
         return 1 << 20
 
     def __getitem__(self, i: int) -> dict:
-        torch.ones(8, 8) @ torch.ones(8, 8)
+        torch.ones(FETCH_SIZE, FETCH_SIZE) @ torch.ones(FETCH_SIZE, FETCH_SIZE)
         x = torch.randint(0, 128, (32,), generator=torch.Generator().manual_seed(i))
         return {"input_ids": x, "labels": x}
 
@@ -85,7 +87,7 @@ def hf() -> dict:
                 instrument.flush()
 
     args = TrainingArguments(
-        output_dir="out", max_steps=STEPS, per_device_train_batch_size=1, logging_steps=5,
+        output_dir="out", max_steps=HF_STEPS, per_device_train_batch_size=1, logging_steps=5,
         gradient_accumulation_steps=ACCUMULATE,
         report_to="tensorboard", save_strategy="no", use_cpu=True, disable_tqdm=True,
         torch_compile=True, torch_compile_backend="eager",
@@ -116,16 +118,18 @@ def hf() -> dict:
 # ---------------------------------------------------------------- Lightning
 
 
+def mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+
+
 def lightning_module(compile_net: bool):
     import lightning.pytorch as pl
 
     class Regression(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            torch.manual_seed(0)
-            self.net = torch.nn.Sequential(
-                torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)
-            )
+            self.net = mlp()
             self.run_net = torch.compile(self.net, backend="eager") if compile_net else self.net
             # what ThroughputMonitor reads: forward + backward of the two matrix products
             self.flops_per_batch = 3 * 2 * 4 * (32 * 64 + 64 * 1)
@@ -156,8 +160,8 @@ def regression_data(n: int = 4096):
 
 
 def lightning() -> dict:
-    """2000 steps (the first 50 are what the other frameworks' runs do) with a CSV logger;
-    RSS and the number of Python objects the collector tracks after steps 500 and 2000."""
+    """800 steps (the first 50 are what the other frameworks' runs do) with a CSV logger;
+    RSS and the number of Python objects the collector tracks after steps 200 and 800."""
     import csv
     import gc
 
@@ -173,14 +177,17 @@ def lightning() -> dict:
         def on_train_batch_end(self, trainer, *args):
             if trainer.global_step == FLUSH_AT:
                 instrument.flush()
-            if trainer.global_step in (500, 2000):
+            if trainer.global_step in READINGS:
                 gc.collect()
                 seen[trainer.global_step] = (rss_bytes(), len(gc.get_objects()))
 
     trainer = lightning_trainer(
-        2000, [ProfiledCallback(), Watch()], logger=CSVLogger("logs"), log_every_n_steps=50
+        LIGHTNING_STEPS,
+        [ProfiledCallback(), Watch()],
+        logger=CSVLogger("logs"),
+        log_every_n_steps=50,
     )
-    trainer.fit(lightning_module(compile_net=True), regression_data(8192))
+    trainer.fit(lightning_module(compile_net=True), regression_data(4 * LIGHTNING_STEPS))
     with open(glob.glob("logs/**/metrics.csv", recursive=True)[0]) as f:
         rows = [{k: v for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
     return {"csv": rows, "memory": seen, **graph_breaks()}
@@ -217,7 +224,7 @@ def accelerate() -> dict:
 
     acc = Accelerator(cpu=True, gradient_accumulation_steps=2, log_with=[Memory()])
     acc.init_trackers("job")
-    model = lightning_module(compile_net=False).net
+    model = mlp()  # (not Lightning's module: importing lightning takes seconds)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     model, opt, loader = acc.prepare(model, opt, regression_data(4 * 30))
     loop = ProfiledLoop(acc, opt, log_every=5)

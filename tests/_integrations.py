@@ -11,6 +11,15 @@ from tests._proc import REPO
 
 JOB = os.path.join(REPO, "tests", "_frameworks_job.py")
 
+# what the jobs run (they import these; the tests read them here, without the job's torch)
+FLUSH_AT = 10  # each job waits for its first window's report at this step
+HF_STEPS = 25  # the HF run's optimizer steps, of ACCUMULATE micro-batches each
+ACCUMULATE = 4  # the HF run's gradient accumulation: micro-batches per optimizer step
+FETCH_SIZE = 8  # a sample's fetch in the HF run does one FETCH_SIZE-square matrix product
+FETCH_FLOPS = 2 * FETCH_SIZE**3
+LIGHTNING_STEPS = 800
+READINGS = (200, 800)  # RSS and live objects read after these steps: 600 steps, 6 windows apart
+
 # a window (warm-up step, then two recorded steps) every 20 steps, counting FLOPs; a peak of
 # 0.05 TFLOP/s stands in for the CPU, which has none in the table, so MFU is given
 SETTINGS = {

@@ -1,5 +1,5 @@
 """``instrument.integrations.hf`` in a real ``transformers.Trainer``: a 2-layer GPT-2 built from
-a config (no download) trained for 50 optimizer steps on the CPU with gradient accumulation
+a config (no download) trained for 25 optimizer steps on the CPU with gradient accumulation
 (4 micro-batches of one sequence a step), compiled (``torch_compile``, Dynamo's eager
 backend), with the callback placed by ``profile_trainer`` ahead of the TensorBoard logger.
 One run; each test reads a part of it. (Without accumulation, example 08's test.)"""
@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests._frameworks_job import ACCUMULATE, FETCH_FLOPS
-from tests._integrations import phase_calls, run_job
+from tests._integrations import ACCUMULATE, FETCH_FLOPS, HF_STEPS, phase_calls, run_job
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -18,15 +17,15 @@ pytest.importorskip("tensorboard")
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    return run_job("hf", tmp_path_factory.mktemp("hf"))
+    return run_job("hf", tmp_path_factory.mktemp("hf"), PROFILED_EVERY="10")
 
 
 def test_windows_open_at_the_configured_optimizer_steps_with_a_forward_backward_per_micro_batch(
     run,
 ):
     _, windows = run
-    # PROFILED_EVERY=20, warm-up 1, active 2: the Trainer's optimizer steps are the SDK's
-    assert [w["steps"] for w in windows] == [[1, 2], [21, 22], [41, 42]]
+    # PROFILED_EVERY=10, warm-up 1, active 2: the Trainer's optimizer steps are the SDK's
+    assert [w["steps"] for w in windows] == [[1, 2], [11, 12], [21, 22]]
     assert {w["reason"]["kind"] for w in windows} == {"every"}
     for w in windows:
         assert phase_calls(w, "hf") == {
@@ -67,14 +66,14 @@ def test_per_step_metrics_reach_the_trainers_logs_and_its_tensorboard_logger(run
         "TensorBoardCallback",
     ]
     train_logs = [h for h in result["log_history"] if "loss" in h]
-    assert [h["step"] for h in train_logs] == list(range(5, 51, 5))
+    assert [h["step"] for h in train_logs] == list(range(5, HF_STEPS + 1, 5))
     for h in train_logs:
         assert h["profiled/step_time_s"] > h["profiled/data_wait_s"] > 0
         assert h["profiled/declared_flops_per_s"] > 0  # the Trainer's floating_point_ops
     # from step 10 on (the test waited there for the first report): the counted FLOPs of
     # the last window per recorded step, over each step's time, against the 0.05 TFLOP/s peak
     counted = [h for h in train_logs if "profiled/mfu" in h]
-    assert [h["step"] for h in counted][:1] == [10] and counted[-1]["step"] == 50
+    assert [h["step"] for h in counted][:1] == [10] and counted[-1]["step"] == HF_STEPS
     per_step = windows[0]["flops"] / len(windows[0]["steps"])
     for h in counted:
         assert h["profiled/flops_per_step"] == per_step
@@ -85,7 +84,7 @@ def test_per_step_metrics_reach_the_trainers_logs_and_its_tensorboard_logger(run
         assert h["profiled/declared_flops_per_s"] < h["profiled/flops_per_s"]
     tags = result["tensorboard"]
     for name in ("step_time_s", "data_wait_s", "declared_mfu"):
-        assert tags[f"train/profiled/{name}"] == 10
+        assert tags[f"train/profiled/{name}"] == len(train_logs)
     assert tags["train/profiled/mfu"] == len(counted)
 
 
