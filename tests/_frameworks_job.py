@@ -21,6 +21,7 @@ import torch
 
 from tests._integrations import (
     ACCUMULATE,
+    DDP_STEPS,
     FETCH_SIZE,
     FLUSH_AT,
     HF_STEPS,
@@ -193,6 +194,20 @@ def lightning() -> dict:
     return {"csv": rows, "memory": seen, **graph_breaks()}
 
 
+def lightning_ddp() -> dict:
+    """Lightning's DDP on the CPU: 2 processes (gloo), a few steps; rank 0 answers (rank 1, a
+    copy of this program that Lightning starts, prints nothing)."""
+    from instrument.integrations.lightning import ProfiledCallback
+
+    trainer = lightning_trainer(
+        DDP_STEPS, [ProfiledCallback()], strategy="ddp", devices=2, logger=False
+    )
+    trainer.fit(lightning_module(compile_net=False), regression_data(4 * 2 * DDP_STEPS))
+    if trainer.global_rank != 0:
+        sys.exit(0)
+    return {"world_size": trainer.world_size, "steps": trainer.global_step}
+
+
 # ---------------------------------------------------------------- accelerate
 
 
@@ -240,5 +255,6 @@ def accelerate() -> dict:
 
 
 if __name__ == "__main__":
-    result = {"hf": hf, "lightning": lightning, "accelerate": accelerate}[sys.argv[1]]()
+    jobs = {"hf": hf, "lightning": lightning, "lightning_ddp": lightning_ddp}
+    result = {**jobs, "accelerate": accelerate}[sys.argv[1]]()
     print(json.dumps(result, default=str), flush=True)

@@ -18,6 +18,7 @@ ACCUMULATE = 4  # the HF run's gradient accumulation: micro-batches per optimize
 FETCH_SIZE = 8  # a sample's fetch in the HF run does one FETCH_SIZE-square matrix product
 FETCH_FLOPS = 2 * FETCH_SIZE**3
 LIGHTNING_STEPS = 800
+DDP_STEPS = 4  # the Lightning DDP run's steps (2 processes)
 READINGS = (200, 800)  # RSS and live objects read after these steps: 600 steps, 6 windows apart
 
 # a window (warm-up step, then two recorded steps) every 20 steps, counting FLOPs; a peak of

@@ -1,12 +1,15 @@
 """``instrument.integrations.lightning`` in a real Lightning ``Trainer.fit``: a small MLP (its
 network compiled with Dynamo's eager backend) for 800 steps on the CPU with a CSV logger and
-windows every 100 steps. One run; each test reads a part of it."""
+windows every 100 steps (one run; each test reads a part of it); a DDP run of 2 processes; the
+rank taken from the strategy where nothing else says it."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from tests._integrations import LIGHTNING_STEPS, READINGS, phase_calls, run_job
+from tests._integrations import DDP_STEPS, LIGHTNING_STEPS, READINGS, phase_calls, run_job
 
 pytest.importorskip("lightning")
 
@@ -67,3 +70,34 @@ def test_memory_stays_flat_over_a_long_run_with_windows(run):
 def test_no_graph_break_in_the_compiled_network(run):
     result, _ = run
     assert result["graphs"] >= 1 and result["graph_breaks"] == 0
+
+
+def test_each_process_of_a_ddp_run_reports_its_own_rank(tmp_path):
+    """``strategy="ddp"`` on the CPU, 2 processes (gloo): both profile the same steps, each
+    report names its process's rank (Lightning starts the process group before the
+    callback's first hook: the ranks come from torch.distributed)."""
+    result, windows = run_job("lightning_ddp", tmp_path, timeout=180)
+    assert result == {"world_size": 2, "steps": DDP_STEPS}
+    assert sorted((w["rank"], w["world_size"]) for w in windows) == [(0, 2), (1, 2)]
+    for w in windows:
+        assert w["steps"] == [1, 2]
+        assert phase_calls(w, "lightning")["lightning.step"] == 2
+
+
+def test_a_strategy_of_several_processes_names_the_rank_where_nothing_else_does(monkeypatch):
+    """No process group at ``setup`` and no launcher variable: ``RANK``/``WORLD_SIZE`` come
+    from the strategy (a real Trainer of 2 nodes x 2 processes, as node 1's first process)."""
+    import lightning.pytorch as pl
+
+    from instrument.integrations.lightning import ProfiledCallback
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.setenv(var, "0")  # (so that the test's end restores them as they were)
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("NODE_RANK", "1")
+    trainer = pl.Trainer(
+        strategy="ddp", devices=2, num_nodes=2, accelerator="cpu", logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    ProfiledCallback().setup(trainer, None, "fit")
+    assert (os.environ.get("RANK"), os.environ.get("WORLD_SIZE")) == ("2", "4")
