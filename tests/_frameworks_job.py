@@ -24,6 +24,8 @@ from tests._integrations import (
     DDP_STEPS,
     FETCH_SIZE,
     FLUSH_AT,
+    HF_FLUSH_AT,
+    HF_LOG,
     HF_STEPS,
     LIGHTNING_STEPS,
     READINGS,
@@ -84,11 +86,11 @@ def hf() -> dict:
 
     class WaitForFirstReport(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step == FLUSH_AT:
+            if state.global_step == HF_FLUSH_AT:
                 instrument.flush()
 
     args = TrainingArguments(
-        output_dir="out", max_steps=HF_STEPS, per_device_train_batch_size=1, logging_steps=5,
+        output_dir="out", max_steps=HF_STEPS, per_device_train_batch_size=1, logging_steps=HF_LOG,
         gradient_accumulation_steps=ACCUMULATE,
         report_to="tensorboard", save_strategy="no", use_cpu=True, disable_tqdm=True,
         torch_compile=True, torch_compile_backend="eager",

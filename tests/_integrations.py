@@ -13,7 +13,10 @@ JOB = os.path.join(REPO, "tests", "_frameworks_job.py")
 
 # what the jobs run (they import these; the tests read them here, without the job's torch)
 FLUSH_AT = 10  # each job waits for its first window's report at this step
-HF_STEPS = 25  # the HF run's optimizer steps, of ACCUMULATE micro-batches each
+HF_STEPS = 12  # the HF run's optimizer steps, of ACCUMULATE micro-batches each, windows
+HF_EVERY = 4  # every 4 steps (steps 1-2, 5-6, 9-10), logs every HF_LOG steps; it waits for
+HF_LOG = 2  # the first report at HF_FLUSH_AT (the window ended at step 3: no earlier log has
+HF_FLUSH_AT = 4  # counted FLOPs, every later one has)
 ACCUMULATE = 4  # the HF run's gradient accumulation: micro-batches per optimizer step
 FETCH_SIZE = 8  # a sample's fetch in the HF run does one FETCH_SIZE-square matrix product
 FETCH_FLOPS = 2 * FETCH_SIZE**3

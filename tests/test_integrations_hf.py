@@ -1,5 +1,5 @@
 """``instrument.integrations.hf`` in a real ``transformers.Trainer``: a 2-layer GPT-2 built from
-a config (no download) trained for 25 optimizer steps on the CPU with gradient accumulation
+a config (no download) trained for 12 optimizer steps on the CPU with gradient accumulation
 (4 micro-batches of one sequence a step), compiled (``torch_compile``, Dynamo's eager
 backend), with the callback placed by ``profile_trainer`` ahead of the TensorBoard logger.
 One run; each test reads a part of it. (Without accumulation, example 08's test.)"""
@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests._integrations import ACCUMULATE, FETCH_FLOPS, HF_STEPS, phase_calls, run_job
+from tests._integrations import (
+    ACCUMULATE,
+    FETCH_FLOPS,
+    HF_EVERY,
+    HF_FLUSH_AT,
+    HF_LOG,
+    HF_STEPS,
+    phase_calls,
+    run_job,
+)
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -17,15 +26,15 @@ pytest.importorskip("tensorboard")
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    return run_job("hf", tmp_path_factory.mktemp("hf"), PROFILED_EVERY="10")
+    return run_job("hf", tmp_path_factory.mktemp("hf"), PROFILED_EVERY=str(HF_EVERY))
 
 
 def test_windows_open_at_the_configured_optimizer_steps_with_a_forward_backward_per_micro_batch(
     run,
 ):
     _, windows = run
-    # PROFILED_EVERY=10, warm-up 1, active 2: the Trainer's optimizer steps are the SDK's
-    assert [w["steps"] for w in windows] == [[1, 2], [11, 12], [21, 22]]
+    # PROFILED_EVERY=4, warm-up 1, active 2: the Trainer's optimizer steps are the SDK's
+    assert [w["steps"] for w in windows] == [[1, 2], [5, 6], [9, 10]]
     assert {w["reason"]["kind"] for w in windows} == {"every"}
     for w in windows:
         assert phase_calls(w, "hf") == {
@@ -66,14 +75,14 @@ def test_per_step_metrics_reach_the_trainers_logs_and_its_tensorboard_logger(run
         "TensorBoardCallback",
     ]
     train_logs = [h for h in result["log_history"] if "loss" in h]
-    assert [h["step"] for h in train_logs] == list(range(5, HF_STEPS + 1, 5))
+    assert [h["step"] for h in train_logs] == list(range(HF_LOG, HF_STEPS + 1, HF_LOG))
     for h in train_logs:
         assert h["profiled/step_time_s"] > h["profiled/data_wait_s"] > 0
         assert h["profiled/declared_flops_per_s"] > 0  # the Trainer's floating_point_ops
-    # from step 10 on (the test waited there for the first report): the counted FLOPs of
-    # the last window per recorded step, over each step's time, against the 0.05 TFLOP/s peak
+    # from the step where the test waited for the first report on: the counted FLOPs of the
+    # last window per recorded step, over each step's time, against the 0.05 TFLOP/s peak
     counted = [h for h in train_logs if "profiled/mfu" in h]
-    assert [h["step"] for h in counted][:1] == [10] and counted[-1]["step"] == HF_STEPS
+    assert [h["step"] for h in counted] == list(range(HF_FLUSH_AT, HF_STEPS + 1, HF_LOG))
     per_step = windows[0]["flops"] / len(windows[0]["steps"])
     for h in counted:
         assert h["profiled/flops_per_step"] == per_step
