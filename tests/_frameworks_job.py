@@ -198,7 +198,8 @@ def lightning() -> dict:
 
 def lightning_ddp() -> dict:
     """Lightning's DDP on the CPU: 2 processes (gloo), a few steps; rank 0 answers (rank 1, a
-    copy of this program that Lightning starts, prints nothing)."""
+    copy of this program that Lightning starts, prints nothing; it shares rank 0's output
+    pipes, so the test's run ends once both have exited, their reports written)."""
     from instrument.integrations.lightning import ProfiledCallback
 
     trainer = lightning_trainer(

@@ -67,8 +67,12 @@ def test_a_loop_left_early_closes_its_ranges_and_ends_the_step_it_was_in():
     assert report.ranges["accelerate.step"].open_calls == 0
 
 
-def test_profiling_off_means_the_loop_only_yields(monkeypatch):
-    monkeypatch.setenv("PROFILED_ENABLED", "0")
+@pytest.mark.parametrize("off", ["env", "configure"])
+def test_profiling_off_means_the_loop_only_yields(monkeypatch, off):
+    if off == "env":
+        monkeypatch.setenv("PROFILED_ENABLED", "0")
+    else:
+        instrument.configure(enabled=False)
     model, opt, batches = setup()
     loop = ProfiledLoop(None, opt, log_every=1)
     with warnings.catch_warnings():

@@ -57,8 +57,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 def guarded(hook: F) -> F:
     """A framework hook of an integration: whatever goes wrong in it costs one warning and
     switches the integration off (its open ranges closed); it never raises into the loop.
-    With profiling off (``PROFILED_ENABLED=0`` when the integration was made) it does
-    nothing: no ranges, no steps, no metrics."""
+    With profiling off when the integration was made (``PROFILED_ENABLED=0``,
+    ``configure(enabled=False)``) it does nothing: no ranges, no steps, no metrics."""
 
     @functools.wraps(hook)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -88,7 +88,7 @@ class Phases:
     def __init__(self, framework: str, phases: tuple[str, ...] = PHASES) -> None:
         self.framework = framework
         self._step = profiled(f"{framework}.step", step=True)  # declares steps (no root steps)
-        self.enabled: bool = self._step.enabled  # PROFILED_ENABLED, as the decorator reads it
+        self.enabled: bool = get_config().enabled  # PROFILED_ENABLED, configure(enabled=)
         self._blocks = {p: profiled(f"{framework}.{p}") for p in phases}
         self._open: list[tuple[str, Any]] = []  # open blocks, innermost last
         self._now = time.perf_counter
