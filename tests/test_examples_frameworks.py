@@ -1,41 +1,15 @@
 """Examples 08 (Hugging Face Trainer) and 09 (Lightning) run as real programs at their CPU
-sizes, from an empty working directory, with the console exporter: both side by side as the
-module starts (each test reads only what its run left)."""
+sizes, from an empty working directory, with the console exporter."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
 
 import pytest
 
-from tests import _proc
-from tests.test_examples import EXAMPLES, calls, table_rows
+from tests.test_examples import calls, run_example, table_rows
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-NEEDS = {
-    "test_08_trainer_profiles_the_trainers_loop_with_one_callback": ("transformers", "accelerate"),
-    "test_09_lightning_counts_what_throughput_monitor_is_told": ("lightning",),
-}
-
-
-@pytest.fixture(scope="module")
-def ahead(request, tmp_path_factory):
-    with _proc.Ahead(request, tmp_path_factory) as ahead:
-        for key, name in zip(NEEDS, ("08_trainer.py", "09_lightning.py")):
-            if all(importlib.util.find_spec(m) for m in NEEDS[key]):
-                env = _proc.sdk_env({"PROFILED_EXPORTERS": "console", **OFFLINE})
-                ahead.add(key, os.path.join(EXAMPLES, name), env=env, timeout=300)
-        yield ahead
-
-
-def run(ahead, request):
-    for module in NEEDS[request.node.name]:
-        pytest.importorskip(module)
-    out, _cwd = ahead[request.node.name]
-    assert out.returncode == 0, out.stderr[-5000:]
-    return out
 
 
 def summary(stdout, header):
@@ -44,8 +18,11 @@ def summary(stdout, header):
     return {int(line.split()[0]): line.split() for line in lines if line.strip()}
 
 
-def test_08_trainer_profiles_the_trainers_loop_with_one_callback(ahead, request):
-    out = run(ahead, request)
+def test_08_trainer_profiles_the_trainers_loop_with_one_callback(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    out = run_example("08_trainer.py", tmp_path, env={"PROFILED_EXPORTERS": "console", **OFFLINE})
+    assert out.returncode == 0, out.stderr[-5000:]
     (ranges,) = table_rows(out.stderr, "@profiled range")  # the default schedule: steps 1-3
     for name in ("hf.step", "hf.forward_backward", "hf.optimizer", "hf.data_wait"):
         assert calls(ranges[name]) == 3, name
@@ -59,8 +36,10 @@ def test_08_trainer_profiles_the_trainers_loop_with_one_callback(ahead, request)
     assert losses[-1] < losses[0]  # it learns
 
 
-def test_09_lightning_counts_what_throughput_monitor_is_told(ahead, request):
-    out = run(ahead, request)
+def test_09_lightning_counts_what_throughput_monitor_is_told(tmp_path):
+    pytest.importorskip("lightning")
+    out = run_example("09_lightning.py", tmp_path, env={"PROFILED_EXPORTERS": "console", **OFFLINE})
+    assert out.returncode == 0, out.stderr[-5000:]
     (ranges,) = table_rows(out.stderr, "@profiled range")
     for name in ("step", "forward_backward", "backward", "optimizer", "data_wait"):
         assert calls(ranges[f"lightning.{name}"]) == 3, name
