@@ -1,12 +1,14 @@
 """Training runs in the real frameworks, profiled by ``instrument.integrations``, for
-tests/test_integrations_*.py: ``python tests/_frameworks_job.py hf|lightning|accelerate``.
+tests/test_integrations_*.py: ``python tests/_frameworks_job.py hf|lightning|lightning_ddp``
+(the accelerate loop runs in the test's own process: accelerate has no loop of its own).
 
 Each runs on the CPU with tiny models (a 2-layer GPT-2 built from a config, no download; a
 small MLP), takes its ``PROFILED_*`` settings from the environment the test gives it, and
 prints one JSON object as its last line: what the framework's loggers got, graph breaks, RSS.
-At step 10 a callback of the test's own waits for the first window's report
-(``instrument.flush()``), so that the steps after it are rated by the FLOPs that window
-counted whatever the machine's load (without it the report may come after training ends).
+At a step the test names (``FLUSH_AT``; HF ``HF_FLUSH_AT``) a callback of the test's own
+waits for the first window's report (``instrument.flush()``), so that the steps after it are
+rated by the FLOPs that window counted whatever the machine's load (without it the report
+may come after training ends).
 """
 
 from __future__ import annotations
@@ -211,53 +213,6 @@ def lightning_ddp() -> dict:
     return {"world_size": trainer.world_size, "steps": trainer.global_step}
 
 
-# ---------------------------------------------------------------- accelerate
-
-
-def accelerate() -> dict:
-    from accelerate import Accelerator
-    from accelerate.tracking import GeneralTracker
-
-    import instrument
-    from instrument.integrations.accelerate import ProfiledLoop
-
-    logged: list[dict] = []
-
-    class Memory(GeneralTracker):
-        name = "memory"
-        requires_logging_directory = False
-
-        def __init__(self) -> None:
-            super().__init__()
-
-        @property
-        def tracker(self):
-            return logged
-
-        def store_init_configuration(self, values) -> None:
-            pass
-
-        def log(self, values, step=None, **kwargs) -> None:
-            logged.append({"step": step, **values})
-
-    acc = Accelerator(cpu=True, gradient_accumulation_steps=2, log_with=[Memory()])
-    acc.init_trackers("job")
-    model = mlp()  # (not Lightning's module: importing lightning takes seconds)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    model, opt, loader = acc.prepare(model, opt, regression_data(4 * 30))
-    loop = ProfiledLoop(acc, opt, log_every=5)
-    for i, (x, y) in enumerate(loop(loader)):
-        with acc.accumulate(model):
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            acc.backward(loss)
-            opt.step()
-            opt.zero_grad()
-        if i == FLUSH_AT:
-            instrument.flush()
-    return {"logged": logged}
-
-
 if __name__ == "__main__":
-    jobs = {"hf": hf, "lightning": lightning, "lightning_ddp": lightning_ddp}
-    result = {**jobs, "accelerate": accelerate}[sys.argv[1]]()
+    result = {"hf": hf, "lightning": lightning, "lightning_ddp": lightning_ddp}[sys.argv[1]]()
     print(json.dumps(result, default=str), flush=True)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import instrument
+from exporters import InMemoryExporter
 from instrument import Schedule
 from instrument.testing import capture
 
@@ -102,3 +103,22 @@ def test_the_settings_and_peaks_an_integration_reads_are_public(monkeypatch):
     instrument.configure(with_flops=False, peak_tflops=2.0)
     assert (instrument.get_config().with_flops, instrument.get_config().peak_tflops) == (False, 2.0)
     assert instrument.peak_tflops("cpu")["fp32"] == 2.0
+
+
+def test_a_new_run_forgets_the_counted_flops_of_the_last_one():
+    """Two loops in one process (another model, a notebook's next cell): the second is not
+    rated by the FLOPs the first one's window counted."""
+    memory = InMemoryExporter()
+    instrument.configure(
+        exporters=[memory], every=1000, schedule=Schedule(wait=0, warmup=0, active=2),
+        with_flops=True, activities=["cpu"],
+    )  # fmt: skip
+    model, opt, batches = setup(n=4)
+    train(ProfiledLoop(None, opt, log_every=4), batches, model, opt)
+    assert instrument.flush(timeout_s=60)
+    assert [r.flops > 0 for r in memory.reports] == [True]  # the first run's window counted
+    second = ProfiledLoop(None, None, log_every=1)
+    for _ in second(batches[:1]):
+        pass
+    assert "profiled/step_time_s" in second.last_metrics
+    assert "profiled/flops_per_step" not in second.last_metrics

@@ -209,8 +209,11 @@ _listen_lock = threading.Lock()
 def listen_for_counted_flops() -> None:
     """With FLOP counting on in the ambient configuration, add ``COUNTED`` to its exporters
     (``configure()``: an ambient window open now ends there, as ``configure()`` says). Not
-    where profiling is off, no exporter takes windows (none would open), or it is there."""
+    where profiling is off, no exporter takes windows (none would open), or it is there.
+    A run starts here: an earlier run's count (another model's, in this process) is
+    forgotten."""
     with _listen_lock:
+        COUNTED.latest = None
         config = get_config()
         if not (config.enabled and config.with_flops):
             return
