@@ -3,8 +3,11 @@ interpreter, profiled as the environment says, its window reports read back."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+
+import pytest
 
 from tests import _proc
 from tests._proc import REPO
@@ -38,6 +41,13 @@ SETTINGS = {
     "HF_DATASETS_OFFLINE": "1",
     "OMP_NUM_THREADS": "1",
 }
+
+
+def needs(*modules):
+    """A skip mark for tests whose programs need ``modules`` installed: looked up, not
+    imported (importing Lightning here would cost this process seconds it never uses)."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)}")
 
 
 def run_job(name, tmp_path, timeout=300, **env):

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from tests._integrations import needs
 from tests.test_examples import calls, run_example, table_rows
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -18,9 +19,8 @@ def summary(stdout, header):
     return {int(line.split()[0]): line.split() for line in lines if line.strip()}
 
 
+@needs("transformers", "accelerate")
 def test_08_trainer_profiles_the_trainers_loop_with_one_callback(tmp_path):
-    pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
     out = run_example("08_trainer.py", tmp_path, env={"PROFILED_EXPORTERS": "console", **OFFLINE})
     assert out.returncode == 0, out.stderr[-5000:]
     (ranges,) = table_rows(out.stderr, "@profiled range")  # the default schedule: steps 1-3
@@ -36,8 +36,8 @@ def test_08_trainer_profiles_the_trainers_loop_with_one_callback(tmp_path):
     assert losses[-1] < losses[0]  # it learns
 
 
+@needs("lightning")
 def test_09_lightning_counts_what_throughput_monitor_is_told(tmp_path):
-    pytest.importorskip("lightning")
     out = run_example("09_lightning.py", tmp_path, env={"PROFILED_EXPORTERS": "console", **OFFLINE})
     assert out.returncode == 0, out.stderr[-5000:]
     (ranges,) = table_rows(out.stderr, "@profiled range")

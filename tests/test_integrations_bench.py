@@ -10,10 +10,10 @@ import json
 import pytest
 
 from tests import _proc
+from tests._integrations import needs
 from tests._proc import REPO
 
-pytest.importorskip("transformers")
-pytest.importorskip("lightning")
+pytestmark = needs("transformers", "accelerate", "lightning")
 
 
 def test_frameworks_mfu_prints_both_figures(tmp_path):

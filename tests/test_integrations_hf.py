@@ -15,13 +15,12 @@ from tests._integrations import (
     HF_FLUSH_AT,
     HF_LOG,
     HF_STEPS,
+    needs,
     phase_calls,
     run_job,
 )
 
-pytest.importorskip("transformers")
-pytest.importorskip("accelerate")
-pytest.importorskip("tensorboard")
+pytestmark = needs("transformers", "accelerate", "tensorboard")
 
 
 @pytest.fixture(scope="module")

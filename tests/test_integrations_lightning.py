@@ -5,13 +5,18 @@ rank taken from the strategy where nothing else says it."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from tests._integrations import DDP_STEPS, LIGHTNING_STEPS, READINGS, phase_calls, run_job
+from tests._integrations import (
+    DDP_STEPS,
+    LIGHTNING_STEPS,
+    READINGS,
+    needs,
+    phase_calls,
+    run_job,
+)
 
-pytest.importorskip("lightning")
+pytestmark = needs("lightning")
 
 
 @pytest.fixture(scope="module")
@@ -84,20 +89,8 @@ def test_each_process_of_a_ddp_run_reports_its_own_rank(tmp_path):
         assert phase_calls(w, "lightning")["lightning.step"] == 2
 
 
-def test_a_strategy_of_several_processes_names_the_rank_where_nothing_else_does(monkeypatch):
+def test_a_strategy_of_several_processes_names_the_rank_where_nothing_else_does(run):
     """No process group at ``setup`` and no launcher variable: ``RANK``/``WORLD_SIZE`` come
     from the strategy (a real Trainer of 2 nodes x 2 processes, as node 1's first process)."""
-    import lightning.pytorch as pl
-
-    from instrument.integrations.lightning import ProfiledCallback
-
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        monkeypatch.setenv(var, "0")  # (so that the test's end restores them as they were)
-        monkeypatch.delenv(var)
-    monkeypatch.setenv("NODE_RANK", "1")
-    trainer = pl.Trainer(
-        strategy="ddp", devices=2, num_nodes=2, accelerator="cpu", logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-    )  # fmt: skip
-    ProfiledCallback().setup(trainer, None, "fit")
-    assert (os.environ.get("RANK"), os.environ.get("WORLD_SIZE")) == ("2", "4")
+    result, _ = run
+    assert result["rank_from_strategy"] == {"RANK": "2", "WORLD_SIZE": "4"}
