@@ -133,9 +133,7 @@ def test_a_program_that_stops_stepping_is_stopped_by_the_timer(stand_in, monkeyp
         assert sess.status().stop_deferred
         deadline = time.monotonic() + 30
         # no step ends: only the timer thread can stop it (it clears the drain, then stops)
-        while (
-            sess.status().stop_deferred or _torch.profiler_on()
-        ) and time.monotonic() < deadline:
+        while (sess.status().stop_deferred or _torch.profiler_on()) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert not sess.status().stop_deferred
         assert not _torch.profiler_on()
@@ -324,9 +322,7 @@ def _ambient_window_stopped_by_the_timer(monkeypatch, mem) -> None:
     assert sess.status().stop_deferred
     # the timer clears the drain, then stops the profiler on its own thread (a while, under load)
     deadline = time.monotonic() + 30
-    while (
-        sess.status().stop_deferred or _torch.profiler_on()
-    ) and time.monotonic() < deadline:
+    while (sess.status().stop_deferred or _torch.profiler_on()) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not sess.status().stop_deferred and not _torch.profiler_on()
 

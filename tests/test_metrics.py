@@ -13,6 +13,7 @@ import pytest
 
 from instrument import metrics
 from instrument.report import RangeHistogram
+from instrument.testing import process_status
 from tests import _proc
 from tests._records import metrics_records, window_records
 
@@ -86,7 +87,7 @@ def test_the_sync_wrappers_inline_update_is_metrics_record(fresh_metrics, monkey
     warm = profiled("warm")(lambda: None)
     for _ in range(4):
         warm()
-    assert decorator._IDLE
+    assert process_status().calls_idle
     # more than a batch: the wrapper folds once itself, the snapshot folds the rest
     durations = [1500, 500, 3000, 1500, 10**9, 700] * (metrics.BATCH // 6 + 2)
     ticks = iter([t for d in durations for t in (1000.0, 1000.0 + d / 1e9)])
@@ -94,7 +95,7 @@ def test_the_sync_wrappers_inline_update_is_metrics_record(fresh_metrics, monkey
     inline = profiled("inline")(lambda: None)
     state.set_metrics(True)
     try:
-        assert decorator._COUNT_ONLY is metrics.recorder  # the inline path is the one taken
+        assert process_status().calls_metrics_only  # the inline path is the one taken
         for _ in durations:
             inline()
     finally:
@@ -125,7 +126,7 @@ def test_a_step_functions_calls_on_the_metrics_only_path_are_steps_too(fresh_met
     step = profiled("train_step", step=True)(lambda: None)
     state.set_metrics(True)
     try:
-        assert decorator._COUNT_ONLY is metrics.recorder
+        assert process_status().calls_metrics_only
         for _ in durations:
             step()
     finally:
@@ -149,7 +150,7 @@ def test_a_profiler_the_program_starts_takes_calls_off_the_metrics_only_path(fre
     import torch
 
     import instrument
-    from instrument import Schedule, decorator, profiled, state
+    from instrument import Schedule, profiled, state
 
     instrument.configure(
         schedule=Schedule(wait=0, warmup=1, active=1, repeat=1), exporters=[], activities=("cpu",)
@@ -165,12 +166,12 @@ def test_a_profiler_the_program_starts_takes_calls_off_the_metrics_only_path(fre
     state.set_metrics(True)
     try:
         for make in profilers:
-            assert decorator._COUNT_ONLY is metrics.recorder
+            assert process_status().calls_metrics_only
             with make() as prof:
-                assert decorator._COUNT_ONLY is None
+                assert not process_status().calls_metrics_only
                 for _ in range(3):
                     inside(1)
-            assert decorator._COUNT_ONLY is metrics.recorder
+            assert process_status().calls_metrics_only
             events = prof.events() if hasattr(prof, "events") else prof.function_events
             assert [e.name for e in events].count("inside") == 3
         inside(1)
@@ -749,7 +750,7 @@ def test_with_metrics_on_a_decorated_call_still_compiles_fullgraph(fresh_metrics
     import torch
 
     import instrument
-    from instrument import Schedule, decorator, profiled, state
+    from instrument import Schedule, profiled, state
 
     instrument.configure(
         schedule=Schedule(wait=0, warmup=1, active=1, repeat=1), exporters=[], activities=("cpu",)
@@ -759,7 +760,7 @@ def test_with_metrics_on_a_decorated_call_still_compiles_fullgraph(fresh_metrics
         inner(torch.ones(2))  # the one window's steps: the session is done, calls are quiet
     state.set_metrics(True)
     try:
-        assert decorator._COUNT_ONLY is metrics.recorder
+        assert process_status().calls_metrics_only
         compiled = torch.compile(lambda x: inner(x) + 1, fullgraph=True, backend="eager")
         assert compiled(torch.ones(3)).tolist() == [3.0, 3.0, 3.0]
         inner(torch.ones(2))

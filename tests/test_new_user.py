@@ -12,11 +12,11 @@ import instrument
 from exporters import ExporterWarning
 from instrument import (
     _torch,
-    decorator,
     profiled,
     state,  # noqa: E402
     step,
 )
+from instrument.testing import process_status
 
 
 @profiled("f")
@@ -40,7 +40,7 @@ def test_exporters_none_opens_no_window_and_says_nothing(monkeypatch, value):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # not a word
         assert _run_steps() == [False] * 12
-    assert state.current.finished and decorator._IDLE
+    assert state.current.finished and process_status().calls_idle
 
 
 def test_exporters_all_unknown_open_no_window_with_one_warning(monkeypatch):

@@ -14,7 +14,7 @@ import torch
 import instrument
 from exporters import Exporter, ExportResult, InMemoryExporter
 from instrument import Schedule, configure, profiled, session, shutdown, step
-from instrument.testing import capture
+from instrument.testing import capture, process_status
 from tests import _proc
 
 X = torch.randn(32, 32)
@@ -43,7 +43,7 @@ def test_default_schedule_records_steps_1_to_3_once():
     assert report.partial is False
     assert report.ranges["work"].calls == 3
     # the schedule is over: decorated calls are idle again
-    assert instrument.decorator._IDLE is True
+    assert process_status().calls_idle is True
 
 
 def test_repeat_gives_one_report_per_window_and_wait_steps_are_not_recorded():
@@ -514,11 +514,11 @@ def test_idle_flag_tracks_schedule_end():
             schedule=Schedule(wait=0, warmup=1, active=1),
             activities=["cpu"],
         )
-    assert instrument.decorator._IDLE is False
+    assert process_status().calls_idle is False
     work()
-    assert instrument.decorator._IDLE is False
+    assert process_status().calls_idle is False
     work()
-    assert instrument.decorator._IDLE is True
+    assert process_status().calls_idle is True
 
 
 def test_each_report_is_given_once_to_every_exporter():
