@@ -16,10 +16,9 @@ import pytest
 import instrument
 from exporters import InMemoryExporter
 from instrument import Config, ConfigWarning, Schedule, _torch, profiled, state
-from instrument import config as config_mod
 from instrument.ranks import LAUNCHER_VARS, RankSet, launcher_ranks_from_env
 from instrument.sampling import Sampling
-from instrument.testing import capture, process_status
+from instrument.testing import capture, forget_warnings, process_status
 from tests import _proc
 from tests._records import window_records
 
@@ -39,9 +38,9 @@ SAMPLING = Sampling(every=4, sample_rate=0.5, seed=4)
 def _no_launcher_variables(monkeypatch):
     for var in LAUNCHER_VARS:
         monkeypatch.delenv(var, raising=False)
-    config_mod._reset_warnings()
+    forget_warnings()
     yield
-    config_mod._reset_warnings()
+    forget_warnings()
 
 
 @profiled("dist.work")
