@@ -42,7 +42,7 @@ BY_NAME = frozenset({"setattr", "getattr", "delattr", "hasattr"})
 # fragment whose imports are in another string)
 NOT_OURS = frozenset({"self", "cls", "torch", *sys.stdlib_module_names})
 
-ALLOWED: dict[tuple[str, str], tuple[int, str]] = {}
+ALLOWED: dict[tuple[str, str, str], tuple[int, str]] = {}
 
 
 def _private(name: str) -> bool:
@@ -74,8 +74,12 @@ def _root(node: ast.expr) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
-def _accesses(tree: ast.AST) -> list[str]:
+def _accesses(tree: ast.AST) -> list[tuple[str, str]]:
+    """(kind, source text) of each private access in ``tree``: ``read`` (a value read),
+    ``call`` (a private function called, or imported to be), ``patch`` (replaced: an
+    assignment, ``setattr``)."""
     foreign = _foreign_names(tree) | NOT_OURS
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and _private(node.attr):
@@ -85,7 +89,11 @@ def _accesses(tree: ast.AST) -> list[str]:
                 and _root(node.value) not in foreign
                 and not _is_module(*text.rsplit(".", 1))  # exporters._format: a module
             ):
-                found.append(text)
+                if not isinstance(node.ctx, ast.Load):
+                    kind = "patch"
+                else:
+                    kind = "call" if id(node) in called else "read"
+                found.append((kind, text))
         elif isinstance(node, ast.Call) and len(node.args) >= 2:
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
@@ -97,12 +105,13 @@ def _accesses(tree: ast.AST) -> list[str]:
                 and _private(key.value)
                 and _root(node.args[0]) not in foreign
             ):
-                found.append(f"{ast.unparse(node.args[0])}.{key.value}")
+                kind = "patch" if name in ("setattr", "delattr") else "read"
+                found.append((kind, f"{ast.unparse(node.args[0])}.{key.value}"))
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             if node.module.split(".")[0] in OURS:
                 for alias in node.names:
                     if _private(alias.name) and not _is_module(node.module, alias.name):
-                        found.append(f"from {node.module} import {alias.name}")
+                        found.append(("call", f"from {node.module} import {alias.name}"))
     return found
 
 
@@ -119,14 +128,15 @@ def _programs(tree: ast.AST) -> list[ast.AST]:
     return programs
 
 
-def private_accesses() -> collections.Counter[tuple[str, str]]:
-    counts: collections.Counter[tuple[str, str]] = collections.Counter()
+def private_accesses() -> collections.Counter[tuple[str, str, str]]:
+    """How many times each (file, kind, source text) occurs in the tests."""
+    counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
     for path in sorted(Path(REPO, "tests").glob("*.py")):
         if path.name == Path(__file__).name:  # its examples of the rule
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for part in (tree, *_programs(tree)):
-            counts.update((path.name, text) for text in _accesses(part))
+            counts.update((path.name, kind, text) for kind, text in _accesses(part))
     return counts
 
 
@@ -152,10 +162,10 @@ def test_the_rule_sees_each_form_and_skips_what_is_not_ours():
         """
     )
     assert sorted(_accesses(ast.parse(program))) == [
-        "decorator._IDLE",
-        "from instrument.lifetime import _builtin_kwargs",
-        "sess._stops",
-        "state._write",
+        ("call", "from instrument.lifetime import _builtin_kwargs"),
+        ("patch", "state._write"),
+        ("read", "decorator._IDLE"),
+        ("read", "sess._stops"),
     ]
 
 
