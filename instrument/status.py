@@ -69,4 +69,3 @@ class ProcessStatus:
     """``with profiled(...)`` blocks open there."""
     open_modules: int
     """Module forwards (``instrument_module``) open there."""
-
