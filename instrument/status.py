@@ -8,7 +8,10 @@ debugging and health checks, not for the hot path (a call builds a new object). 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .sessions import Session
 
 __all__ = ["ProcessStatus", "SessionStatus"]
 
@@ -57,7 +60,7 @@ class ProcessStatus:
     calls_metrics_only: bool
     """Decorated calls only time themselves into the metrics histograms (metrics on, no session
     needs the calls, no torch profiler records)."""
-    session: Any
+    session: Session | None
     """The started session decorated calls report to now (a ``Session``), or None."""
     profiler_on: bool
     """A torch profiler records in this process: one of ours or the program's own."""
