@@ -2,9 +2,10 @@
 reports, exporters' output); every private name a test still touches is listed in
 ``ALLOWED`` with its reason, and a new one fails this test.
 
-The rule, applied to the syntax tree of every ``tests/*.py`` file and of every string in them
-that parses as a Python program containing an ``import`` (the programs tests run in a child
-process), counts one *private access* for each:
+The rule, applied to the syntax tree of every ``tests/*.py`` file and of every multi-line string
+in them that parses as a Python program containing an ``import`` (the programs tests run in a
+child process; a template that parses only once filled in is not read), counts one *private
+access* for each:
 
 - attribute ``a._x`` (one leading underscore, not a dunder), read or written, unless the chain
   starts at ``self`` or ``cls`` (a test's own class), at a name the file binds by importing
@@ -289,10 +290,14 @@ def test_the_rule_sees_each_form_and_skips_what_is_not_ours():
         decorator._IDLE
         monkeypatch.setattr(state, "_write", None)
         monkeypatch.setattr(torch, "_x", None)
+        decorator._returns_none(f)
+        s._record_warmup = True
         """
     )
     assert sorted(_accesses(ast.parse(program))) == [
+        ("call", "decorator._returns_none"),
         ("call", "import _builtin_kwargs"),
+        ("patch", "s._record_warmup"),
         ("patch", "state._write"),
         ("read", "decorator._IDLE"),
         ("read", "sess._stops"),
