@@ -294,7 +294,8 @@ SETTINGS: tuple[Setting, ...] = (
         **kinds.trigger(),
         doc="on-demand windows: `SIGUSR2` or `SIGUSR1` (no other signal; its handler is "
         "installed at import, and the signal never ends the process), or a file path "
-        "holding a `/` or `.` (`./profile-now`, not `profile-now`; create an empty file of your own there to open a window at the next step; it is "
+        "holding a `/` or `.` (`./profile-now`, not `profile-now`; create an empty file of "
+        "your own there to open a window at the next step; it is "
         "removed when taken; what was there at start, files with content and anything else "
         "are left alone)",
     ),

@@ -40,6 +40,7 @@ from .reporting import (
     why_no_report,
 )
 from .sampling import Action, Schedule
+from .status import SessionStatus
 from .stops import Handed, Stops
 from .window import Windows
 
@@ -167,6 +168,25 @@ class Session:
             self._stops.run_pending()
             self._stops.resume_cpu_ops()
         return self._pipeline.flush(timeout)
+
+    def status(self) -> SessionStatus:
+        """What this session is doing now: its step, its window, a stop under way."""
+        win, draining = self._windows.window, self._stops.draining
+        return SessionStatus(
+            step=self.step_index,
+            root_calls_end_steps=not self._steps_declared,
+            window_open=win is not None,
+            window_recording=win is not None and win.recording,
+            window_thread=win.owner.ident if win is not None else None,
+            windows_opened=self.windows_opened,
+            windows_ended=self.windows_ended,
+            stop_deferred=draining is not None,
+            stop_paused_thread=draining.paused_thread if draining is not None else None,
+            stop_pending=self._stops.pending is not None,
+            deferred_stops=tuple(self._stops.drain_log),
+            finished=self.finished,
+            closed=self.closed,
+        )
 
     @property
     def dropped(self) -> dict[str, int]:

@@ -9,6 +9,11 @@ def test_my_model_is_profiled():
             model_step()
             cap.step()  # capture() is an explicit session: steps end at step() only
     assert cap.reports[0].ranges["model_step"].calls == 2
+    assert not cap.session.status().window_open  # the window ended with the second step
+
+``process_status()`` says what decorated calls do now (idle, metrics only, reporting to a
+session) and whether a torch profiler records; ``forget_warnings()`` lets a test see the
+once-per-process configuration warnings again.
 """
 
 from __future__ import annotations
@@ -20,9 +25,19 @@ from typing import Any
 from exporters import InMemoryExporter
 
 from . import lifetime
+from .config import _reset_warnings
 from .sessions import Session
+from .status import ProcessStatus, SessionStatus
 
-__all__ = ["Capture", "capture", "reset"]
+__all__ = [
+    "Capture",
+    "ProcessStatus",
+    "SessionStatus",
+    "capture",
+    "forget_warnings",
+    "process_status",
+    "reset",
+]
 
 
 class Capture:
@@ -54,3 +69,26 @@ def reset() -> None:
     that ``step=True`` decorations applied so far no longer count as declaring steps (those of
     every test module imported would otherwise stop root calls from ending steps in all)."""
     lifetime.reset()
+
+
+def forget_warnings() -> None:
+    """Forget which bad settings (environment values, variable names) were warned about: each
+    warns once per process, and warns again after this (``reset()`` does it too)."""
+    _reset_warnings()
+
+
+def process_status() -> ProcessStatus:
+    """What decorated calls do now, whether a torch profiler records, and what the calling
+    thread or asyncio task has open."""
+    from . import _torch, decorator, module
+
+    return ProcessStatus(
+        calls_idle=bool(decorator._IDLE),
+        calls_metrics_only=decorator._COUNT_ONLY is not None,
+        session=decorator._SESSION,
+        profiler_on=_torch.profiler_on(),
+        windows_recording=len(_torch._LIVE),
+        depth=decorator._DEPTH.get(),
+        open_blocks=len(decorator._CM_STACK.get()),
+        open_modules=len(module._STACK.get()),
+    )

@@ -22,7 +22,7 @@ def counting_ambient():
 
     instrument.configure(schedule=Schedule(skip_first=10**6), exporters=[InMemoryExporter()])
     sess = instrument.lifetime.session_for_calls()
-    assert sess is not None and sess.ambient and not sess._steps_declared
+    assert sess is not None and sess.ambient and sess.status().root_calls_end_steps
     yield sess
     instrument.shutdown()
 

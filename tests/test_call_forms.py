@@ -21,6 +21,11 @@ import pytest
 
 import instrument
 from instrument import Schedule, decorator, metrics, profiled, state
+from instrument.testing import process_status
+
+# whether a generator body always returns None decides which wrapper path it takes; the paths
+# time alike (asserted below), so only the rule itself shows which one a body gets
+returns_none = decorator._returns_none
 
 
 class _CountingLock:
@@ -57,7 +62,7 @@ def metrics_only(monkeypatch):
     for _ in range(4):
         warm()
     state.set_metrics(True)
-    assert decorator._COUNT_ONLY is metrics.recorder
+    assert process_status().calls_metrics_only
     counting = _CountingLock(state.mirror_lock)
     monkeypatch.setattr(state, "mirror_lock", counting)
     try:
@@ -166,7 +171,7 @@ def test_the_context_form_times_exactly_what_the_sync_wrapper_does(metrics_only,
     reused) and through a decorated function give the same histogram."""
     durations = [1500, 500, 3000, 1500, 10**9, 700] * (metrics.BATCH // 6 + 2)
     ticks = iter([t for d in durations * 3 for t in (1000.0, 1000.0 + d / 1e9)])
-    monkeypatch.setattr(decorator, "_now", lambda: next(ticks))
+    monkeypatch.setattr(decorator, "_now", lambda: next(ticks))  # (no public clock to script)
     f = profiled("exact.sync")(lambda: None)
     reused = profiled("exact.reused")
     for _ in durations:
@@ -189,7 +194,12 @@ def _ticking(monkeypatch):
     """The decorator's clock as a counter (1 s a read): the order of the reads gives every
     duration, whichever path an entry took."""
     counter = itertools.count(1)
-    monkeypatch.setattr(decorator, "_now", lambda: float(next(counter)))
+
+    def clock() -> float:
+        return float(next(counter))
+
+    monkeypatch.setattr(decorator, "_now", clock)  # (no public clock to script)
+    return clock
 
 
 def _durations_s(name: str) -> tuple[int, int, int]:
@@ -283,12 +293,12 @@ def test_a_generator_times_only_its_body_on_the_metrics_path(metrics_only, monke
     takes 2 s (its read, the body's), the finishing one 1 s: the consumer's reads are in no
     duration. A body that returns None ends without a StopIteration (``next(gen, _DONE)``),
     one that returns a value by one that carries it: both time the same."""
-    _ticking(monkeypatch)
+    clock = _ticking(monkeypatch)
     name = f"gen.body.{returns}"
 
     def produce_none(n):
         for i in range(n):
-            decorator._now()  # body time
+            clock()  # body time
             yield i
 
     def produce_value(n):
@@ -296,7 +306,7 @@ def test_a_generator_times_only_its_body_on_the_metrics_path(metrics_only, monke
         return "done"
 
     produce = profiled(name)(produce_value if returns else produce_none)
-    assert decorator._returns_none(produce.__wrapped__) is not returns
+    assert returns_none(produce.__wrapped__) is not returns
 
     def consume():
         return (yield from produce(3))
@@ -307,7 +317,7 @@ def test_a_generator_times_only_its_body_on_the_metrics_path(metrics_only, monke
         while True:
             items.append(next(gen))
             for _ in range(10):
-                decorator._now()  # the caller's time between resumes
+                clock()  # the caller's time between resumes
     result = stop.value.value
     assert items == [0, 1, 2] and result == ("done" if returns else None)
     assert _durations_s(name) == (4, 1, 2)
@@ -340,7 +350,7 @@ def test_a_generator_keeps_its_protocol_on_the_metrics_path(metrics_only):
         got = yield 1
         return ("got", got)
 
-    assert decorator._returns_none(echo.__wrapped__)
+    assert returns_none(echo.__wrapped__)
     g = echo(1)
     assert next(g) == 1
     assert g.send(None) is None and g.send(2) == 2
@@ -409,7 +419,7 @@ def _r_delegate():
     ],
 )
 def test_which_generator_bodies_always_return_none(f, none):
-    assert decorator._returns_none(f) is none
+    assert returns_none(f) is none
     wrapped = profiled(f"gen.returns.{f.__name__}")(f)
     args = (0,) * len(inspect.signature(f).parameters)
 

@@ -13,9 +13,9 @@ import torch.profiler
 import instrument
 import instrument.testing
 from instrument import Config, ConfigWarning, Schedule
-from instrument import config as config_mod
 from instrument.ranks import MAX_TERMS, RankSet
 from instrument.sampling import Action
+from instrument.testing import forget_warnings
 from tests import _early, _proc
 
 DEFAULT_SCHEDULE_ENV = "wait=0,warmup=1,active=3,repeat=1,skip_first=0"
@@ -101,9 +101,9 @@ BAD_VALUES = [
 @pytest.fixture(autouse=True)
 def _forget_config_warnings():
     """The once-per-(variable, value) memory is process-wide; each test starts without it."""
-    config_mod._reset_warnings()
+    forget_warnings()
     yield
-    config_mod._reset_warnings()
+    forget_warnings()
 
 
 def from_env(env: dict[str, str]) -> tuple[Config, list[warnings.WarningMessage]]:

@@ -33,8 +33,7 @@ import torch
 import instrument
 from exporters import InMemoryExporter, TraceFileExporter
 from instrument import ProfilerWarning, Schedule, profiled
-from instrument import decorator as _decorator
-from instrument.testing import capture
+from instrument.testing import capture, process_status
 from tests import _targets
 from tests.conftest import counting_ambient
 
@@ -76,17 +75,17 @@ def trace_events(report, name=None):
 def mode(request):
     if request.param == "idle":
         instrument.shutdown()  # no session: decorated calls take the one-flag fast path
-        assert _decorator._IDLE and not profiler_on()
+        assert process_status().calls_idle and not profiler_on()
         yield "idle"
         assert not profiler_on()
     elif request.param == "counting":
         with counting_ambient():  # root calls end steps: decorated calls keep their depth
-            assert not _decorator._IDLE and not profiler_on()
+            assert not process_status().calls_idle and not profiler_on()
             yield "counting"
             assert not profiler_on()
     elif request.param == "declared":
         with capture(schedule=NEVER):  # an explicit session: root calls end no step
-            assert not _decorator._IDLE and not profiler_on()
+            assert not process_status().calls_idle and not profiler_on()
             yield "declared"
             assert not profiler_on()
     else:
@@ -255,19 +254,19 @@ def test_idle_context_blocks_keep_no_entry_and_counting_ones_still_end_steps():
     """Idle (no session counts, no profiler records) a block keeps nothing in the context; in a
     counting session the same object keeps its entry again and ends steps."""
     instrument.shutdown()
-    assert _decorator._IDLE
+    assert process_status().calls_idle
     block, stepper = profiled("idle.block"), profiled("idle.step", step=True)
     with block:
-        assert _decorator._CM_STACK.get() == ()
+        assert process_status().open_blocks == 0
     instrument.testing.reset()  # forgets that ``stepper`` declared steps
     with counting_ambient() as sess:
         with block:
-            assert len(_decorator._CM_STACK.get()) == 1  # counting: root blocks end steps
+            assert process_status().open_blocks == 1  # counting: root blocks end steps
         assert sess.step_index == 1
         with stepper:
             pass
         assert sess.step_index == 2
-    assert _decorator._CM_STACK.get() == ()
+    assert process_status().open_blocks == 0
 
 
 # ------------------------------------------------------------------------ metadata

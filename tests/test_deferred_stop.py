@@ -26,7 +26,7 @@ import torch
 import instrument
 from instrument import Schedule, _torch, profiled, state  # noqa: E402
 from instrument import stops as stops_mod
-from instrument.testing import InMemoryExporter, capture
+from instrument.testing import InMemoryExporter, capture, process_status
 from tests import _early, _proc
 
 X = torch.randn(32, 32)
@@ -41,7 +41,8 @@ class StandInEvent:
     """A CUDA event's part in a deferred stop: ``query`` says whether the window's kernels
     have run; ``synchronize`` waits for them."""
 
-    def __init__(self, done_after: int | None) -> None:
+    def __init__(self, done_after: int | None, window) -> None:
+        self.window = window  # the ended window whose stop waits for this event
         self.queries = 0
         self.done_after = done_after  # completes at this query; None: only when waited for
         self.synchronized = 0
@@ -66,7 +67,7 @@ def stand_in(monkeypatch):
 
     def end_marker_event(window):
         assert window.recording and window.all_threads
-        events.append(StandInEvent(done_after[0]))
+        events.append(StandInEvent(done_after[0], window))
         return events[-1]
 
     monkeypatch.setattr(_torch.ProfilerWindow, "end_marker_event", end_marker_event)
@@ -83,18 +84,20 @@ def test_the_stop_waits_for_the_event_then_cuts_what_ran_after_the_end(stand_in)
         sess = cap.session
         for _ in range(4):  # warm-up + 3 recorded steps
             work()
-        assert sess._stops.draining is not None and sess._windows.window is None
-        window = sess._stops.draining.window
+        assert sess.status().stop_deferred and not sess.status().window_open
+        window = events[0].window
         assert window.recording and _torch.profiler_on()
         work()  # first boundary: the event has not completed, the profiler records on
-        assert sess._stops.draining is not None
+        assert sess.status().stop_deferred
         work()  # second: completed, stopped without a synchronisation
-        assert sess._stops.draining is None and not window.recording
+        assert not sess.status().stop_deferred and not window.recording
+        # no device-wide synchronisation asked of torch's stop: only the window's own profiler
+        # object shows it
         assert window._prof.profiler.use_device is None
         assert not _torch.profiler_on()
     (event,) = events
     assert event.synchronized == 0
-    assert list(sess._stops.drain_log) == [(2, True)]
+    assert sess.status().deferred_stops == ((2, True),)
     (report,) = cap.reports
     assert report.steps == (1, 2, 3)
     assert report.ranges["work"].calls == 3  # the two calls after the window's end are cut
@@ -110,12 +113,12 @@ def test_at_the_cap_it_waits_for_the_event_not_the_device(stand_in, monkeypatch)
             work()
         for _ in range(2):
             work()
-            assert sess._stops.draining is not None
+            assert sess.status().stop_deferred
         work()  # the third boundary: the cap
-        assert sess._stops.draining is None
+        assert not sess.status().stop_deferred
     (event,) = events
     assert event.synchronized == 1
-    assert list(sess._stops.drain_log) == [(3, False)]
+    assert sess.status().deferred_stops == ((3, False),)
     assert cap.reports[0].ranges["work"].calls == 3
 
 
@@ -127,14 +130,12 @@ def test_a_program_that_stops_stepping_is_stopped_by_the_timer(stand_in, monkeyp
         sess = cap.session
         for _ in range(4):
             work()
-        assert sess._stops.draining is not None
+        assert sess.status().stop_deferred
         deadline = time.monotonic() + 30
         # no step ends: only the timer thread can stop it (it clears the drain, then stops)
-        while (
-            sess._stops.draining is not None or _torch.profiler_on()
-        ) and time.monotonic() < deadline:
+        while (sess.status().stop_deferred or _torch.profiler_on()) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert sess._stops.draining is None
+        assert not sess.status().stop_deferred
         assert not _torch.profiler_on()
         assert sess.flush(30)
         assert cap.reports and cap.reports[0].steps == (1, 2, 3)
@@ -147,7 +148,7 @@ def test_long_steps_stop_at_the_windows_end(stand_in, monkeypatch):
     with _window() as cap:
         for _ in range(4):
             work()
-        assert cap.session._stops.draining is None and not _torch.profiler_on()
+        assert not cap.session.status().stop_deferred and not _torch.profiler_on()
     assert events == []
     assert cap.reports[0].ranges["work"].calls == 3
 
@@ -158,8 +159,8 @@ def test_closing_the_session_stops_a_deferred_window(stand_in):
     with _window() as cap:
         for _ in range(4):
             work()
-        assert cap.session._stops.draining is not None
-    assert cap.session._stops.draining is None and not _torch.profiler_on()
+        assert cap.session.status().stop_deferred
+    assert not cap.session.status().stop_deferred and not _torch.profiler_on()
     assert events[0].synchronized == 1
     assert cap.reports[0].steps == (1, 2, 3)
 
@@ -254,12 +255,12 @@ def test_a_profiler_the_program_starts_and_stops_during_the_drain(stand_in, tmp_
         with _window() as cap:
             for _ in range(4):
                 work()
-            assert cap.session._stops.draining is not None
+            assert cap.session.status().stop_deferred
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 torch.ones(3).mul(2)  # no step boundary while it runs
-            assert cap.session._stops.draining is not None and not _torch.profiler_on()
+            assert cap.session.status().stop_deferred and not _torch.profiler_on()
             work()  # the next boundary sees that ours was ended: dropped, not stopped again
-            assert cap.session._stops.draining is None
+            assert not cap.session.status().stop_deferred
     assert cap.session.windows_ended == 0 and cap.reports == []
     assert events[0].synchronized == 0  # nothing of ours left to wait for
     # theirs ran while the drain paused this thread's CPU ops (on CUDA, torch 2.11 records no
@@ -271,6 +272,8 @@ def test_a_profiler_the_program_starts_and_stops_during_the_drain(stand_in, tmp_
 
 
 def _work_ranges(window) -> int:
+    """What the window's profiler recorded, the drain's steps included (the report cuts them):
+    only torch's own results show it."""
     return [e.name() for e in window._prof.profiler.kineto_results.events()].count("work")
 
 
@@ -283,10 +286,11 @@ def test_during_the_drain_the_stepping_thread_records_no_cpu_ops(stand_in, monke
         sess = cap.session
         for _ in range(4):
             work()
-        window = sess._stops.draining.window
+        (event,) = events
+        window = event.window
         for _ in range(3):
             work()
-        assert sess._stops.draining is None and not window.recording
+        assert not sess.status().stop_deferred and not window.recording
         # the 3 recorded steps (a CPU window records from its first); the drain's 3 steps
         # only where not paused
         assert _work_ranges(window) == (3 if paused else 6)
@@ -315,14 +319,12 @@ def _ambient_window_stopped_by_the_timer(monkeypatch, mem) -> None:
     for _ in range(4):
         work()
     sess = state.ambient
-    assert sess._stops.draining is not None
+    assert sess.status().stop_deferred
     # the timer clears the drain, then stops the profiler on its own thread (a while, under load)
     deadline = time.monotonic() + 30
-    while (
-        sess._stops.draining is not None or _torch.profiler_on()
-    ) and time.monotonic() < deadline:
+    while (sess.status().stop_deferred or _torch.profiler_on()) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert sess._stops.draining is None and not _torch.profiler_on()
+    assert not sess.status().stop_deferred and not _torch.profiler_on()
 
 
 @pytest.mark.parametrize("then", ["step", "flush", "shutdown", "explicit session"])
@@ -363,7 +365,7 @@ def test_a_session_closed_from_another_thread_during_the_drain(stand_in, monkeyp
     )
     for _ in range(4):
         work()
-    assert state.ambient._stops.draining is not None
+    assert state.ambient.status().stop_deferred
     other = threading.Thread(
         target=instrument.configure,
         kwargs=dict(
@@ -430,13 +432,13 @@ def test_steps_from_two_threads_are_never_left_paused(stand_in, monkeypatch, a):
     ) as cap:
         sess = cap.session
         a.steps(6)  # wait, wait, warm-up, 3 recorded: the window's end pauses A
-        assert sess._stops.draining is not None and state.cpu_ops.paused == {a.ident}
+        assert sess.status().stop_deferred and state.cpu_ops.paused == {a.ident}
         work()
         work()  # the drain ends here, on another thread: A stays paused
-        assert sess._stops.draining is None and state.cpu_ops.paused == {a.ident}
+        assert not sess.status().stop_deferred and state.cpu_ops.paused == {a.ident}
         work()  # the second window's warm-up
         a.steps(3)  # its 3 recorded steps: A's first call resumes A
-        assert sess._stops.draining is not None and sess._stops.draining.paused_thread is None
+        assert sess.status().stop_deferred and sess.status().stop_paused_thread is None
         assert not state.cpu_ops.paused
         work()
         work()
@@ -473,7 +475,7 @@ def test_after_shutdown_on_another_thread_the_paused_thread_records_again(
     assert [r.steps for r in mem.reports] == [(1, 2, 3)] and not _torch.profiler_on()
     {"step": work, "decorated call": helper, "flush": instrument.flush}[then]()
     assert not state.cpu_ops.paused and _records_cpu_ops()
-    assert instrument.decorator._IDLE  # and calls are idle again once nobody is paused
+    assert process_status().calls_idle  # and calls are idle again once nobody is paused
 
 
 def test_a_thread_paused_by_a_sessions_last_window_records_again(stand_in, monkeypatch, a):
@@ -485,12 +487,12 @@ def test_a_thread_paused_by_a_sessions_last_window_records_again(stand_in, monke
     with capture(schedule=Schedule(warmup=1, active=3, repeat=1), activities=["cpu"]) as cap:
         sess = cap.session
         a.steps(4)
-        assert sess._stops.draining is not None and state.cpu_ops.paused == {a.ident}
+        assert sess.status().stop_deferred and state.cpu_ops.paused == {a.ident}
         work()  # the drain ends here: the session is done
-        assert sess._stops.draining is None and sess.finished
+        assert not sess.status().stop_deferred and sess.finished
         a.steps(1)
         assert not state.cpu_ops.paused
-        assert instrument.decorator._IDLE
+        assert process_status().calls_idle
     assert [r.steps for r in cap.reports] == [(1, 2, 3)]
 
 
@@ -511,7 +513,7 @@ def test_an_explicit_session_closed_on_another_thread_than_its_steps(stand_in, m
     done_after[0] = None
     with capture(schedule=Schedule(warmup=1, active=3, repeat=1), activities=["cpu"]) as cap:
         a.steps(4)
-        assert cap.session._stops.draining is not None and state.cpu_ops.paused == {a.ident}
+        assert cap.session.status().stop_deferred and state.cpu_ops.paused == {a.ident}
     assert state.current is state.ambient
     a.steps(1)
     assert not state.cpu_ops.paused
@@ -532,11 +534,11 @@ def test_a_thread_that_ends_paused_no_longer_keeps_calls_awake(stand_in, monkeyp
     a.steps(4)  # A ends the window: paused
     assert state.cpu_ops.paused == {a.ident}
     instrument.shutdown()  # here: the drain stops here, A stays paused
-    assert state.cpu_ops.paused == {a.ident} and not instrument.decorator._IDLE
+    assert state.cpu_ops.paused == {a.ident} and not process_status().calls_idle
     a.stop()  # A ends without another decorated call
     assert not state.cpu_ops.paused
     helper()
-    assert instrument.decorator._IDLE
+    assert process_status().calls_idle
 
 
 def test_a_refresh_that_read_before_configure_does_not_undo_it(monkeypatch):
@@ -549,7 +551,7 @@ def test_a_refresh_that_read_before_configure_does_not_undo_it(monkeypatch):
     )
     for _ in range(3):
         work()
-    assert state.current.finished and instrument.decorator._IDLE
+    assert state.current.finished and process_status().calls_idle
     real_write = state._write
     configured = threading.Event()
 
@@ -597,7 +599,7 @@ instrument.configure(exporters=[InMemoryExporter()], activities=["cpu"],
                      schedule=Schedule(warmup=1, active=3, repeat=1))
 for _ in range(4):
     work()
-while state.ambient._stops.draining is not None:
+while state.ambient.status().stop_deferred:
     time.sleep(0.02)
 pid = os.fork()  # this thread is still paused (the timer stopped the drain)
 if pid == 0:

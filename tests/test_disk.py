@@ -183,9 +183,9 @@ def test_max_mb_from_the_environment_reaches_the_trace_exporter(run_python, tmp_
 @pytest.mark.parametrize("text", ["-1", "lots", "inf", "nan", ""])
 def test_bad_max_mb_in_the_environment_warns_once_and_keeps_1024(text):
     from instrument import Config, ConfigWarning
-    from instrument import config as config_mod
+    from instrument.testing import forget_warnings
 
-    config_mod._reset_warnings()
+    forget_warnings()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert Config.from_env({"PROFILED_TRACE_MAX_MB": text}).trace_max_mb == 1024

@@ -15,11 +15,10 @@ import pytest
 
 import instrument
 from exporters import InMemoryExporter
-from instrument import Config, ConfigWarning, Schedule, _torch, decorator, profiled, state
-from instrument import config as config_mod
+from instrument import Config, ConfigWarning, Schedule, _torch, profiled, state
 from instrument.ranks import LAUNCHER_VARS, RankSet, launcher_ranks_from_env
 from instrument.sampling import Sampling
-from instrument.testing import capture
+from instrument.testing import capture, forget_warnings, process_status
 from tests import _proc
 from tests._records import window_records
 
@@ -39,9 +38,9 @@ SAMPLING = Sampling(every=4, sample_rate=0.5, seed=4)
 def _no_launcher_variables(monkeypatch):
     for var in LAUNCHER_VARS:
         monkeypatch.delenv(var, raising=False)
-    config_mod._reset_warnings()
+    forget_warnings()
     yield
-    config_mod._reset_warnings()
+    forget_warnings()
 
 
 @profiled("dist.work")
@@ -127,7 +126,7 @@ def test_a_rank_not_selected_starts_no_profiler_and_says_so_once(monkeypatch):
         exporters=[memory],
     ) as cap:
         seen = [work() for _ in range(6)]
-        assert decorator._IDLE  # decorated calls take the idle path: nothing is counted
+        assert process_status().calls_idle  # decorated calls take the idle path: nothing is counted
         assert cap.session.finished
     assert seen == [False] * 6
     assert cap.reports == []
@@ -141,9 +140,9 @@ def test_the_ambient_session_of_a_rank_not_selected_goes_idle(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("PROFILED_RANKS", "0")
     monkeypatch.setenv("PROFILED_SCHEDULE", "wait=0,warmup=0,active=1,repeat=0")
-    assert not decorator._IDLE
+    assert not process_status().calls_idle
     assert [work() for _ in range(3)] == [False] * 3
-    assert decorator._IDLE and decorator._SESSION is None
+    assert process_status().calls_idle and process_status().session is None
     (memory,) = state.ambient.exporters  # PROFILED_EXPORTERS=memory (conftest)
     instrument.shutdown()
     assert memory.reports == []

@@ -82,37 +82,118 @@ def test_mypy_finds_nothing_in_the_sdk(tmp_path):
     assert "Success" in stdout
 
 
-# Longer than these is hard to read in one go (issue 16); an exception names its reason here.
+# A function longer than this is hard to read in one go (issue 16's rule; today's longest but
+# the one below is 60 lines); an exception names its reason here.
 FUNCTION_LINES = 60
-CLASS_LINES = 260
 LONGER_ON_PURPOSE = {
     # one loop over every host event of a window (100k+): closing a frame is inlined because a
     # call per event would cost more than the loop's own work
     ("instrument/analysis.py", "_walk_thread"): 70,
 }
 
+# A class is judged by its decision points, not its lines (which count its docstrings and
+# comments too: a line limit taxes documentation, and one set at today's longest class pinned
+# it). Decision points: each ``if``/``elif``, loop, ``except``, conditional expression,
+# comprehension ``for``/``if``, ``match`` case, and each ``and``/``or`` beyond the first operand,
+# in the class's methods (nested functions included). Today the most branched classes are
+# window.Windows (67), sessions.Session (53), planner.WindowPlanner (48): 90 leaves room to
+# grow, while two rooms merged into one (Windows and Stops: 102) fail.
+CLASS_DECISIONS = 90
+# The session keeps only the lock, the stepping and the API (issue 16); its parts live in their
+# rooms (planner, window, stops, reporting, state, lifetime). Session has 53 today: 70 leaves
+# room for the API to grow, while any room moved back in (Stops' 35, WindowPlanner's 48) fails.
+SESSION_DECISIONS = 70
 
-def test_functions_and_classes_stay_short():
-    too_long = []
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_BRANCHES = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.ExceptHandler, ast.IfExp, ast.match_case)
+
+
+def decisions(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """The decision points of one function's own body (a nested function counts for itself)."""
+    count = 0
+    todo = list(ast.iter_child_nodes(function))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, _SCOPES):
+            continue
+        if isinstance(node, _BRANCHES):
+            count += 1
+        elif isinstance(node, ast.BoolOp):
+            count += len(node.values) - 1
+        elif isinstance(node, ast.comprehension):
+            count += 1 + len(node.ifs)
+        todo.extend(ast.iter_child_nodes(node))
+    return count
+
+
+def class_decisions(cls: ast.ClassDef) -> int:
+    return sum(
+        decisions(node)
+        for node in ast.walk(cls)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    )
+
+
+def _sdk_trees():
     for package in ("instrument", "exporters"):
         for path in sorted((Path(REPO) / package).rglob("*.py")):
-            rel = path.relative_to(REPO).as_posix()
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    limit = FUNCTION_LINES
-                elif isinstance(node, ast.ClassDef):
-                    limit = CLASS_LINES
-                else:
-                    continue
-                limit = LONGER_ON_PURPOSE.get((rel, node.name), limit)
+            yield path.relative_to(REPO).as_posix(), ast.parse(path.read_text(encoding="utf-8"))
+
+
+def test_the_decision_count_sees_each_kind_of_branch():
+    code = """
+def f(xs):
+    if xs and xs[0] or not xs:
+        pass
+    elif len(xs) > 3:
+        pass
+    for x in xs:
+        while x:
+            x = x - 1 if x else 0
+    try:
+        pass
+    except ValueError:
+        pass
+    def inner():
+        if xs:
+            pass
+    return [x for x in xs if x]
+"""
+    (f,) = ast.parse(code).body
+    # if, 2 for the and/or, elif, for, while, the conditional, except, the comprehension's
+    # for and if (inner's own if is not f's)
+    assert decisions(f) == 10
+
+
+def test_functions_stay_short_and_classes_simple():
+    found = []
+    for rel, tree in _sdk_trees():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                limit = LONGER_ON_PURPOSE.get((rel, node.name), FUNCTION_LINES)
                 lines = node.end_lineno - node.lineno + 1
                 if lines > limit:
-                    too_long.append(f"{rel}: {node.name} is {lines} lines (at most {limit})")
-    assert not too_long, "split these, or say in LONGER_ON_PURPOSE why not:\n" + "\n".join(too_long)
+                    found.append(f"{rel}: {node.name} is {lines} lines (at most {limit})")
+            elif isinstance(node, ast.ClassDef):
+                points = class_decisions(node)
+                if points > CLASS_DECISIONS:
+                    found.append(
+                        f"{rel}: class {node.name} has {points} decision points "
+                        f"(at most {CLASS_DECISIONS})"
+                    )
+    assert not found, "split these, or say in LONGER_ON_PURPOSE why not:\n" + "\n".join(found)
 
 
-def test_the_session_module_keeps_only_the_lock_stepping_and_the_api():
-    # "about 300 lines" (issue 16)
-    # the rest lives in its rooms (planner, window, stops, reporting, state, lifetime)
-    lines = (Path(REPO) / "instrument" / "sessions.py").read_text(encoding="utf-8").count("\n")
-    assert lines <= 315, f"instrument/sessions.py has {lines} lines; move a responsibility out"
+def test_the_session_keeps_only_the_lock_stepping_and_the_api():
+    (session,) = [  # wherever its module lives
+        node
+        for rel, tree in _sdk_trees()
+        if rel.startswith("instrument/")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef) and node.name == "Session"
+    ]
+    points = class_decisions(session)
+    assert points <= SESSION_DECISIONS, (
+        f"Session has {points} decision points (at most {SESSION_DECISIONS}): move a "
+        "responsibility out to its room"
+    )

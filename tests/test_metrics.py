@@ -13,8 +13,14 @@ import pytest
 
 from instrument import metrics
 from instrument.report import RangeHistogram
+from instrument.testing import process_status
 from tests import _proc
 from tests._records import metrics_records, window_records
+
+# the batch fold fed its edge cases directly (durations at float32 bucket edges, NaN, past
+# float32, batches shaped to each of its ways of splitting): through decorated calls each would
+# need the decorator's private clock scripted, batch by batch
+fold = metrics._fold
 
 # ---------------------------------------------------------------- the histograms themselves
 
@@ -86,7 +92,7 @@ def test_the_sync_wrappers_inline_update_is_metrics_record(fresh_metrics, monkey
     warm = profiled("warm")(lambda: None)
     for _ in range(4):
         warm()
-    assert decorator._IDLE
+    assert process_status().calls_idle
     # more than a batch: the wrapper folds once itself, the snapshot folds the rest
     durations = [1500, 500, 3000, 1500, 10**9, 700] * (metrics.BATCH // 6 + 2)
     ticks = iter([t for d in durations for t in (1000.0, 1000.0 + d / 1e9)])
@@ -94,7 +100,7 @@ def test_the_sync_wrappers_inline_update_is_metrics_record(fresh_metrics, monkey
     inline = profiled("inline")(lambda: None)
     state.set_metrics(True)
     try:
-        assert decorator._COUNT_ONLY is metrics.recorder  # the inline path is the one taken
+        assert process_status().calls_metrics_only  # the inline path is the one taken
         for _ in durations:
             inline()
     finally:
@@ -125,7 +131,7 @@ def test_a_step_functions_calls_on_the_metrics_only_path_are_steps_too(fresh_met
     step = profiled("train_step", step=True)(lambda: None)
     state.set_metrics(True)
     try:
-        assert decorator._COUNT_ONLY is metrics.recorder
+        assert process_status().calls_metrics_only
         for _ in durations:
             step()
     finally:
@@ -149,7 +155,7 @@ def test_a_profiler_the_program_starts_takes_calls_off_the_metrics_only_path(fre
     import torch
 
     import instrument
-    from instrument import Schedule, decorator, profiled, state
+    from instrument import Schedule, profiled, state
 
     instrument.configure(
         schedule=Schedule(wait=0, warmup=1, active=1, repeat=1), exporters=[], activities=("cpu",)
@@ -165,12 +171,12 @@ def test_a_profiler_the_program_starts_takes_calls_off_the_metrics_only_path(fre
     state.set_metrics(True)
     try:
         for make in profilers:
-            assert decorator._COUNT_ONLY is metrics.recorder
+            assert process_status().calls_metrics_only
             with make() as prof:
-                assert decorator._COUNT_ONLY is None
+                assert not process_status().calls_metrics_only
                 for _ in range(3):
                     inside(1)
-            assert decorator._COUNT_ONLY is metrics.recorder
+            assert process_status().calls_metrics_only
             events = prof.events() if hasattr(prof, "events") else prof.function_events
             assert [e.name for e in events].count("inside") == 3
         inside(1)
@@ -206,7 +212,7 @@ def test_batches_fold_into_what_the_buckets_are_defined_to_hold(fresh_metrics):
                 float(rng.choice(edges + [rng.randint(2**11, 2 ** rng.randint(12, top))] * 4))
                 for _ in range(rng.choice((1, 40, metrics.BATCH)))
             ]
-            metrics._fold(folded, "x", batch[:])
+            fold(folded, "x", batch[:])
             durations += batch
         shard = folded["x"]
         expected = Counter(bisect.bisect_right(metrics.BOUNDS_NS, as_float32(d)) for d in durations)
@@ -220,14 +226,14 @@ def test_batches_fold_into_what_the_buckets_are_defined_to_hold(fresh_metrics):
     pairs = [(300.0, 400.0), (400.0, 300.0), (300.0, 300.5), (300.0, up), (up, 300.0)]
     for first, second in pairs:  # one bucket
         folded = {}
-        metrics._fold(folded, "x", [first])
-        metrics._fold(folded, "x", [second, 5000.0])  # max of the batch: another bucket
-        metrics._fold(folded, "x", [second, 3.0])  # min of the batch: another bucket
-        metrics._fold(folded, "x", [second])
+        fold(folded, "x", [first])
+        fold(folded, "x", [second, 5000.0])  # max of the batch: another bucket
+        fold(folded, "x", [second, 3.0])  # min of the batch: another bucket
+        fold(folded, "x", [second])
         assert folded["x"][metrics.MIN] == 3.0 and folded["x"][metrics.MAX] == 5000.0
         folded = {}
-        metrics._fold(folded, "x", [first])
-        metrics._fold(folded, "x", [second])  # the extremes' bucket: both scanned
+        fold(folded, "x", [first])
+        fold(folded, "x", [second])  # the extremes' bucket: both scanned
         assert (folded["x"][metrics.MIN], folded["x"][metrics.MAX]) == (
             min(first, second),
             max(first, second),
@@ -259,7 +265,7 @@ def test_full_batches_of_the_shapes_ranges_have_fold_exactly(fresh_metrics):
         durations = [draw() for _ in range(3 * metrics.BATCH)]
         durations[1500] = 5e6  # (one late call for certain)
         for i in range(0, len(durations), metrics.BATCH):
-            metrics._fold(folded, name, durations[i : i + metrics.BATCH])
+            fold(folded, name, durations[i : i + metrics.BATCH])
         expected = Counter(bisect.bisect_right(metrics.BOUNDS_NS, as_float32(d)) for d in durations)
         got = {b: c for b, c in enumerate(metrics.dense(folded[name])[: metrics.SUM]) if c}
         assert got == dict(expected), name
@@ -276,8 +282,8 @@ def test_the_device_times_update_is_the_fold_of_one_duration(fresh_metrics):
 def test_a_duration_past_float32_or_not_a_number_is_counted_not_raised(fresh_metrics):
     """No clock gives them; if one came, the fold (inside a user's call) must not raise."""
     folded: dict = {}
-    metrics._fold(folded, "z", [1e39, float("nan"), float("inf"), 2.0**70, 5000.0])
-    metrics._fold(folded, "z", [float("nan")])
+    fold(folded, "z", [1e39, float("nan"), float("inf"), 2.0**70, 5000.0])
+    fold(folded, "z", [float("nan")])
     shard = folded["z"]
     assert (
         sum(metrics.dense(shard)[: metrics.SUM]) == 6 and shard[metrics.SUM - 1] == 3
@@ -285,7 +291,7 @@ def test_a_duration_past_float32_or_not_a_number_is_counted_not_raised(fresh_met
     assert shard[0] == 2 and shard[bisect.bisect_right(metrics.BOUNDS_NS, 5000)] == 1  # NaN: 0
     assert shard[metrics.MAX] == 2.0**64 and shard[metrics.MIN] == 0.0
     assert shard[metrics.SUM] == 3 * 2.0**64 + 5000.0  # a number still
-    metrics._fold(folded, "z", [-7.0, 6.0])  # negative: counted by its size, the exact extremes
+    fold(folded, "z", [-7.0, 6.0])  # negative: counted by its size, the exact extremes
     assert shard[metrics.MIN] == -7.0 and sum(metrics.dense(shard)[: metrics.SUM]) == 8
 
 
@@ -749,7 +755,7 @@ def test_with_metrics_on_a_decorated_call_still_compiles_fullgraph(fresh_metrics
     import torch
 
     import instrument
-    from instrument import Schedule, decorator, profiled, state
+    from instrument import Schedule, profiled, state
 
     instrument.configure(
         schedule=Schedule(wait=0, warmup=1, active=1, repeat=1), exporters=[], activities=("cpu",)
@@ -759,7 +765,7 @@ def test_with_metrics_on_a_decorated_call_still_compiles_fullgraph(fresh_metrics
         inner(torch.ones(2))  # the one window's steps: the session is done, calls are quiet
     state.set_metrics(True)
     try:
-        assert decorator._COUNT_ONLY is metrics.recorder
+        assert process_status().calls_metrics_only
         compiled = torch.compile(lambda x: inner(x) + 1, fullgraph=True, backend="eager")
         assert compiled(torch.ones(3)).tolist() == [3.0, 3.0, 3.0]
         inner(torch.ones(2))

@@ -14,9 +14,7 @@ from torch import nn
 import instrument
 from exporters import TraceFileExporter
 from instrument import Schedule, instrument_module, profiled
-from instrument import decorator as _decorator
-from instrument import module as _module
-from instrument.testing import capture
+from instrument.testing import capture, process_status
 from tests.conftest import counting_ambient
 
 pytestmark = pytest.mark.filterwarnings("error::instrument.ProfilerWarning")
@@ -293,8 +291,8 @@ def test_a_forward_that_raises_closes_its_ranges_and_the_same_exception_propagat
             with pytest.raises(ValueError) as info:
                 model(torch.randn(2, 4))
             assert info.value is err
-            assert _module._STACK.get() == ()
-            assert _decorator._DEPTH.get() == 0
+            assert process_status().open_modules == 0
+            assert process_status().depth == 0
     ranges = cap.reports[0].ranges
     assert ranges["Outer"].calls == ranges["inner"].calls == ranges["inner.fc"].calls == 2
 
@@ -307,12 +305,12 @@ def test_a_keyboard_interrupt_in_a_forward_leaves_no_range_or_depth_open():
     with counting_ambient() as sess:  # root calls end steps: the hooks track depth
         with pytest.raises(KeyboardInterrupt):
             model(torch.randn(2, 4))
-        assert len(_module._STACK.get()) == 2  # Outer and inner never reached their hook
+        assert process_status().open_modules == 2  # Outer and inner never reached their hook
         boom.exc = None
         boom.forward = lambda x: boom.fc(x)
         model(torch.randn(2, 4))
-        assert _module._STACK.get() == ()
-        assert _decorator._DEPTH.get() == 0
+        assert process_status().open_modules == 0
+        assert process_status().depth == 0
         model(torch.randn(2, 4))
         assert sess.step_index == 2  # the two completed forwards were root calls
 
@@ -381,7 +379,7 @@ def test_torch_compile_fullgraph_adds_no_graph_break(state):
     else:
         with recording():
             torch.testing.assert_close(compiled(x), expected)
-    assert _module._STACK.get() == ()
+    assert process_status().open_modules == 0
 
 
 def test_a_compiled_model_is_not_recompiled_when_the_sdk_changes_state():
@@ -419,9 +417,9 @@ def test_idle_hooks_keep_no_state():
     model = Net()
     instrument_module(model)
     instrument.shutdown()
-    assert _decorator._IDLE
+    assert process_status().calls_idle
     model(torch.randn(2, 8))
-    assert _module._STACK.get() == () and _decorator._DEPTH.get() == 0
+    assert process_status().open_modules == 0 and process_status().depth == 0
 
 
 def test_ranges_appear_in_the_users_own_profiler():
@@ -445,7 +443,7 @@ def test_threads_record_their_own_nesting():
         try:
             for _ in range(5):
                 model(torch.randn(2, 8))
-            assert _module._STACK.get() == ()
+            assert process_status().open_modules == 0
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 

@@ -23,9 +23,7 @@ import json, os, signal, sys, threading, time
 import torch
 from torch import nn
 from instrument import Schedule, instrument_module
-from instrument import decorator as _decorator
-from instrument import module as _module
-from instrument.testing import capture
+from instrument.testing import capture, process_status
 
 MODE = sys.argv[1]
 
@@ -110,7 +108,8 @@ def interrupted(where, how):
 
 
 def clean():
-    return _module._STACK.get() == () and _decorator._DEPTH.get() == 0
+    status = process_status()
+    return status.open_modules == 0 and status.depth == 0
 
 
 out = {"cases": []}

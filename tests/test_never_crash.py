@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from instrument import Schedule, _torch, profiled
-from instrument.testing import capture
+from instrument.testing import capture, process_status
 from tests import _proc
 from tests._records import window_records
 
@@ -298,13 +298,14 @@ def test_a_range_that_outlives_its_window_is_counted_and_never_ended_in_the_next
         held.__enter__()  # step 0: window 0 records
         cap.step()
         cap.step()  # window 0 ends with step 1, window 1 starts with step 2
-        assert cap.session._windows.window is not None and cap.session._windows.window.recording
-        epoch = _torch._epoch
+        assert cap.session.status().window_recording
+        switches = _torch.switches()
         held.__exit__(None, None, None)  # under window 1: kept, not ended
-        assert _torch._epoch == epoch and len(_torch._orphans) == 1
+        # no profiler switch, and the range is kept, never ended in C++ (only its count shows it)
+        assert _torch.switches() == switches and len(_torch._orphans) == 1
         cap.step()
         cap.step()
-    assert not _torch._orphans  # freed once no profiler was on
+    assert not _torch._orphans  # freed once no profiler was on (only its count shows it)
     opened = [r.ranges["held"] for r in cap.reports if "held" in r.ranges]
     assert [(s.calls, s.open_calls) for s in opened] == [(1, 1)]
 
@@ -353,14 +354,14 @@ def test_a_window_is_stopped_only_by_the_thread_that_started_it():
         ) as cap:
             sess = cap.session
             a.call(_owned_step)  # A ends step 0: the window starts on A
-            assert sess._windows.window is not None and sess._windows.window.owner is a
+            assert sess.status().window_open and sess.status().window_thread == a.ident
             _owned_step()
             _owned_step()  # this thread ends the window: it cannot stop A's profiler
-            assert sess._stops.pending is not None and _torch.profiler_on()
+            assert sess.status().stop_pending and _torch.profiler_on()
             _owned_step()  # nor at its own later steps
-            assert sess._stops.pending is not None
+            assert sess.status().stop_pending
             a.call(lambda: profiled("later")(lambda: None)())  # A's next decorated call
-            assert sess._stops.pending is None and not _torch.profiler_on()
+            assert not sess.status().stop_pending and not _torch.profiler_on()
         (report,) = cap.reports
         assert report.steps == (1, 2)
         assert "owned" not in report.ranges  # the calls of a thread the window does not record
@@ -370,7 +371,8 @@ def test_a_window_is_stopped_only_by_the_thread_that_started_it():
 
 OWNER_ENDS = """
 import threading, torch, instrument
-from instrument import profiled, Schedule, _torch
+from instrument import profiled, Schedule
+from instrument.testing import process_status
 
 @profiled("w", step=True)
 def w():
@@ -379,7 +381,7 @@ def w():
 t = threading.Thread(target=w)  # ends step 0: the first window starts on that thread...
 t.start()
 t.join()  # ...which ends with the window still on: stopped there, as it ends
-assert not _torch._LIVE and not torch.autograd._profiler_enabled()
+assert not process_status().windows_recording and not torch.autograd._profiler_enabled()
 for i in range(12):
     w()
 instrument.flush(30)
@@ -427,7 +429,8 @@ def test_a_range_held_across_the_programs_own_profiler_restart(ahead, request):
 OTHER_THREAD_PROFILER = """
 import threading, torch, instrument
 from torch.profiler import profile, ProfilerActivity
-from instrument import profiled, _torch
+from instrument import profiled
+from instrument.testing import process_status
 
 @profiled("work")
 def work(x):
@@ -436,7 +439,7 @@ def work(x):
 x = torch.zeros(4)
 for i in range(3):
     x = work(x)
-assert _torch._LIVE, "a window records"
+assert process_status().windows_recording, "a window records"
 
 def theirs():
     with profile(activities=[ProfilerActivity.CPU]):
@@ -448,7 +451,7 @@ t.join()
 for i in range(40):
     x = work(x)
 instrument.shutdown()
-assert not _torch.profiler_on() and not torch.autograd._profiler_enabled()
+assert not process_status().profiler_on and not torch.autograd._profiler_enabled()
 print("done")
 """
 
@@ -518,6 +521,7 @@ FORK_WHILE_OWNER_HOLDS_LOCK = """
 import os, threading, time, torch
 from exporters import InMemoryExporter
 from instrument import Schedule, _torch, profiled, session
+from instrument.testing import process_status
 
 @profiled("work")
 def work():
@@ -528,8 +532,9 @@ ready, done = threading.Event(), threading.Event()
 def owner():
     with session(schedule=Schedule(warmup=0, active=1000), exporters=[InMemoryExporter()]) as s:
         work(); s.step(); work()
-        assert _torch._LIVE, "the window records on this thread"
-        with _torch._range_lock:  # a window start or stop in progress on this thread
+        assert process_status().windows_recording, "the window records on this thread"
+        # the lock a window's start or stop holds: held here as by one in progress
+        with _torch._range_lock:
             ready.set()
             done.wait()
 
@@ -609,7 +614,7 @@ def _run_on_a_thread_not_started_by_threading(fn) -> None:
     # the thread's own teardown comes after run() returned, when the machine lets it run (a
     # fixed 0.2 s was a guess): wait for its window's profiler to stop, 60 s at most
     deadline = time.monotonic() + 60
-    while _torch._LIVE and time.monotonic() < deadline:
+    while process_status().windows_recording and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
@@ -620,7 +625,7 @@ def test_a_window_of_a_thread_threading_did_not_start_is_stopped_as_it_ends():
         schedule=Schedule(wait=1, warmup=0, active=2, repeat=2), activities=["cpu"]
     ) as cap:
         _run_on_a_thread_not_started_by_threading(_owned_step)  # starts window 0 there
-        assert cap.session._windows.window is not None and not _torch._LIVE
+        assert cap.session.status().window_open and not process_status().windows_recording
         for _ in range(6):
             _owned_step()
     assert cap.reports[-1].steps == (4, 5)
@@ -634,12 +639,11 @@ def test_close_on_the_windows_own_thread_stops_a_window_another_thread_ended():
             schedule=Schedule(wait=0, warmup=0, active=2, repeat=1), activities=["cpu"]
         ) as cap:
             sess = cap.session
-            window = sess._windows.window
-            assert window is not None and window.owner is threading.main_thread()
+            assert sess.status().window_thread == threading.main_thread().ident
             a.call(_owned_step)
             a.call(_owned_step)  # A ends the window: only this thread can stop it
-            assert sess._stops.pending is not None
-        assert sess._stops.pending is None and not _torch.profiler_on()
+            assert sess.status().stop_pending
+        assert not sess.status().stop_pending and not _torch.profiler_on()
         (report,) = cap.reports
         assert report.steps == (0, 1)
     finally:

@@ -11,12 +11,11 @@ import pytest
 import instrument
 from exporters import ExporterWarning
 from instrument import (
-    _torch,
-    decorator,
     profiled,
     state,  # noqa: E402
     step,
 )
+from instrument.testing import process_status
 
 
 @profiled("f")
@@ -29,7 +28,7 @@ def _run_steps(n: int = 12) -> list[bool]:
     for _ in range(n):
         f()
         step()
-        seen.append(bool(_torch._LIVE))
+        seen.append(bool(process_status().windows_recording))
     return seen
 
 
@@ -40,7 +39,7 @@ def test_exporters_none_opens_no_window_and_says_nothing(monkeypatch, value):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # not a word
         assert _run_steps() == [False] * 12
-    assert state.current.finished and decorator._IDLE
+    assert state.current.finished and process_status().calls_idle
 
 
 def test_exporters_all_unknown_open_no_window_with_one_warning(monkeypatch):
@@ -71,7 +70,8 @@ def test_step_inside_a_step_function_is_said_once(monkeypatch):
 
 
 def _profiler_on() -> bool:
-    return bool(_torch._LIVE) or _torch.profiler_on()
+    status = process_status()
+    return bool(status.windows_recording) or status.profiler_on
 
 
 def test_the_last_step_of_a_program_starts_no_profiler(monkeypatch):

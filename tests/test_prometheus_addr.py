@@ -12,7 +12,7 @@ import pytest
 
 from exporters._settings import addr_family, parse_addr
 from instrument import Config, ConfigWarning
-from instrument import config as config_mod
+from instrument.testing import forget_warnings
 
 GOOD = {
     "[::1]:0": ("::1", 0, socket.AF_INET6),
@@ -59,7 +59,7 @@ def test_good_addresses_give_the_pair_and_family_a_socket_binds(text):
 def test_bad_addresses_are_refused_saying_what_was_expected(text):
     with pytest.raises(ValueError, match=r"expected host:port \(port 0-65535\)"):
         parse_addr(text)
-    config_mod._reset_warnings()
+    forget_warnings()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         config = Config.from_env({"PROFILED_PROMETHEUS_ADDR": text})

@@ -14,7 +14,7 @@ import torch
 import instrument
 from exporters import Exporter, ExportResult, InMemoryExporter
 from instrument import Schedule, configure, profiled, session, shutdown, step
-from instrument.testing import capture
+from instrument.testing import capture, process_status
 from tests import _proc
 
 X = torch.randn(32, 32)
@@ -43,7 +43,7 @@ def test_default_schedule_records_steps_1_to_3_once():
     assert report.partial is False
     assert report.ranges["work"].calls == 3
     # the schedule is over: decorated calls are idle again
-    assert instrument.decorator._IDLE is True
+    assert process_status().calls_idle is True
 
 
 def test_repeat_gives_one_report_per_window_and_wait_steps_are_not_recorded():
@@ -514,11 +514,11 @@ def test_idle_flag_tracks_schedule_end():
             schedule=Schedule(wait=0, warmup=1, active=1),
             activities=["cpu"],
         )
-    assert instrument.decorator._IDLE is False
+    assert process_status().calls_idle is False
     work()
-    assert instrument.decorator._IDLE is False
+    assert process_status().calls_idle is False
     work()
-    assert instrument.decorator._IDLE is True
+    assert process_status().calls_idle is True
 
 
 def test_each_report_is_given_once_to_every_exporter():
@@ -736,3 +736,39 @@ def test_recorded_warmup_is_dropped_from_the_report_and_the_trace(tmp_path, monk
         "ProfilerStep#2",
         "ProfilerStep#3",
     ]
+
+
+def test_status_follows_a_windows_life_and_is_a_frozen_snapshot():
+    """``Session.status()``: the step, the window (open in its warm-up, recording in its active
+    steps, on this thread), the counts, and ``finished``/``closed``; each call a new snapshot
+    that never changes after."""
+    import dataclasses
+    import threading
+
+    from instrument.testing import process_status
+
+    with capture(schedule=Schedule(wait=1, warmup=1, active=2), activities=["cpu"]) as cap:
+        s = cap.session
+        before = s.status()
+        seen = []
+        for _ in range(5):
+            train_step()
+            st = s.status()
+            seen.append((st.step, st.window_open, st.window_recording, st.windows_ended))
+            if st.window_open:
+                assert st.window_thread == threading.get_ident()
+                assert process_status().session is s
+            assert process_status().windows_recording == int(st.window_recording)
+        assert seen == [
+            (1, True, False, 0),  # the warm-up: a CPU window records from its first active step
+            (2, True, True, 0),
+            (3, True, True, 0),
+            (4, False, False, 1),
+            (4, False, False, 1),  # the schedule is over: no step counted
+        ]
+        assert s.status().finished and not s.status().closed
+        assert s.status().windows_opened == 1 and s.status().window_thread is None
+    assert s.status().closed and [r.steps for r in cap.reports] == [(2, 3)]
+    assert (before.step, before.window_open, before.finished) == (0, False, False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        before.step = 9  # type: ignore[misc]

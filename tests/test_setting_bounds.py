@@ -16,6 +16,7 @@ from exporters._settings import INT64_MAX
 from instrument import ConfigWarning
 from instrument import config as config_mod
 from instrument.config import MIN_METRICS_INTERVAL_S, SETTINGS
+from instrument.testing import forget_warnings
 from tests._records import metrics_records
 
 PROBES = ("0", "-1", "nan", "inf", "-inf", "1e-9", "1e300", "9" * 30, str(INT64_MAX + 1))
@@ -60,7 +61,7 @@ def test_the_table_covers_every_numeric_setting():
 def test_every_edge_value_is_refused_or_meant(var):
     setting = next(s for s in SETTINGS if s.env == var)
     for probe in PROBES:
-        config_mod._reset_warnings()
+        forget_warnings()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             value = setting.read({var: probe}, strict=False)
@@ -134,7 +135,7 @@ def test_schedule_step_counts_fit_64_bits(key):
     kept (a window that never ends); past 64 bits is refused like every integer setting."""
     from instrument import Schedule
 
-    config_mod._reset_warnings()
+    forget_warnings()
     for text in (str(INT64_MAX + 1), "9" * 30):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

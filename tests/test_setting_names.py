@@ -14,6 +14,7 @@ import pytest
 from instrument import Config, ConfigWarning
 from instrument import config as config_mod
 from instrument.config import ENV_VARS, SETTINGS
+from instrument.testing import forget_warnings
 from tests import _proc
 
 REPO = Path(__file__).resolve().parent.parent
@@ -147,7 +148,7 @@ def test_every_setting_is_a_known_name_and_no_second_list_exists():
     env = {s.env: s.default_text for s in SETTINGS if s.parse is not None}
     env["PROFILED_PARENT_PID"] = "1"
     env["PROFILED_ENABLED"] = "1"
-    config_mod._reset_warnings()
+    forget_warnings()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         config_mod.check_names(env, strict=True)  # raises on any unknown name
@@ -162,7 +163,7 @@ def test_every_setting_is_a_known_name_and_no_second_list_exists():
 
 
 def test_names_warn_once_per_name_and_value_in_process():
-    config_mod._reset_warnings()
+    forget_warnings()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(3):

@@ -20,15 +20,16 @@ from exporters._settings import STRICT, Setting, integer
 from instrument import Config, ConfigWarning, settings_table
 from instrument import config as config_mod
 from instrument.config import ENV_VARS, FIELDS, SETTINGS
+from instrument.testing import forget_warnings
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
 def _forget_config_warnings():
-    config_mod._reset_warnings()
+    forget_warnings()
     yield
-    config_mod._reset_warnings()
+    forget_warnings()
 
 
 def _from_env(env: dict[str, str]) -> tuple[Config, list[str]]:
