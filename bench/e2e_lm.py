@@ -16,8 +16,12 @@ program time one window costs.
 Variants, all on the same model and pool of batches:
 
 - *plain*: ``plain_step``, no instrumentation at all.
-- *sdk*: the SDK's sampled windows as a user writes them: ``@profiled("train_step", step=True)``
-  around ``@profiled("forward")``, ``"backward"``, ``"optimizer"``, and the ambient session
+- *sdk*: the SDK's sampled windows as a user writes them: ``@profiled("train_step")``
+  around ``@profiled("forward")``, ``"backward"``, ``"optimizer"``, ``instrument.step()`` at
+  each step's start (as ``prof.step()`` below: with ``step=True`` the step boundary into a
+  block's first step, where its window is due, would come at the previous SDK block's last
+  call, and the other variants' decorated calls in between would start that window), and the
+  ambient session
   configured like ``PROFILED_EVERY=100 PROFILED_EXPORTERS=trace,json`` (default schedule: a
   warm-up and 3 recorded steps; metrics on, as the json exporter turns them on), trace files
   and JSON lines to a temporary directory. ``PROFILED_OVERHEAD_BUDGET=0`` so every block holds
@@ -29,7 +33,7 @@ Variants, all on the same model and pool of batches:
   to a temporary directory)``, ``prof.step()`` at each step's start: the same windows at each
   block's first steps, what a torch.profiler user pays.
 - *metrics*: the same decorated functions with the ambient session's metrics on but no window
-  (``train_step`` decorated without ``step=True``, so no step reaches the session).
+  (no ``instrument.step()``: the session stays in the last SDK block's last step, never due).
 
 The per-window breakdown: the SDK's own ledger (``WindowReport.cost``, read back from the
 JSON lines) and timing wrappers this bench installs around the window path's functions
@@ -187,8 +191,7 @@ def _train_step(model, opt, x, y):
     return loss.detach()
 
 
-train_step = profiled("train_step", step=True)(_train_step)
-train_step_no_step = profiled("train_step")(_train_step)  # the metrics variant: no window
+train_step = profiled("train_step")(_train_step)  # steps: instrument.step() at each start
 
 
 def sync(device: str) -> None:
@@ -382,6 +385,7 @@ class SizeRun:
         self.pool = pool.to(device)
         self.i = 0
         self.torch_steps = 0
+        self.sdk_steps = 0
         self.torch_windows = 0
         self.torch_bytes: list[int] = []
         self.prof: TimedProfile | None = None
@@ -467,10 +471,13 @@ class SizeRun:
                     plain_step(model, opt, x, y)
                     stamps[j + 1] = time.perf_counter_ns()
             else:
-                step_fn = {"plain": plain_step, "metrics": train_step_no_step}.get(
-                    variant, train_step
-                )
+                step_fn = plain_step if variant == "plain" else train_step
+                sdk = variant in SDK_FAMILY
                 for j, (x, y) in enumerate(batches):
+                    if sdk:
+                        if self.sdk_steps:
+                            instrument.step()
+                        self.sdk_steps += 1
                     step_fn(model, opt, x, y)
                     stamps[j + 1] = time.perf_counter_ns()
             sync(self.device)
