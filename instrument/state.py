@@ -4,7 +4,8 @@
   ``explicit`` (an open ``with session(...)``) and ``current`` (what decorated calls report to);
   ``shut_down`` after ``shutdown()``;
 - ``overrides``: the fields given to ``configure()``;
-- ``PENDING``: sessions whose window's stop waits for the thread that started it;
+- ``PENDING``: the sessions' stops (``stops.Stops``) whose window's stop waits for the thread
+  that started it;
 - ``cpu_ops``: the threads a deferred stop paused (torch's per-thread RecordFunction switch);
 - ``steps_declared`` and ``RANGE_NAMES``: what decorations applied so far declared;
 - ``metrics_on``: decorated calls time themselves into ``metrics.recorder``;
@@ -41,6 +42,7 @@ from .events import gc_paused
 
 if TYPE_CHECKING:
     from .sessions import Session
+    from .stops import Stops
 
 Hook = Callable[[], None]
 """The first-call hook: run by the next decorated call (see ``window.Windows.first_call``)."""
@@ -57,8 +59,8 @@ explicit: Session | None = None
 current: Session | None = None  # explicit or ambient: what decorated calls report to
 shut_down = False
 overrides: dict[str, Any] = {}
-PENDING: list[Session] = []
-"""Sessions whose window's stop waits for the thread that started it."""
+PENDING: list[Stops] = []
+"""The sessions' stops whose window's stop waits for the thread that started it."""
 atexit_registered = False
 exporter_warnings_seen: set[str] = set()
 helper_warned = False
@@ -268,7 +270,7 @@ def declare_steps() -> None:
     steps_declared = True
     for sess in (ambient, explicit):
         if sess is not None:
-            sess._steps_declared = True
+            sess._declare_steps()
 
 
 # ---------------------------------------------------------------- the CPU-op pause
@@ -377,9 +379,9 @@ def refresh_idle() -> None:
 
 def run_pending_stops() -> None:
     """Stop the windows that wait for this thread (or whose thread has ended)."""
-    for sess in list(PENDING):
-        if sess._stops.pending_is_here():  # checked before any lock: calls stay cheap
-            sess._run_pending_stop()
+    for stops in list(PENDING):
+        if stops.pending_is_here():  # checked before any lock: calls stay cheap
+            stops.run_pending_here()
 
 
 def resume_idle_thread() -> None:
