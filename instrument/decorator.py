@@ -83,10 +83,9 @@ RANGE_NAMES = state.RANGE_NAMES  # every range name a decoration created (``stat
 # ambient session starts a window's profiler there, and exporters capture what was current
 # (the OpenTelemetry span of the request being profiled); None almost always. _METRICS: the
 # recorder calls time themselves into while metrics are on, else None.
-_IDLE_MODE = state.IDLE
 _COUNT_MODE = state.COUNT_ONLY
 _RANGE_MODE = state.RANGE
-_MODE = state.IDLE
+_MODE: int | None = state.IDLE  # (None: compared by identity, as the other modes)
 _SESSION: Any = None
 _ON_FIRST_CALL: Any = None
 _METRICS: Any = None
@@ -96,7 +95,7 @@ _SWITCHED_AT = 0.0
 a timed call begun before it held one, the only calls that look further (``_timed``)."""
 
 
-def _mirror(mode: int, session: Any, hook: Any, recorder: Any = None) -> None:
+def _mirror(mode: int | None, session: Any, hook: Any, recorder: Any = None) -> None:
     """``state``'s writer of the copies above (under ``state.mirror_lock``)."""
     global _MODE, _SESSION, _ON_FIRST_CALL, _METRICS
     _MODE, _SESSION, _ON_FIRST_CALL, _METRICS = mode, session, hook, recorder
@@ -122,9 +121,9 @@ def __getattr__(name: str) -> Any:
     if name == "_QUIET":
         return state.idle()
     if name == "_COUNT_ONLY":
-        return _METRICS if _MODE == _COUNT_MODE else None
+        return _METRICS if _MODE is _COUNT_MODE else None
     if name == "_OFF":
-        return _MODE == _IDLE_MODE
+        return _MODE is None
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -250,15 +249,20 @@ def _call(
         m = _METRICS
         if m is not None and not timed:  # this call made the session that turned them on
             return _timed(m, f, name, is_step, args, kwargs)
+    if sess is None or (sess._steps_declared and not is_step):
+        # nothing of the session's to keep (no session, or root calls end no steps): the
+        # rule alone, without the bookkeeping's try (the common call of a training loop)
+        if _ON_FIRST_CALL is not None:
+            _ON_FIRST_CALL()
+        if _FLAG._is_profiler_enabled:
+            return _ranged_call(f, name, args, kwargs)
+        return f(*args, **kwargs)
     depth = -1  # the nesting depth, where it is kept (root calls end steps), else -1
-    if sess is not None:
-        if not sess._steps_declared:
-            depth = _DEPTH.get()
-            depth_token = _DEPTH.set(depth + 1)
-        if is_step:
-            step_token = IN_STEP_FUNCTION.set(name)
-        elif depth < 0:
-            sess = None  # nothing to do at the end
+    if not sess._steps_declared:
+        depth = _DEPTH.get()
+        depth_token = _DEPTH.set(depth + 1)
+    if is_step:
+        step_token = IN_STEP_FUNCTION.set(name)
     try:
         if _ON_FIRST_CALL is not None:
             _ON_FIRST_CALL()
@@ -266,14 +270,13 @@ def _call(
             return _ranged_call(f, name, args, kwargs)
         return f(*args, **kwargs)
     finally:
-        if sess is not None:
-            if depth >= 0:
-                _DEPTH.reset(depth_token)
-            if is_step:
-                IN_STEP_FUNCTION.reset(step_token)
-                sess._step_function_returned()
-            elif depth == 0:
-                sess._root_call_returned()
+        if depth >= 0:
+            _DEPTH.reset(depth_token)
+        if is_step:
+            IN_STEP_FUNCTION.reset(step_token)
+            sess._step_function_returned()
+        elif depth == 0:
+            sess._root_call_returned()
 
 
 def _timed(
@@ -382,9 +385,9 @@ def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...,
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            if not _MODE:  # state.IDLE (0): nothing to do (one global, first)
+            if _MODE is None:  # state.IDLE: nothing to do (one global, first)
                 return f(*args, **kwargs)
-            if _MODE == _COUNT_MODE and not _is_dynamo_compiling():
+            if _MODE is _COUNT_MODE and not _is_dynamo_compiling():
                 t0 = _now()  # metrics only (nothing else needs the call): timed inline
                 try:
                     return f(*args, **kwargs)
@@ -394,7 +397,7 @@ def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...,
                     append((_now() - t0) * 1e9)
                     if len(pending) >= _BATCH:
                         fold(name)
-            if _MODE == _RANGE_MODE:  # only a range, if a profiler records (not in compiled code)
+            if _MODE is _RANGE_MODE:  # only a range, if a profiler records (not in compiled code)
                 if not _FLAG._is_profiler_enabled or _is_compiling():
                     return f(*args, **kwargs)
                 return _ranged_call(f, name, args, kwargs)
@@ -419,7 +422,7 @@ def _wrap_async(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...
     @functools.wraps(f)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            if _MODE == _COUNT_MODE and not _is_dynamo_compiling():
+            if _MODE is _COUNT_MODE and not _is_dynamo_compiling():
                 # metrics only (nothing else needs the call), as the sync wrapper: the
                 # awaited time is the call's, as ``Entry`` times it
                 t0 = _now()
@@ -429,7 +432,7 @@ def _wrap_async(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...
                     append((_now() - t0) * 1e9)
                     if len(pending) >= _BATCH:
                         fold(name)
-            if _MODE <= _RANGE_MODE and not _FLAG._is_profiler_enabled:
+            if (_MODE is None or _MODE is _RANGE_MODE) and not _FLAG._is_profiler_enabled:
                 return await f(*args, **kwargs)  # nothing needs the call
             entry = _enter(name)
             try:
@@ -460,10 +463,10 @@ def _wrap_generator(f: Callable[..., Any], name: str, is_step: bool) -> Callable
         value = None
         while True:
             t0 = 0.0
-            if _MODE == _COUNT_MODE and not compiling:
+            if _MODE is _COUNT_MODE and not compiling:
                 entry = None  # metrics only: the resume is timed here
                 t0 = _now()
-            elif _MODE <= _RANGE_MODE and not _FLAG._is_profiler_enabled:
+            elif (_MODE is None or _MODE is _RANGE_MODE) and not _FLAG._is_profiler_enabled:
                 entry = None  # nothing needs the resume
             else:
                 entry = _enter(name)
@@ -569,10 +572,10 @@ def _wrap_async_generator(f: Callable[..., Any], name: str, is_step: bool) -> Ca
         try:
             while True:
                 t0 = 0.0
-                if _MODE == _COUNT_MODE and not _is_dynamo_compiling():
+                if _MODE is _COUNT_MODE and not _is_dynamo_compiling():
                     entry = None  # metrics only, as the generator form
                     t0 = _now()
-                elif _MODE <= _RANGE_MODE and not _FLAG._is_profiler_enabled:
+                elif (_MODE is None or _MODE is _RANGE_MODE) and not _FLAG._is_profiler_enabled:
                     entry = None  # nothing needs the resume
                 else:
                     entry = _enter(name)
@@ -852,7 +855,7 @@ class _Profiled:
         return _wrap(target, self.name, self.step)
 
     def __enter__(self) -> _Profiled:
-        if self._t0 is None and _MODE == _COUNT_MODE and not _is_dynamo_compiling():
+        if self._t0 is None and _MODE is _COUNT_MODE and not _is_dynamo_compiling():
             self._t0 = _now()  # metrics only (see the class): ended in __exit__
             return self
         if _is_compiling():
@@ -863,7 +866,7 @@ class _Profiled:
             raise TypeError('the context form needs a name: use `with profiled("name"):`')
         if not self.enabled:
             return self
-        if _MODE <= _RANGE_MODE and not _FLAG._is_profiler_enabled:
+        if (_MODE is None or _MODE is _RANGE_MODE) and not _FLAG._is_profiler_enabled:
             if not self.step:
                 # nothing records and no step can end: keep no entry (setting the context
                 # variable twice per block was most of an idle block's cost in a training step)

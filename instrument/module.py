@@ -73,7 +73,7 @@ class _Hooks:
             return None
         counted = decorator._METRICS is not None and state.metrics_modules
         if not _FLAG._is_profiler_enabled and not counted:
-            if decorator._MODE < _SESSION_MODE:
+            if decorator._MODE is not _SESSION_MODE:
                 return None  # no session needs the call
             sess = decorator._SESSION
             if sess is not None and sess._steps_declared:
@@ -99,7 +99,7 @@ class _Hooks:
                 _STACK.set(stack[:i])
                 _exit(stack[i][1], self.step, self.root)  # (Entry.close)
                 return None
-        if self.step and decorator._MODE == _SESSION_MODE:
+        if self.step and decorator._MODE is _SESSION_MODE:
             _step_if_counting()  # the pre-hook had nothing to record; the step still ends
         return None
 
