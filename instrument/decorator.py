@@ -648,9 +648,12 @@ def _wrap_callable_object(obj: Any, name: str, is_step: bool) -> Any:
     a generator (inspect does not see through instances: the class's ``__call__`` tells)."""
     make = _kind_wrapper(getattr(type(obj), "__call__", None)) or _wrap_sync  # noqa: B004
     inner = make(obj, name, is_step)
+    sync = make is _wrap_sync
 
     def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         try:
+            if sync and _MODE is None:  # the sync wrapper's first check, a call less
+                return wrapped(*args, **kwargs)
             if wrapped is obj:
                 return inner(*args, **kwargs)
             return make(wrapped, name, is_step)(*args, **kwargs)  # bound by a descriptor

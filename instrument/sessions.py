@@ -81,29 +81,7 @@ class Session:
             slow_step=config.slow_step,
             tell=self._pipeline.notice,  # what a slow step did not open, and why
         )
-        # its parts get what they need, and tell what happened through its own methods
-        self._stops = Stops(
-            self._lock,
-            self._pipeline,
-            self._handed,
-            lambda: (self._step_thread, self._step_threads_mixed),
-            self._warn,
-            self._lost,
-            self._window_counted,
-            lambda: self._windows.first_call(),
-        )
-        self._windows = Windows(
-            config,
-            self.activities,
-            self.exporters,
-            self._planner,
-            self._reports.ledger,
-            self._lock,
-            self._now,
-            self._warn,
-            self._lost,
-            self._stops,
-        )
+        self._stops, self._windows = _parts(self)
         self.step_index = 0  # the step in progress
         self.windows_ended = 0
         self.finished = False  # the schedule can open no more windows
@@ -217,8 +195,6 @@ class Session:
         """A ``step=True`` decoration was applied (``state.declare_steps``)."""
         self._steps_declared = True
 
-    # ------------------------------------------------------------ told by lifetime
-
     def _open_no_windows(self) -> None:
         """Nothing would see a window (no exporter takes them): decorated calls go idle."""
         self.finished = True
@@ -235,8 +211,6 @@ class Session:
                     self._skip_reason = why_if_no_step
                 self._windows.end(partial=True)
             self._stops.finish_drain(force=True)
-
-    # ------------------------------------------------------------ told by its parts
 
     def _now(self) -> Now:
         return Now(
@@ -364,3 +338,31 @@ class Session:
 
     def _warn(self, message: str) -> None:
         warn(message, ProfilerWarning)
+
+
+def _parts(sess: Session) -> tuple[Stops, Windows]:
+    """A session's stops and window room: they get what they need, and tell what happened
+    through the session's own methods (they hold no session)."""
+    stops = Stops(
+        sess._lock,
+        sess._pipeline,
+        sess._handed,
+        lambda: (sess._step_thread, sess._step_threads_mixed),
+        sess._warn,
+        sess._lost,
+        sess._window_counted,
+        lambda: windows.first_call(),
+    )
+    windows = Windows(
+        sess.config,
+        sess.activities,
+        sess.exporters,
+        sess._planner,
+        sess._reports.ledger,
+        sess._lock,
+        sess._now,
+        sess._warn,
+        sess._lost,
+        stops,
+    )
+    return stops, windows
