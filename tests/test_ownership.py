@@ -116,3 +116,24 @@ def test_only_sessions_py_writes_a_sessions_fields():
         "a Session's fields are written only in sessions.py (give the part an argument, "
         "return what happened, or call a Session method):\n" + "\n".join(found)
     )
+
+
+PARTS = ("window.py", "stops.py")
+"""A session's parts: they hold no session (what they need comes in as arguments)."""
+
+
+def test_a_sessions_parts_hold_no_session():
+    """Neither imports the session module (not even for a type) nor keeps a ``session`` field:
+    a back-reference is what a part would write through."""
+    for name in PARTS:
+        found = [p for p in (Path(REPO) / "instrument").rglob(name)]
+        assert len(found) == 1, (name, found)
+        tree = ast.parse(found[0].read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                assert "sessions" not in (node.module or "").split("."), (name, node.module)
+                assert "sessions" not in [a.name for a in node.names], name
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                        assert item.target.id not in ("session", "sess"), (name, node.name)
