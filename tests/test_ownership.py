@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tests._proc import REPO
 
-PACKAGES = ("instrument", "exporters")
+PACKAGES = ("instrument", "exporters", "bench", "examples")
 SESSION_LIKE = re.compile(r"(^|\.)(sess|session|_session|ambient|explicit|current|cur)$")
 
 ALLOWED: dict[tuple[str, str], str] = {}
