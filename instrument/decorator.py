@@ -218,7 +218,7 @@ class Entry:
 
 
 _new = object.__new__
-_enter = Entry.open
+_enter = Entry.open  # (plain functions: a call less than the attribute; ``module`` uses both)
 _exit = Entry.close
 
 
