@@ -525,9 +525,10 @@ class tweaked:
         if self.variant in ("sdk_nowarm", "sdk_lean"):
             sess = state.current
             if sess is not None:
-                old_warm = sess._record_warmup
-                sess._record_warmup = False
-                self.undo.append(lambda: setattr(sess, "_record_warmup", old_warm))
+                windows = sess._windows  # (the window room keeps whether warm-ups record)
+                old_warm = windows.record_warmup
+                windows.record_warmup = False
+                self.undo.append(lambda: setattr(windows, "record_warmup", old_warm))
         if self.variant == "sdk_late":
             from instrument import reporting
 

@@ -1,19 +1,26 @@
 """``profiled``: decorator and (async) context manager that records a named range.
 
-The hot path is the wrapper's first lines: with metrics on and nothing else to do, one global
-(``_COUNT_ONLY``), the Dynamo check, two clock reads and an append to the range's pending
-list (``metrics``); with no session counting steps and no profiler recording, two globals
-(``_COUNT_ONLY``, ``_OFF``) on top of a plain closure, with no allocation, lock or import.
-The other forms (context form, async functions, generators) take the same metrics-only
-path. Everything else (depth tracking for root calls, the range itself, step accounting) is
-in ``_call``.
+Every call form follows one rule, the call mode ``state`` computes (``state.IDLE``,
+``COUNT_ONLY``, ``RANGE``, ``SESSION``) and this module keeps as ``_MODE``:
+
+- ``IDLE``: the call is the function's (one global on top of a plain closure: no
+  allocation, lock or import);
+- ``COUNT_ONLY``: metrics on and nothing else needs the call: the Dynamo check, two clock
+  reads and an append to the range's pending list (``metrics``), written inline in each form;
+- ``RANGE``: only a range, if a torch profiler records (the program's own);
+- ``SESSION``: the slow path, written once: ``_call`` for the forms that wrap a call
+  (functions, methods, callable objects), ``Entry`` for the forms that open and close
+  (the context form, async functions, generators' resumes, ``instrument_module``'s hooks).
+  Both ask the session, keep the nesting depth for root calls, run the first-call hook,
+  record the range if a profiler records, time the call for the metrics and end steps.
 
 Plain functions get a plain closure rather than a ``wrapt.FunctionWrapper``: a pass-through
 ``wrapt`` wrapper measured ~450 ns per call on the CI box, a closure ~100 ns. Descriptors
 (instance methods, ``classmethod``, ``staticmethod``) are handled by wrapping the underlying
-function; other callables (objects with ``__call__``) get a ``wrapt.FunctionWrapper`` so they
-keep their attributes and type checks (an object whose ``__call__`` is ``async def`` or a
-generator gets the same range as an async function or a generator).
+function; other callables (objects with ``__call__``) get a ``wrapt.FunctionWrapper`` around
+the same wrapper as the function form of their kind, so they keep their attributes and type
+checks (an object whose ``__call__`` is ``async def`` or a generator gets the same range as an
+async function or a generator).
 
 The context form keeps its open entries in one module-level context variable, never one per
 ``profiled(...)`` instance: ``with profiled("x"):`` in a loop must leave nothing behind, and
@@ -43,11 +50,10 @@ from .metrics import BATCH as _BATCH
 from .metrics import STEP
 from .metrics import record as _record
 
-__all__ = ["RANGE_NAMES", "profiled", "range_name"]
+__all__ = ["RANGE_NAMES", "Entry", "profiled", "range_name"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_IDLE = False
 _FLAG = _torch.PROFILER_FLAG  # _FLAG._is_profiler_enabled: any torch profiler recording
 _range_enter = _torch.range_enter  # never a bare _RecordFunctionFast: see _torch's ranges
 _range_exit = _torch.range_exit
@@ -58,133 +64,162 @@ _is_dynamo_compiling = _torch.is_dynamo_compiling
 # Nesting depth of decorated calls in this thread / asyncio task (0 = a root call).
 _DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("profiled_depth", default=0)
 
-# Open context-form entries of this thread / asyncio task, innermost last: (instance, state).
-# One variable for every ``profiled`` instance: a variable per instance would leave one key in
-# the thread's context per ``with profiled(...)`` ever run (a leak in a loop), and creating a
-# ContextVar inside torch.compile'd code is unsupported by Dynamo (fullgraph fails).
+# Open context-form entries of this thread / asyncio task, innermost last: (instance, Entry
+# or None). One variable for every ``profiled`` instance: a variable per instance would leave
+# one key in the thread's context per ``with profiled(...)`` ever run (a leak in a loop), and
+# creating a ContextVar inside torch.compile'd code is unsupported by Dynamo (fullgraph fails).
 _CM_STACK: contextvars.ContextVar[tuple[tuple[Any, Any], ...]] = contextvars.ContextVar(
     "profiled_cm_stack", default=()
 )
 
 RANGE_NAMES = state.RANGE_NAMES  # every range name a decoration created (``state``)
 
-# The hot-path flags: mirrors of ``state``'s, written only by it (through ``_mirror``).
-# _IDLE: nothing needs to see decorated calls (no session counts steps). _SESSION: the started
-# session calls report to while it counts steps, else None (then ``_call`` asks
-# ``state.session_for_calls``, which builds the ambient session on first use). _ON_FIRST_CALL:
-# called at the next decorated call, on its thread and in its context: the ambient session
-# starts a window's profiler there, and exporters capture what was current (the
-# OpenTelemetry span of the request being profiled). None almost always.
-# _QUIET: no session needs to see calls (what _IDLE says when metrics are off). _METRICS: the
-# recorder calls time themselves into while metrics are on, else None; then _IDLE is False.
-# _COUNT_ONLY: the recorder when metrics are on, nothing else needs the call (no session, no
-# first-call hook, no device-time sampling) and no torch profiler records, else None: the one
-# check of the sync wrapper's metrics-only path, the first it makes. _QUIET_RECORDER is what
-# it is while no profiler records; ``_profiler_switched`` applies it at every start and stop.
-# _OFF: _IDLE and no torch profiler records, kept at every profiler start and stop like
-# _COUNT_ONLY (only where every start and stop is seen: ``_torch.SWITCHES_SEEN``): the sync
-# wrapper's idle path is then one global, as a hand-written flag check is (it was _IDLE and
-# torch's flag: 1.14x the closure on the 2-core VM).
-_OFF = False
+# The call mode and what the slow path needs, copies of ``state``'s, written only by it
+# (through ``_mirror``, under ``state.mirror_lock``). _MODE: ``state.IDLE``, ``COUNT_ONLY``,
+# ``RANGE`` or ``SESSION`` (see the module's docstring). _SESSION: the started session calls
+# report to while it counts steps, else None (then the slow path asks
+# ``state.session_for_calls``, which builds the ambient session on first use).
+# _ON_FIRST_CALL: called at the next decorated call, on its thread and in its context: the
+# ambient session starts a window's profiler there, and exporters capture what was current
+# (the OpenTelemetry span of the request being profiled); None almost always. _METRICS: the
+# recorder calls time themselves into while metrics are on, else None.
+_COUNT_MODE = state.COUNT_ONLY
+_RANGE_MODE = state.RANGE
+_MODE: int | None = state.IDLE  # (None: compared by identity, as the other modes)
 _SESSION: Any = None
 _ON_FIRST_CALL: Any = None
-_QUIET = False
 _METRICS: Any = None
-_COUNT_ONLY: Any = None
-_QUIET_RECORDER: Any = None
 _now = time.perf_counter  # metrics' clock, seconds: a float difference allocates nothing
 _SWITCHED_AT = 0.0
 """``_now()`` at the end of the last start or stop of any torch profiler (``_profiler_switched``):
 a timed call begun before it held one, the only calls that look further (``_timed``)."""
 
 
-def _mirror(idle: bool, session: Any, hook: Any, recorder: Any = None) -> None:
-    global _IDLE, _QUIET, _SESSION, _ON_FIRST_CALL, _METRICS, _QUIET_RECORDER
-    quiet = idle and hook is None
-    alone = quiet and recorder is not None and recorder.device is None
-    with state.mirror_lock:
-        _IDLE, _QUIET, _SESSION, _ON_FIRST_CALL, _METRICS = (
-            idle and recorder is None,
-            idle,
-            session,
-            hook,
-            recorder,
-        )
-        _QUIET_RECORDER = recorder if alone and _torch.SWITCHES_SEEN else None
-        _apply_count_only()
+def _mirror(mode: int | None, session: Any, hook: Any, recorder: Any = None) -> None:
+    """``state``'s writer of the copies above (under ``state.mirror_lock``)."""
+    global _MODE, _SESSION, _ON_FIRST_CALL, _METRICS
+    _MODE, _SESSION, _ON_FIRST_CALL, _METRICS = mode, session, hook, recorder
 
 
 def _profiler_switched() -> None:
     """After every start and stop of a torch profiler (``_torch.on_switch``)."""
     global _SWITCHED_AT
     _SWITCHED_AT = _now()
-    with state.mirror_lock:
-        _apply_count_only()
-
-
-def _apply_count_only() -> None:
-    """A call takes the metrics-only path only while no profiler records (else it must be a
-    range there), and the idle one (``_OFF``) likewise. Under ``state.mirror_lock``."""
-    global _COUNT_ONLY, _OFF
-    on = _torch.profiler_on()
-    _COUNT_ONLY = None if on else _QUIET_RECORDER
-    _OFF = _IDLE and not on and _torch.SWITCHES_SEEN
 
 
 state.bind(mirror=_mirror)
 _torch.on_switch(_profiler_switched)
 
 
-# ---------------------------------------------------------------- range enter/exit
+def __getattr__(name: str) -> Any:
+    """The flags this module kept before the call mode, derived from it for the tests and
+    benches that read them (no call path does): ``_IDLE`` (nothing needs calls, metrics off),
+    ``_QUIET`` (no session needs calls), ``_COUNT_ONLY`` (the recorder in the metrics-only
+    mode, else None), ``_OFF`` (the idle mode)."""
+    if name == "_IDLE":
+        return state.idle() and _METRICS is None
+    if name == "_QUIET":
+        return state.idle()
+    if name == "_COUNT_ONLY":
+        return _METRICS if _MODE is _COUNT_MODE else None
+    if name == "_OFF":
+        return _MODE is None
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _enter(name: str, timed: bool = True) -> tuple[Any, Any, int, Any, str, float, Any, int]:
-    """Start a range: (fast range or None, depth token, depth before, session or None, name,
-    start time for the metrics or 0, device-time sample or None, profiler switches so far).
-    ``timed``: counted in the metrics while they are on."""
-    sess = state.session_for_calls()
-    depth = _DEPTH.get()
-    token = _DEPTH.set(depth + 1)
-    switches = _torch.switches()  # before the first-call hook, which may start a window
-    if _ON_FIRST_CALL is not None:
-        _ON_FIRST_CALL()
-    m = _METRICS if timed else None
-    sampler = m.device if m is not None else None
-    sampled = sampler.start(name) if sampler is not None else None
-    t0 = _now() if m is not None else 0
-    if _FLAG._is_profiler_enabled:
-        # last, and straight into the caller's state: nothing between the range's start and
-        # its holder's safe keeping can raise and leave it live in a traceback's frame
-        return _range_enter(name), token, depth, sess, name, t0, sampled, switches
-    return None, token, depth, sess, name, t0, sampled, switches
+# ---------------------------------------------------------------- the slow path
 
 
-def _exit(state: tuple[Any, ...], is_step: bool, root_ends_step: bool = True) -> None:
-    rf, token, depth, sess, name, t0, sampled, switches = state
-    _DEPTH.reset(token)
-    if rf is not None:
-        _range_exit(rf)
-    m = _METRICS  # (read once: another thread may switch metrics off meanwhile)
-    if t0 and m is not None:
-        # a step in which a profiler started or stopped is no step time (``_timed``)
-        took = _now() - t0
-        if switches != _torch.switches():
-            took, is_step = _without_own_switches(took, t0), False
-        _record(m, name, took * 1e9, is_step)
-    if sampled is not None:
-        sampled[0].end(sampled)
-    if sess is not None:
-        if is_step:
-            sess._step_function_returned()
-        elif depth == 0 and root_ends_step:
-            sess._root_call_returned()
+class Entry:
+    """One open range of the forms that open and close (the context form, an async call,
+    a generator's resume, ``instrument_module``'s hooks): ``open`` begins it, ``close`` ends
+    it, ``abandon`` lets go of one whose close never came (an interrupt past a module's
+    forward hook). The slow path of those forms, as ``_call`` is of the others."""
+
+    __slots__ = ("opened", "token", "depth", "session", "name", "t0", "sampled", "switches")
+    opened: list[Any] | None
+    """``_torch.range_enter``'s holder while a profiler records, else None."""
+    token: Any
+    """``_DEPTH``'s token: the nesting depth goes back to ``depth`` at the close."""
+    depth: int
+    session: Any
+    name: str
+    t0: float
+    """Start for the metrics (``_now()``), 0 when not timed."""
+    sampled: Any
+    """The device-time sample, or None."""
+    switches: int
+    """``_torch.switches()`` at the open: a close that sees it moved held a profiler's start
+    or stop."""
+
+    @staticmethod
+    def open(name: str, timed: bool = True) -> Entry:
+        """Begin the range ``name``; ``timed``: counted in the metrics while they are on. The
+        session is the mirrored one, else (none started yet, or idle: metrics or a hook
+        brought the call here) ``state.session_for_calls``'s where one may want it."""
+        self = _new(Entry)
+        sess = _SESSION
+        if sess is None and not state.idle():
+            sess = state.session_for_calls()
+        self.session = sess
+        self.name = name
+        self.depth = depth = _DEPTH.get()
+        self.token = _DEPTH.set(depth + 1)
+        self.switches = _torch.switches()  # before the first-call hook, which may start a window
+        if _ON_FIRST_CALL is not None:
+            _ON_FIRST_CALL()
+        m = _METRICS if timed else None
+        sampler = m.device if m is not None else None
+        self.sampled = sampler.start(name) if sampler is not None else None
+        self.t0 = _now() if m is not None else 0
+        self.opened = None
+        if _FLAG._is_profiler_enabled:
+            # last, and straight into the entry: nothing between the range's start and its
+            # holder's safe keeping can raise and leave it live in a traceback's frame
+            self.opened = _range_enter(name)
+        return self
+
+    def close(self, is_step: bool, root_ends_step: bool = True) -> None:
+        """End the range; ``is_step``: its end ends a step; ``root_ends_step``: a root entry
+        (nothing decorated encloses it) ends a step in a session whose steps are not declared."""
+        _DEPTH.reset(self.token)
+        opened = self.opened
+        if opened is not None:
+            _range_exit(opened)
+        m = _METRICS  # (read once: another thread may switch metrics off meanwhile)
+        t0 = self.t0
+        if t0 and m is not None:
+            # a step in which a profiler started or stopped is no step time (``_timed``)
+            took = _now() - t0
+            if self.switches != _torch.switches():
+                took, is_step = _without_own_switches(took, t0), False
+            _record(m, self.name, took * 1e9, is_step)
+        sampled = self.sampled
+        if sampled is not None:
+            sampled[0].end(sampled)
+        sess = self.session
+        if sess is not None:
+            if is_step:
+                sess._step_function_returned()
+            elif self.depth == 0 and root_ends_step:
+                sess._root_call_returned()
+
+    def abandon(self) -> None:
+        """Let go of an entry whose close never came: end its range (through
+        ``_torch.range_exit``: its profiler may have ended meanwhile, and ending it there is a
+        segfault) and put the nesting depth back; no step ends and nothing is timed."""
+        opened = self.opened
+        if opened is not None:
+            _range_exit(opened)
+        try:
+            _DEPTH.reset(self.token)
+        except (RuntimeError, ValueError):  # another context (a new notebook cell): let go
+            pass
 
 
-def _ranged(f: Callable[..., Any], name: str, args: Any, kwargs: Any) -> Any:
-    """``f(*args, **kwargs)`` inside a range of the profiler that is on."""
-    if _ON_FIRST_CALL is not None:
-        _ON_FIRST_CALL()
-    return _ranged_call(f, name, args, kwargs)
+_new = object.__new__
+_enter = Entry.open  # (plain functions: a call less than the attribute; ``module`` uses both)
+_exit = Entry.close
 
 
 # The step=True function running in this thread / asyncio task, if any: a ``step()`` inside
@@ -194,9 +229,40 @@ IN_STEP_FUNCTION: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
-def _step_call(f: Callable[..., Any], name: str, sess: Any, args: Any, kwargs: Any) -> Any:
-    """A ``step=True`` function's call: its return ends a step."""
-    token = IN_STEP_FUNCTION.set(name)
+def _call(
+    f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: Any, timed: bool = False
+) -> Any:
+    """The slow path of the forms that wrap a call (functions, methods, callable objects) in
+    ``state.SESSION`` mode, outside compiled code; the rule is written once here: the
+    first-call hook, then a range if a profiler records, else the call. A session's call
+    keeps the nesting depth (root calls end steps until steps are declared) and a
+    ``step=True`` function's return ends a step. ``timed``: ``_timed`` called it (never hand
+    the call back there: the mirror of the session may lag behind ``session_for_calls``,
+    after a start an exception cut short)."""
+    if not timed:
+        m = _METRICS
+        if m is not None:
+            return _timed(m, f, name, is_step, args, kwargs)
+    sess = _SESSION
+    if sess is None and not state.idle():
+        sess = state.session_for_calls()
+        m = _METRICS
+        if m is not None and not timed:  # this call made the session that turned them on
+            return _timed(m, f, name, is_step, args, kwargs)
+    if sess is None or (sess._steps_declared and not is_step):
+        # nothing of the session's to keep (no session, or root calls end no steps): the
+        # rule alone, without the bookkeeping's try (the common call of a training loop)
+        if _ON_FIRST_CALL is not None:
+            _ON_FIRST_CALL()
+        if _FLAG._is_profiler_enabled:
+            return _ranged_call(f, name, args, kwargs)
+        return f(*args, **kwargs)
+    depth = -1  # the nesting depth, where it is kept (root calls end steps), else -1
+    if not sess._steps_declared:
+        depth = _DEPTH.get()
+        depth_token = _DEPTH.set(depth + 1)
+    if is_step:
+        step_token = IN_STEP_FUNCTION.set(name)
     try:
         if _ON_FIRST_CALL is not None:
             _ON_FIRST_CALL()
@@ -204,27 +270,27 @@ def _step_call(f: Callable[..., Any], name: str, sess: Any, args: Any, kwargs: A
             return _ranged_call(f, name, args, kwargs)
         return f(*args, **kwargs)
     finally:
-        IN_STEP_FUNCTION.reset(token)
-        sess._step_function_returned()
+        if depth >= 0:
+            _DEPTH.reset(depth_token)
+        if is_step:
+            IN_STEP_FUNCTION.reset(step_token)
+            sess._step_function_returned()
+        elif depth == 0:
+            sess._root_call_returned()
 
 
 def _timed(
     recorder: Any, f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: Any
 ) -> Any:
-    """A sync call while metrics are on: its wall time goes to ``name``'s histogram (and, for
-    one call in ``PROFILED_METRICS_DEVICE_EVERY``, its device time). ``recorder``: the
-    ``_METRICS`` the caller saw (read once: another thread may switch metrics off)."""
+    """A sync call while metrics are on and more than its duration is needed: its wall time
+    goes to ``name``'s histogram (and, for one call in ``PROFILED_METRICS_DEVICE_EVERY``, its
+    device time) around ``_call``. ``recorder``: the ``_METRICS`` the caller saw (read once:
+    another thread may switch metrics off)."""
     sampler = recorder.device  # (read once: metrics may be switched off meanwhile)
     sampled = sampler.start(name) if sampler is not None else None
     t0 = _now()
     try:
-        if _SESSION is not None or (not _QUIET and state.session_for_calls() is not None):
-            return _call(f, name, is_step, args, kwargs, True)
-        if _ON_FIRST_CALL is not None:
-            _ON_FIRST_CALL()
-        if _FLAG._is_profiler_enabled:
-            return _ranged_call(f, name, args, kwargs)
-        return f(*args, **kwargs)
+        return _call(f, name, is_step, args, kwargs, True)
     finally:
         # A call in which a profiler started or stopped (a window's start at its first call,
         # its stop at a step's end) holds the SDK's start or stop: the range's histogram gets
@@ -246,7 +312,7 @@ def _without_own_switches(took: float, t0: float) -> float:
 
 
 def _timed_end(name: str, t0: float, is_step: bool) -> None:
-    """The end of a call, resume or block that took the metrics-only path (``_COUNT_ONLY``
+    """The end of a call, resume or block that took the metrics-only path (``COUNT_ONLY``
     when it began) at ``t0``: its duration into ``name``'s histogram (and the step
     histogram for a step), without the SDK's own profiler starts and stops meanwhile. No
     lock and no state written (``metrics.record`` appends); nothing if metrics went off."""
@@ -257,46 +323,6 @@ def _timed_end(name: str, t0: float, is_step: bool) -> None:
     if _SWITCHED_AT > t0:
         took, is_step = _without_own_switches(took, t0), False
     _record(m, name, took * 1e9, is_step)
-
-
-def _call(
-    f: Callable[..., Any], name: str, is_step: bool, args: Any, kwargs: Any, timed: bool = False
-) -> Any:
-    """A sync call while a session counts steps (the lean twin of ``_enter``/``_exit``).
-    ``timed``: ``_timed`` called it (never hand the call back there: the mirror of the session
-    may lag behind ``session_for_calls``, after a start an exception cut short)."""
-    sess = _SESSION
-    if sess is None:
-        sess = state.session_for_calls()
-        m = _METRICS
-        if m is not None and not timed:  # this call made the session that turned them on
-            return _timed(m, f, name, is_step, args, kwargs)
-    if sess is None or sess._steps_declared:  # root calls do not end steps: no depth needed
-        if is_step and sess is not None:
-            return _step_call(f, name, sess, args, kwargs)
-        try:
-            if _ON_FIRST_CALL is not None:
-                _ON_FIRST_CALL()
-            if _FLAG._is_profiler_enabled:
-                return _ranged_call(f, name, args, kwargs)  # (_ranged, one frame less)
-            return f(*args, **kwargs)
-        finally:
-            if is_step and sess is not None:
-                sess._step_function_returned()
-    depth = _DEPTH.get()
-    token = _DEPTH.set(depth + 1)
-    try:
-        if _ON_FIRST_CALL is not None:
-            _ON_FIRST_CALL()
-        if _FLAG._is_profiler_enabled:
-            return _ranged_call(f, name, args, kwargs)
-        return f(*args, **kwargs)
-    finally:
-        _DEPTH.reset(token)
-        if is_step:
-            sess._step_function_returned()
-        elif depth == 0:
-            sess._root_call_returned()
 
 
 # ---------------------------------------------------------------- tracebacks
@@ -359,9 +385,9 @@ def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...,
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            if _OFF:  # idle and no profiler records: nothing to do (one global, first)
+            if _MODE is None:  # state.IDLE: nothing to do (one global, first)
                 return f(*args, **kwargs)
-            if _COUNT_ONLY is not None and not _is_dynamo_compiling():
+            if _MODE is _COUNT_MODE and not _is_dynamo_compiling():
                 t0 = _now()  # metrics only (nothing else needs the call): timed inline
                 try:
                     return f(*args, **kwargs)
@@ -371,24 +397,17 @@ def _wrap_sync(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...,
                     append((_now() - t0) * 1e9)
                     if len(pending) >= _BATCH:
                         fold(name)
-            if _IDLE:
+            if _MODE is _RANGE_MODE:  # only a range, if a profiler records (not in compiled code)
                 if not _FLAG._is_profiler_enabled or _is_compiling():
                     return f(*args, **kwargs)
-                # someone else's profiler records and no session counts steps: only the range
-                # (``_ranged`` written out: a frame less)
-                if _ON_FIRST_CALL is not None:
-                    _ON_FIRST_CALL()
                 return _ranged_call(f, name, args, kwargs)
             if _is_compiling():
                 if is_step:  # in compiled code the step still ends, right after the graph runs
                     result = f(*args, **kwargs)
-                    _compiled_step_returned()
+                    _compiled_step_returned()  # (in this frame: Dynamo reorders it only here)
                     return result
                 return f(*args, **kwargs)
-            m = _METRICS
-            if m is not None:
-                return _timed(m, f, name, is_step, args, kwargs)
-            return _call(f, name, is_step, args, kwargs)
+            return _call(f, name, is_step, args, kwargs)  # state.SESSION: the slow path
 
         except BaseException as exc:  # the one place it leaves the SDK: without our frames
             _hide_own_frames(exc)
@@ -403,9 +422,9 @@ def _wrap_async(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...
     @functools.wraps(f)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            if _COUNT_ONLY is not None and not _is_dynamo_compiling():
+            if _MODE is _COUNT_MODE and not _is_dynamo_compiling():
                 # metrics only (nothing else needs the call), as the sync wrapper: the
-                # awaited time is the call's, as ``_enter``/``_exit`` time it
+                # awaited time is the call's, as ``Entry`` times it
                 t0 = _now()
                 try:
                     return await f(*args, **kwargs)
@@ -413,13 +432,13 @@ def _wrap_async(f: Callable[..., Any], name: str, is_step: bool) -> Callable[...
                     append((_now() - t0) * 1e9)
                     if len(pending) >= _BATCH:
                         fold(name)
-            if _IDLE and not _FLAG._is_profiler_enabled:
-                return await f(*args, **kwargs)
-            state = _enter(name)
+            if (_MODE is None or _MODE is _RANGE_MODE) and not _FLAG._is_profiler_enabled:
+                return await f(*args, **kwargs)  # nothing needs the call
+            entry = _enter(name)
             try:
                 return await f(*args, **kwargs)
             finally:
-                _exit(state, is_step)
+                entry.close(is_step)
         except BaseException as exc:
             _hide_own_frames(exc)
             raise
@@ -444,23 +463,23 @@ def _wrap_generator(f: Callable[..., Any], name: str, is_step: bool) -> Callable
         value = None
         while True:
             t0 = 0.0
-            if _COUNT_ONLY is not None and not compiling:
-                state = None  # metrics only: the resume is timed here
+            if _MODE is _COUNT_MODE and not compiling:
+                entry = None  # metrics only: the resume is timed here
                 t0 = _now()
-            elif _IDLE and not _FLAG._is_profiler_enabled:
-                state = None
+            elif (_MODE is None or _MODE is _RANGE_MODE) and not _FLAG._is_profiler_enabled:
+                entry = None  # nothing needs the resume
             else:
-                state = _enter(name)
+                entry = _enter(name)
             try:
                 if method is None:
                     item = _next(gen, _DONE) if quiet_end else gen.send(None)
                 else:
                     item = method(value)
             except StopIteration as stop:
-                _generator_ended(state, t0, name, is_step)
+                _generator_ended(entry, t0, name, is_step)
                 return stop.value
             except BaseException as exc:
-                _generator_ended(state, t0, name, False)
+                _generator_ended(entry, t0, name, False)
                 _hide_own_frames(exc)
                 raise
             if item is _DONE:  # the body returned None
@@ -469,10 +488,10 @@ def _wrap_generator(f: Callable[..., Any], name: str, is_step: bool) -> Callable
                     if len(pending) >= _BATCH:
                         fold(name)
                 else:
-                    _generator_ended(state, t0, name, is_step)
+                    _generator_ended(entry, t0, name, is_step)
                 return None
-            if state is not None:
-                _exit(state, False, False)
+            if entry is not None:
+                entry.close(False, False)
             elif t0:  # (``_timed_end`` inlined: a resume that yields, the common one)
                 append((_now() - t0) * 1e9)
                 if len(pending) >= _BATCH:
@@ -501,11 +520,11 @@ never traces a generator's frame that began in eager code (it inlines one made i
 code from its start, where the check reads True)."""
 
 
-def _generator_ended(state: Any, t0: float, name: str, is_step: bool) -> None:
-    """A decorated generator's body returned (or raised: ``is_step`` False): its last
-    resume's range or duration, and the step it ends (``step=True``)."""
-    if state is not None:
-        _exit(state, is_step, False)
+def _generator_ended(entry: Entry | None, t0: float, name: str, is_step: bool) -> None:
+    """A decorated generator's or async generator's body returned (or raised: ``is_step``
+    False): its last resume's range or duration, and the step it ends (``step=True``)."""
+    if entry is not None:
+        entry.close(is_step, False)
         return
     if t0:
         _timed_end(name, t0, is_step)
@@ -553,33 +572,24 @@ def _wrap_async_generator(f: Callable[..., Any], name: str, is_step: bool) -> Ca
         try:
             while True:
                 t0 = 0.0
-                if _COUNT_ONLY is not None and not _is_dynamo_compiling():
-                    state = None  # metrics only, as the generator form
+                if _MODE is _COUNT_MODE and not _is_dynamo_compiling():
+                    entry = None  # metrics only, as the generator form
                     t0 = _now()
-                elif _IDLE and not _FLAG._is_profiler_enabled:
-                    state = None
+                elif (_MODE is None or _MODE is _RANGE_MODE) and not _FLAG._is_profiler_enabled:
+                    entry = None  # nothing needs the resume
                 else:
-                    state = _enter(name)
+                    entry = _enter(name)
                 try:
                     item = await method(value)
                 except StopAsyncIteration:
-                    if state is not None:
-                        _exit(state, is_step, False)
-                    else:
-                        if t0:
-                            _timed_end(name, t0, is_step)
-                        if is_step:
-                            _step_if_counting()
+                    _generator_ended(entry, t0, name, is_step)
                     return
                 except BaseException as exc:
-                    if state is not None:
-                        _exit(state, False, False)
-                    elif t0:
-                        _timed_end(name, t0, False)
+                    _generator_ended(entry, t0, name, False)
                     _hide_own_frames(exc)
                     raise
-                if state is not None:
-                    _exit(state, False, False)
+                if entry is not None:
+                    entry.close(False, False)
                 elif t0:  # (``_timed_end`` inlined: a resume that yields, the common one)
                     append((_now() - t0) * 1e9)
                     if len(pending) >= _BATCH:
@@ -632,41 +642,21 @@ def _kind_wrapper(target: Any) -> Callable[..., Any] | None:
 
 
 def _wrap_callable_object(obj: Any, name: str, is_step: bool) -> Any:
-    # An object whose ``__call__`` is ``async def`` or a generator: its range must cover the
-    # awaited time / only the body's time, like the function forms; inspect does not see
-    # through instances, so look at the class's ``__call__``.
-    make = _kind_wrapper(getattr(type(obj), "__call__", None))  # noqa: B004 - the method itself
-    if make is not None:
-        inner = make(obj, name, is_step)
-
-        def kind_wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-            try:
-                if wrapped is obj:
-                    return inner(*args, **kwargs)
-                return make(wrapped, name, is_step)(*args, **kwargs)  # bound by a descriptor
-            except BaseException as exc:
-                _hide_own_frames(exc)
-                raise
-
-        return wrapt.FunctionWrapper(obj, kind_wrapper)
+    """An object with ``__call__``: a ``wrapt.FunctionWrapper`` (the object's attributes and
+    type checks kept) around the wrapper of its kind, the same as a function's: an object
+    whose ``__call__`` is ``async def`` or a generator gets the range of an async function or
+    a generator (inspect does not see through instances: the class's ``__call__`` tells)."""
+    make = _kind_wrapper(getattr(type(obj), "__call__", None)) or _wrap_sync  # noqa: B004
+    inner = make(obj, name, is_step)
+    sync = make is _wrap_sync
 
     def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         try:
-            if _IDLE:
-                if not _FLAG._is_profiler_enabled or _is_compiling():
-                    return wrapped(*args, **kwargs)
-                return _ranged(wrapped, name, args, kwargs)
-            if _is_compiling():
-                if is_step:
-                    result = wrapped(*args, **kwargs)
-                    _compiled_step_returned()
-                    return result
+            if sync and _MODE is None:  # the sync wrapper's first check, a call less
                 return wrapped(*args, **kwargs)
-            m = _METRICS
-            if m is not None:
-                return _timed(m, wrapped, name, is_step, args, kwargs)
-            return _call(wrapped, name, is_step, args, kwargs)
-
+            if wrapped is obj:
+                return inner(*args, **kwargs)
+            return make(wrapped, name, is_step)(*args, **kwargs)  # bound by a descriptor
         except BaseException as exc:
             _hide_own_frames(exc)
             raise
@@ -821,7 +811,7 @@ class _Profiled:
     One instance may be entered many times at once (recursion, threads, asyncio tasks): each
     entry's state lives in a context variable, so threads and tasks never see each other's.
 
-    The metrics-only path (``_COUNT_ONLY``: metrics on, nothing else needs the block) keeps
+    The metrics-only path (``state.COUNT_ONLY``: metrics on, nothing else needs the block) keeps
     its start time on the instance instead (``_t0``): no context variable set, no session
     asked, no lock, nothing allocated. Only an instance that is not open already takes it
     (``with profiled("x"):`` makes one per block); an entry while it is open (recursion,
@@ -868,7 +858,7 @@ class _Profiled:
         return _wrap(target, self.name, self.step)
 
     def __enter__(self) -> _Profiled:
-        if self._t0 is None and _COUNT_ONLY is not None and not _is_dynamo_compiling():
+        if self._t0 is None and _MODE is _COUNT_MODE and not _is_dynamo_compiling():
             self._t0 = _now()  # metrics only (see the class): ended in __exit__
             return self
         if _is_compiling():
@@ -879,15 +869,15 @@ class _Profiled:
             raise TypeError('the context form needs a name: use `with profiled("name"):`')
         if not self.enabled:
             return self
-        if _IDLE and not _FLAG._is_profiler_enabled:
+        if (_MODE is None or _MODE is _RANGE_MODE) and not _FLAG._is_profiler_enabled:
             if not self.step:
                 # nothing records and no step can end: keep no entry (setting the context
                 # variable twice per block was most of an idle block's cost in a training step)
                 return self
-            state = None
+            entry = None
         else:
-            state = _enter(self.name)
-        _CM_STACK.set(_CM_STACK.get() + ((self, state),))
+            entry = _enter(self.name)
+        _CM_STACK.set(_CM_STACK.get() + ((self, entry),))
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -924,10 +914,10 @@ class _Profiled:
                 self._t0 = None
                 self._timed_exit(_METRICS, took, t0)
             return None
-        state = stack[i][1]
+        entry = stack[i][1]
         _CM_STACK.set(stack[:i] + stack[i + 1 :])
-        if state is not None:
-            _exit(state, self.step)
+        if entry is not None:
+            entry.close(self.step)
         elif self.step:
             _step_if_counting()
         return None

@@ -110,11 +110,11 @@ def _build_ambient() -> Session | None:
         )
         sess = Session(config, exporters, ambient=True)
         if exporters and not any(getattr(e, "takes_windows", True) for e in exporters):
-            sess.finished = True  # metrics exporters only (prometheus): no window to open
+            sess._open_no_windows()  # metrics exporters only (prometheus): no window to open
         elif not exporters:
             # disabled, or nothing would see a window: open none (PROFILED_EXPORTERS=none, or
             # every name unknown, each of which has warned already)
-            sess.finished = True
+            sess._open_no_windows()
             if config.enabled and config.exporters:
                 _warn_once(
                     "no exporter named in PROFILED_EXPORTERS could be used, so no "
@@ -126,12 +126,13 @@ def _build_ambient() -> Session | None:
         # (a program's timeout) waits for the block, so metrics are never left off for good
         with atomic():
             if config.enabled and metrics.wanted(config.metrics, exporters):
-                sess.metrics = metrics.Feed(
+                feed = metrics.Feed(
                     config.metrics_interval_s,
                     sess._pipeline.submit_metrics,
                     lambda: state.set_metrics(False),
                     max_ranges=config.metrics_max_ranges,
                 )
+                sess._use_metrics(feed)
             state.ambient = state.current = sess
             if sess.metrics is not None:
                 state.set_metrics(True, config.metrics_modules, config.metrics_device_every)
@@ -152,16 +153,8 @@ def enter_explicit(sess: Session) -> None:
         if sess.closed:
             raise RuntimeError("this session has ended; create a new one with session(...)")
         amb = state.ambient
-        if amb is not None:
-            with amb._lock:
-                if amb._windows.window is not None:
-                    if not amb._windows.steps:
-                        amb._skip_reason = (
-                            "an explicit session() started before the "
-                            "ambient window recorded a step"
-                        )
-                    amb._windows.end(partial=True)
-                amb._stops.finish_drain(force=True)  # its profiler must stop before ours
+        if amb is not None:  # its profiler must stop before ours
+            amb._give_way("an explicit session() started before the ambient window recorded a step")
         state.cpu_ops.resume_here()  # a stop the timer ended left this thread paused
         state.explicit = state.current = sess
         _register_atexit()
@@ -387,13 +380,14 @@ def _stop_other_threads_windows(sessions: list[Session], until: float) -> None:
         pending = sess._stops.pending
         if pending is not None and not pending.window.owner_gone():
             owner = pending.window.owner
-            sess._skip_reason = (
+            why = (
                 f"the open window's profiler records only the thread that started it "
                 f"({owner.name}{', a daemon thread' if owner.daemon else ''}), which was still "
                 f"running and made no decorated call within {OWNER_WAIT_SHARE:.0%} of "
                 "PROFILED_EXPORT_TIMEOUT_S to stop it; that window is lost"
             )
-            sess._warn(sess._skip_reason)
+            sess._lost(why)
+            sess._warn(why)
 
 
 def reset() -> None:

@@ -1,7 +1,7 @@
 """``instrument_module``: a range for every submodule's forward, named by its module path.
 
 No model code changes: each selected module gets a forward pre-hook that enters the
-decorator's fast range (``decorator._enter``) and a forward hook registered with
+decorator's fast range (``decorator.Entry``) and a forward hook registered with
 ``always_call=True`` that leaves it, so a forward that raises still closes its range. Open
 entries live in one context variable (per thread / asyncio task), innermost last, like the
 context form of ``profiled``. torch runs ``always_call`` hooks only for ``Exception``s; the
@@ -34,7 +34,6 @@ import torch
 from . import _torch, decorator, state
 from .config import enabled_from_env
 from .decorator import (
-    _DEPTH,
     _compiled_step_returned,
     _enter,
     _exit,
@@ -45,10 +44,10 @@ from .decorator import (
 __all__ = ["ModuleHandle", "instrument_module"]
 
 _FLAG = _torch.PROFILER_FLAG
-_range_exit = _torch.range_exit
 _is_compiling = _torch.is_compiling
+_SESSION_MODE = state.SESSION
 
-# Open module ranges of this thread / asyncio task, innermost last: (hooks, decorator state).
+# Open module ranges of this thread / asyncio task, innermost last: (hooks, decorator.Entry).
 _STACK: contextvars.ContextVar[tuple[tuple[Any, Any], ...]] = contextvars.ContextVar(
     "profiled_module_stack", default=()
 )
@@ -74,8 +73,8 @@ class _Hooks:
             return None
         counted = decorator._METRICS is not None and state.metrics_modules
         if not _FLAG._is_profiler_enabled and not counted:
-            if decorator._QUIET:
-                return None
+            if decorator._MODE is not _SESSION_MODE:
+                return None  # no session needs the call
             sess = decorator._SESSION
             if sess is not None and sess._steps_declared:
                 return None  # nothing records and nothing needs the nesting depth
@@ -98,9 +97,9 @@ class _Hooks:
             if stack[i][0] is self:
                 _close_stale(stack[i + 1 :])  # forwards that never reached their hook
                 _STACK.set(stack[:i])
-                _exit(stack[i][1], self.step, self.root)
+                _exit(stack[i][1], self.step, self.root)  # (Entry.close)
                 return None
-        if self.step and not decorator._QUIET:
+        if self.step and decorator._MODE is _SESSION_MODE:
             _step_if_counting()  # the pre-hook had nothing to record; the step still ends
         return None
 
@@ -108,7 +107,7 @@ class _Hooks:
         return f"<module range {self.name!r}{' root' if self.root else ''}>"
 
 
-def _close_stale(entries: tuple[tuple[Any, Any], ...]) -> None:
+def _close_stale(entries: tuple[tuple[_Hooks, decorator.Entry], ...]) -> None:
     """Close ranges whose forward hook never ran, innermost first.
 
     torch runs ``always_call`` hooks only for ``Exception``: a ``KeyboardInterrupt`` in a
@@ -116,13 +115,8 @@ def _close_stale(entries: tuple[tuple[Any, Any], ...]) -> None:
     their modules runs (or an enclosing module's hook does). A module that calls itself
     recursively is therefore one range, from its innermost call.
     """
-    for _, (opened, token, *_rest) in reversed(entries):
-        if opened is not None:  # ``_torch.range_enter``'s holder, never a bare range: its
-            _range_exit(opened)  # profiler may have ended meanwhile (ended there: a segfault)
-        try:
-            _DEPTH.reset(token)
-        except (RuntimeError, ValueError):  # another context (a new notebook cell): let go
-            pass
+    for _, entry in reversed(entries):
+        entry.abandon()
 
 
 class ModuleHandle:

@@ -42,7 +42,7 @@ from .reporting import (
 from .sampling import Action, Schedule
 from .status import SessionStatus
 from .stops import Handed, Stops
-from .window import Windows
+from .window import Now, Windows
 
 __all__ = ["ProfilerWarning", "Session"]
 
@@ -64,7 +64,6 @@ class Session:
         self.exporters = list(exporters)
         self.ambient = ambient
         self.activities = config.activities or _torch.default_activities()
-        self._record_warmup = any(a != "cpu" for a in self.activities)
         self._lock = threading.RLock()
         self._reports = ReportBuilder(
             config,
@@ -75,9 +74,6 @@ class Session:
         )
         self._handed = Handed(self._reports.build, remove_raw)  # (the steps it slows: not judged)
         self._pipeline = ExportPipeline(self.exporters, self._handed.build, self._handed.cleanup)
-        self._window_hooks = [
-            e.window_started for e in self.exporters if callable(getattr(e, "window_started", None))
-        ]
         self._planner = WindowPlanner(
             config.schedule,
             config.sampling,
@@ -86,8 +82,7 @@ class Session:
             slow_step=config.slow_step,
             tell=self._pipeline.notice,  # what a slow step did not open, and why
         )
-        self._stops = Stops(self)
-        self._windows = Windows(self, self._stops)
+        self._stops, self._windows = _parts(self)
         self.step_index = 0  # the step in progress
         self.windows_ended = 0
         self.finished = False  # the schedule can open no more windows
@@ -216,9 +211,42 @@ class Session:
         if not self._steps_declared:
             self._advance()
 
-    def _run_pending_stop(self) -> None:
-        with atomic(), self._lock:
-            self._stops.run_pending()
+    def _declare_steps(self) -> None:
+        """A ``step=True`` decoration was applied (``state.declare_steps``)."""
+        self._steps_declared = True
+
+    def _open_no_windows(self) -> None:
+        """Nothing would see a window (no exporter takes them): decorated calls go idle."""
+        self.finished = True
+
+    def _use_metrics(self, feed: metrics.Feed) -> None:
+        self.metrics = feed  # metrics on
+
+    def _give_way(self, why_if_no_step: str) -> None:
+        """Another session starts: end the open window (``why_if_no_step`` where it recorded
+        no step) and its drain (torch profilers do not overlap)."""
+        with self._lock:
+            if self._windows.window is not None:
+                if not self._windows.steps:
+                    self._skip_reason = why_if_no_step
+                self._windows.end(partial=True)
+            self._stops.finish_drain(force=True)
+
+    def _now(self) -> Now:
+        return Now(
+            self._action, self.step_index, self._step_thread, self.closed, self._window_index
+        )
+
+    def _lost(self, why: str) -> None:
+        """A window is lost or none could open: ``why`` says so where no report comes."""
+        self._skip_reason = why
+
+    def _window_counted(self) -> int:
+        """A stopped window was handed to the pipeline: its index."""
+        index = self._window_index
+        self._window_index += 1
+        self.windows_ended += 1
+        return index
 
     # ------------------------------------------------------------ stepping
 
@@ -330,3 +358,31 @@ class Session:
 
     def _warn(self, message: str) -> None:
         warn(message, ProfilerWarning)
+
+
+def _parts(sess: Session) -> tuple[Stops, Windows]:
+    """A session's stops and window room: they get what they need, and tell what happened
+    through the session's own methods (they hold no session)."""
+    stops = Stops(
+        sess._lock,
+        sess._pipeline,
+        sess._handed,
+        lambda: (sess._step_thread, sess._step_threads_mixed),
+        sess._warn,
+        sess._lost,
+        sess._window_counted,
+        lambda: windows.first_call(),
+    )
+    windows = Windows(
+        sess.config,
+        sess.activities,
+        sess.exporters,
+        sess._planner,
+        sess._reports.ledger,
+        sess._lock,
+        sess._now,
+        sess._warn,
+        sess._lost,
+        stops,
+    )
+    return stops, windows

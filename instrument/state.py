@@ -4,14 +4,17 @@
   ``explicit`` (an open ``with session(...)``) and ``current`` (what decorated calls report to);
   ``shut_down`` after ``shutdown()``;
 - ``overrides``: the fields given to ``configure()``;
-- ``PENDING``: sessions whose window's stop waits for the thread that started it;
+- ``PENDING``: the sessions' stops (``stops.Stops``) whose window's stop waits for the thread
+  that started it;
 - ``cpu_ops``: the threads a deferred stop paused (torch's per-thread RecordFunction switch);
 - ``steps_declared`` and ``RANGE_NAMES``: what decorations applied so far declared;
 - ``metrics_on``: decorated calls time themselves into ``metrics.recorder``;
-- the decorator's hot-path flags (idle, the session calls report to, the first-call hook,
-  the metrics recorder or None):
-  the decorator keeps them as module globals for speed, and only this module writes them
-  (``refresh_idle``, ``set_first_call_hook``), through the writer the decorator registers.
+- the call mode (``mode``: ``IDLE``, ``COUNT_ONLY``, ``RANGE`` or ``SESSION``), computed here
+  whenever what it depends on changes (the idle flag, the first-call hook, metrics, any
+  profiler's start or stop), with what the slow path needs (the session calls report to,
+  the first-call hook, the metrics recorder or None): the decorator keeps them as module
+  globals for speed, and only this module writes them (``refresh_idle``,
+  ``set_first_call_hook``, ``set_metrics``), through the writer the decorator registers.
 
 ``reset()`` puts it all back as a new process has it (for tests); ``_after_fork_in_child`` as a
 forked child must have it. This module imports nothing of the SDK's upper layers: the session
@@ -39,6 +42,7 @@ from .events import gc_paused
 
 if TYPE_CHECKING:
     from .sessions import Session
+    from .stops import Stops
 
 Hook = Callable[[], None]
 """The first-call hook: run by the next decorated call (see ``window.Windows.first_call``)."""
@@ -55,8 +59,8 @@ explicit: Session | None = None
 current: Session | None = None  # explicit or ambient: what decorated calls report to
 shut_down = False
 overrides: dict[str, Any] = {}
-PENDING: list[Session] = []
-"""Sessions whose window's stop waits for the thread that started it."""
+PENDING: list[Stops] = []
+"""The sessions' stops whose window's stop waits for the thread that started it."""
 atexit_registered = False
 exporter_warnings_seen: set[str] = set()
 helper_warned = False
@@ -145,13 +149,66 @@ bound by ``instrument.sessions`` at import."""
 enter_explicit: Callable[[Session], None] = lambda session: None  # noqa: E731
 exit_explicit: Callable[[Session], None] = lambda session: None  # noqa: E731
 """``with session(...)``'s entry and exit: bound by ``instrument.lifetime`` at import."""
-Mirror = Callable[[bool, "Session | None", "Hook | None", "metrics.Recorder | None"], None]
-_mirror: Mirror = lambda idle, session, hook, recorder: None  # noqa: E731
+Mirror = Callable[["int | None", "Session | None", "Hook | None", "metrics.Recorder | None"], None]
+_mirror: Mirror = lambda mode, session, hook, recorder: None  # noqa: E731
 metrics_on = False
 metrics_modules = False  # instrument_module's ranges are counted too
 _idle = False
 _session: Session | None = None
 _hook: Hook | None = None
+
+
+# ---------------------------------------------------------------- the call mode
+
+IDLE = None
+"""Nothing needs a decorated call: no session counts steps, metrics are off, no first-call
+hook waits and no torch profiler records (every start and stop is seen: ``_torch.SWITCHES_SEEN``).
+The call is the function's. None: the wrapper's first check is one jump on None (an int's
+truth test cost the idle call ~5 ns, 4% of it, on the 2-core VM)."""
+RANGE = 1
+"""No session, metrics or hook needs the call, but a torch profiler may record (the program's
+own, or one whose starts this process cannot see): the call is a range if one records."""
+COUNT_ONLY = 2
+"""Metrics are on and nothing else needs the call (no session, no first-call hook, no
+device-time sampling, no profiler recording): the call times itself into its histogram."""
+SESSION = 3
+"""Anything else (a session counts steps, a first-call hook waits, metrics need more than a
+duration): the slow path, one for every call form (``decorator._call`` around a call,
+``decorator.Entry`` for the forms that open and close). In any other mode no session needs
+the call. The modes are compared by identity (``mode is RANGE``)."""
+Mode = int | None
+mode: Mode = IDLE
+"""What a decorated call does now (one of the four above): written with the
+decorator's copy under ``mirror_lock`` (``_apply``); the hot path reads only that copy."""
+
+
+def _call_mode(idle_now: bool, hook: Hook | None, recorder: metrics.Recorder | None) -> Mode:
+    if hook is not None or not idle_now:
+        return SESSION
+    unseen_or_on = not _torch.SWITCHES_SEEN or _torch.profiler_on()
+    if recorder is None:
+        return RANGE if unseen_or_on else IDLE
+    if recorder.device is None and not unseen_or_on:
+        return COUNT_ONLY
+    return SESSION
+
+
+def _apply() -> None:
+    """Under ``mirror_lock``: the mode from what it depends on, into the decorator's copy."""
+    global mode
+    recorder = metrics.recorder if metrics_on else None
+    mode = _call_mode(_idle, _hook, recorder)
+    _mirror(mode, _session, _hook, recorder)
+
+
+def _profiler_switched() -> None:
+    """After every start and stop of any torch profiler (``_torch.on_switch``): the mode
+    depends on whether one records."""
+    with mirror_lock:
+        _apply()
+
+
+_torch.on_switch(_profiler_switched)
 
 
 def bind(
@@ -180,9 +237,10 @@ that a decorated call in a steady state writes none (``tests/test_call_forms.py`
 
 def _write(idle: bool, session: Session | None, hook: Hook | None) -> None:
     global _idle, _session, _hook, writes
-    writes += 1
-    _idle, _session, _hook = idle, session, hook
-    _mirror(idle, session, hook, metrics.recorder if metrics_on else None)
+    with mirror_lock:
+        writes += 1
+        _idle, _session, _hook = idle, session, hook
+        _apply()
 
 
 def set_metrics(on: bool, modules: bool = False, device_every: int = 0) -> None:
@@ -214,7 +272,7 @@ def declare_steps() -> None:
     steps_declared = True
     for sess in (ambient, explicit):
         if sess is not None:
-            sess._steps_declared = True
+            sess._declare_steps()
 
 
 # ---------------------------------------------------------------- the CPU-op pause
@@ -323,9 +381,9 @@ def refresh_idle() -> None:
 
 def run_pending_stops() -> None:
     """Stop the windows that wait for this thread (or whose thread has ended)."""
-    for sess in list(PENDING):
-        if sess._stops.pending_is_here():  # checked before any lock: calls stay cheap
-            sess._run_pending_stop()
+    for stops in list(PENDING):
+        if stops.pending_is_here():  # checked before any lock: calls stay cheap
+            stops.run_pending_here()
 
 
 def resume_idle_thread() -> None:

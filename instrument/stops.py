@@ -7,6 +7,11 @@ were short is not stopped at its end but once the event recorded there has compl
 Kineto processes its buffers. A stopped window goes to the session's pipeline (``hand_over``).
 A window the program's own torch.profiler overtook is abandoned, never stopped (that would end
 the program's). Every method runs under the session's lock.
+
+``Stops`` holds no session: what it needs comes in as arguments (the session's lock, pipeline,
+``Handed`` count, who steps), and what happens goes back through the session's own methods it
+was given (``lost``: why a window is lost; ``counted``: a window handed over, its index) or
+the values its methods return.
 """
 
 from __future__ import annotations
@@ -16,14 +21,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import _torch, ledger, reporting, state
+from ._atomic import atomic
 from .report import WindowReason
 from .reporting import EndedWindow
-
-if TYPE_CHECKING:
-    from .sessions import Session
 
 TORCH_FAILURES: tuple[type[BaseException], ...] = (
     RuntimeError,  # torch's C++ errors (and their subclasses)
@@ -129,11 +132,25 @@ class Handed:
             self.done += 1
 
 
-@dataclass
+@dataclass(eq=False)  # (compared by identity: ``state.PENDING`` holds them)
 class Stops:
-    """A session's deferred and pending stops."""
+    """A session's deferred and pending stops.
 
-    session: Session
+    ``lock``: the session's (the drain's timer and a pending stop's owner take it);
+    ``pipeline`` and ``handed``: where stopped windows go, and their count; ``stepping()``:
+    the thread of the session's last step and whether steps came from more than one;
+    ``warn(message)``: the session's warning; ``lost(why)``: a window is lost, ``why`` is the
+    session's reason for no report; ``counted()``: a window was handed over, its index;
+    ``first_call``: the window room's first-call hook (a pending stop runs there)."""
+
+    lock: Any
+    pipeline: Any
+    handed: Handed
+    stepping: Callable[[], tuple[int | None, bool]]
+    warn: Callable[[str], None]
+    lost: Callable[[str], None]
+    counted: Callable[[], int]
+    first_call: Callable[[], None]
     draining: DeferredStop | None = None
     pending: PendingStop | None = None
     # the last deferred stops, (steps waited, kernels had run): for the benches
@@ -145,8 +162,7 @@ class Stops:
     def busy(self) -> bool:
         """The last window is still stopping (a deferred stop), or being analysed or exported:
         the steps meanwhile are slowed by it (``SlowSteps.ended``'s ``busy``)."""
-        sess = self.session
-        return self.draining is not None or sess._handed.busy(sess._pipeline)
+        return self.draining is not None or self.handed.busy(self.pipeline)
 
     def defer(self, window: _torch.ProfilerWindow, event: Any, recorded: Recorded) -> None:
         """Let the profiler run on until ``event`` has completed (``finish_drain``, at a later
@@ -154,25 +170,25 @@ class Stops:
         works through the steps queued meanwhile. What it records after the window's end
         marker is cut from the report and the trace. The stepping thread's CPU ops pause
         meanwhile (``DRAIN_PAUSES_CPU_OPS``)."""
-        sess = self.session
         timer = threading.Timer(DRAIN_MAX_S, self._timed_out, (window,))
         timer.daemon = True
         timer.name = "torch-profiled-drain"
         drain = DeferredStop(window, event, recorded, timer)
+        step_thread, mixed = self.stepping()
         if (
             DRAIN_PAUSES_CPU_OPS
-            and not sess._step_threads_mixed
-            and sess._step_thread == threading.get_ident()
+            and not mixed
+            and step_thread == threading.get_ident()
             and state.cpu_ops.pause()
         ):
-            drain.paused_thread = sess._step_thread
+            drain.paused_thread = step_thread
         self.draining = drain
         timer.start()
 
     def _timed_out(self, window: _torch.ProfilerWindow) -> None:
         """DRAIN_MAX_S after a deferred stop began and no step ended it (the program stopped
         stepping): stop it from this timer thread (or leave the stop to the window's thread)."""
-        with self.session._lock:
+        with self.lock:
             if self.draining is not None and self.draining.window is window:
                 self.finish_drain(force=True)
 
@@ -248,9 +264,9 @@ class Stops:
                 then()
             return
         self.pending = PendingStop(window, sync, lost, then)
-        if self.session not in state.PENDING:
-            state.PENDING.append(self.session)
-        state.set_first_call_hook(self.session._windows.first_call)
+        if self not in state.PENDING:
+            state.PENDING.append(self)
+        state.set_first_call_hook(self.first_call)
         state.refresh_idle()  # a closed session's calls must still come to stop it
 
     def pending_is_here(self) -> bool:
@@ -259,6 +275,11 @@ class Stops:
         return pending is not None and (
             pending.window.stoppable_here() or pending.window.owner_gone()
         )
+
+    def run_pending_here(self) -> None:
+        """``run_pending`` under the session's lock (``state.run_pending_stops``)."""
+        with atomic(), self.lock:
+            self.run_pending()
 
     def run_pending(self) -> None:
         """Do the stop ``stop_then`` left for the window's owner thread, if this is that
@@ -270,7 +291,7 @@ class Stops:
         if window.owner_gone():
             self.pending = None
             window.forget()
-            self.session._warn(
+            self.warn(
                 f"the thread that recorded a window ({window.owner.name}) ended "
                 "before it could stop its profiler; that window is lost"
             )
@@ -279,8 +300,8 @@ class Stops:
             self.stop_then(window, sync=pending.sync, lost=pending.lost, then=pending.then)
         else:
             return
-        if self.session in state.PENDING:
-            state.PENDING.remove(self.session)
+        if self in state.PENDING:
+            state.PENDING.remove(self)
         if not state.PENDING:
             state.refresh_idle()  # calls may go idle again
 
@@ -291,14 +312,14 @@ class Stops:
         the program started while the window recorded took torch's profiling state over:
         stopping ours would end the program's (and crash its trace export), so the window is
         abandoned instead, with a warning, and the program's profiler runs on."""
-        sess = self.session
         if window.overtaken():
-            sess._skip_reason = (
+            why = (
                 "your own torch.profiler started while a torch-profiled window recorded; torch "
                 "profilers do not nest, so torch-profiled dropped its window and left yours "
                 "alone"
             )
-            sess._warn(sess._skip_reason)
+            self.lost(why)
+            self.warn(why)
             window.abandon()
             return False
         began = time.perf_counter_ns()
@@ -306,7 +327,7 @@ class Stops:
             with state.own_switch():  # the metrics take it out of the call it lands in
                 window.stop(sync=sync)
         except TORCH_FAILURES as exc:  # anything else is the program's own (see above)
-            sess._warn(f"the profiler could not be stopped cleanly ({exc!r}){lost}")
+            self.warn(f"the profiler could not be stopped cleanly ({exc!r}){lost}")
             return False
         finally:
             self.stop_stall_ns += time.perf_counter_ns() - began
@@ -316,10 +337,7 @@ class Stops:
         self, window: _torch.ProfilerWindow, recorded: Recorded, *, deferred: bool = False
     ) -> None:
         """A stopped window goes to the pipeline (its report is built on the worker)."""
-        sess = self.session
-        index = sess._window_index
-        sess._window_index += 1
-        sess.windows_ended += 1
+        index = self.counted()
         ended = EndedWindow(
             window,
             index,
@@ -337,12 +355,12 @@ class Stops:
             ended.cost = recorded.cost
         self.stop_stall_ns = 0
         reporting.pending(ended)  # its trace is written before the next window starts
-        taken = sess._pipeline.submit(ended, lambda: reporting.forget(ended))
+        taken = self.pipeline.submit(ended, lambda: reporting.forget(ended))
         if taken:
-            sess._handed.handed += 1
+            self.handed.handed += 1
         else:
             reporting.forget(ended)
-            sess._warn(
+            self.warn(
                 f"window {index} was still open at the session's end, and torch's stop of it "
                 "(synchronous, no deadline can cut it short: it grows with the window's "
                 "events) took past PROFILED_EXPORT_TIMEOUT_S; its report was dropped, not "

@@ -9,6 +9,11 @@ session's pipeline.
 Every method runs under the session's lock, in an ``atomic()`` block where it starts or stops a
 profiler. The session calls ``transition`` at each step boundary, which calls them through
 the table ``TRANSITIONS``.
+
+``Windows`` holds no session: its configuration and the session's parts it uses (planner,
+cost ledger, stops, lock) come in as arguments, the session's step as ``now()`` (``Now``), and
+what happens goes back through the session's methods it was given (``lost(why)``: why no
+report came; ``warn``) or what its methods return.
 """
 
 from __future__ import annotations
@@ -16,21 +21,20 @@ from __future__ import annotations
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, NamedTuple
 
 from exporters._warn import warn
 
 from . import _torch, ledger, reporting, state, stops
 from ._atomic import atomic
+from .config import Config
 from .pipeline import describe
 from .report import WindowReason
 from .sampling import Action
 from .stops import TORCH_FAILURES, Recorded, Stops
 from .tracefile import STEP_MARKER, WINDOW_END
-
-if TYPE_CHECKING:
-    from .sessions import Session
 
 # What happens at a step boundary, by (previous action, this step's action), after torch's
 # ``action_map``: "save" ends the window (its report is exported), "discard" drops it, "open"
@@ -54,11 +58,34 @@ for _prev in _A:
 del _prev, _cur, _steps
 
 
+class Now(NamedTuple):
+    """Where the session is, as a window's first decorated call needs it (``Windows.now``)."""
+
+    action: Action  # the step in progress's
+    step: int
+    step_thread: int | None  # the thread of the last step
+    closed: bool
+    window_index: int  # the index the open window's report will have
+
+
 @dataclass
 class Windows:
-    """The open window of a session and its transitions; its stop is ``stops``'."""
+    """The open window of a session and its transitions; its stop is ``stops``'.
 
-    session: Session
+    ``config``, ``activities``, ``exporters`` (those with ``window_started`` are told when a
+    window begins: ``window_hooks``); ``planner`` and ``costs``:
+    the session's window policy and cost ledger; ``lock``: the session's; ``now()``: where
+    the session is; ``warn(message)``; ``lost(why)``: why the session has no report."""
+
+    config: Config
+    activities: tuple[str, ...]
+    exporters: list[Any]
+    planner: Any
+    costs: ledger.Ledger
+    lock: Any
+    now: Callable[[], Now]
+    warn: Callable[[str], None]
+    lost: Callable[[str], None]
     stops: Stops
     window: _torch.ProfilerWindow | None = None
     steps: list[int] = field(default_factory=list)
@@ -69,6 +96,14 @@ class Windows:
     start_due: bool = False  # its profiler waits for the step's first decorated call
     reason: WindowReason | None = None  # why the open window opened (the planner's)
     cost: ledger.Entry | None = None  # the open window's figures as the caller measures them
+    record_warmup: bool = field(init=False)  # a device: record from the first warm-up step
+    window_hooks: list[Callable[[int], Any]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.record_warmup = any(a != "cpu" for a in self.activities)
+        self.window_hooks = [
+            e.window_started for e in self.exporters if callable(getattr(e, "window_started", None))
+        ]
 
     def transition(self, prev: Action, cur: Action, step: int, *, lazy: bool = False) -> None:
         """Do what ``TRANSITIONS`` names for (prev, cur) at the boundary into ``step``."""
@@ -89,34 +124,33 @@ class Windows:
 
     def open(self) -> bool:
         """A new window (not started); False, with the session's reason, where none can be."""
-        sess = self.session
         self.stops.finish_drain(force=True)  # torch profilers do not overlap
         self.stops.resume_cpu_ops()
         if state.PENDING:
             state.run_pending_stops()
             if state.PENDING:
-                sess._skip_reason = (
+                self.lost(
                     "a window's profiler records only the thread that started it, and that "
                     "thread has not come back to stop it, so the next window could not start"
                 )
                 return False
         if _torch.end_orphaned_profiler():
-            sess._warn(
+            self.warn(
                 "a profiler of torch-profiled's was still on with no window to end it "
                 "(a start or stop cut short); it was switched off, its events dropped"
             )
         if _torch.profiler_on():
-            sess._skip_reason = foreign_reason()
+            self.lost(foreign_reason())
             return False
-        config = sess.config
-        cost, detail = _opened(sess)
+        config = self.config
+        cost, detail = self._opened()
         try:
             # Not prepared here: Kineto is prepared and started together at the first
             # recorded step. A prepared CUDA profiler makes a profiler the user starts during
             # our warm-up fail in its own prepare (seen on an H200 with torch 2.11), and
             # telemetry must never break the program. Warm-up steps are still counted.
             window = _torch.ProfilerWindow(
-                sess.activities,
+                self.activities,
                 record_shapes=(config.record_shapes and detail) or config.with_flops,
                 profile_memory=config.profile_memory and detail,
                 with_stack=config.with_stack and detail,
@@ -124,11 +158,11 @@ class Windows:
                 all_threads=config.all_threads,
             )
         except TORCH_FAILURES as exc:
-            sess._skip_reason = f"the profiler could not be prepared ({describe(exc)})"
-            sess._warn(f"the profiler could not be prepared ({describe(exc)}); window skipped")
+            self.lost(f"the profiler could not be prepared ({describe(exc)})")
+            self.warn(f"the profiler could not be prepared ({describe(exc)}); window skipped")
             return False
         self.window = window
-        self.reason = sess._planner.reason
+        self.reason = self.planner.reason
         self.cost = cost
         self.steps = []
         self.active_started = False
@@ -148,7 +182,7 @@ class Windows:
         window = self.window
         if window is None:  # this cycle's window could not open: wait for the next one
             return
-        if cur is Action.WARMUP and not self.session._record_warmup:
+        if cur is Action.WARMUP and not self.record_warmup:
             return
         if not window.recording:
             if lazy:
@@ -164,22 +198,21 @@ class Windows:
             self.active_started = True
             self.start_ns = self.step_start_ns
             self.told = False
-            if self.session._window_hooks or state.cpu_ops:
+            if self.window_hooks or state.cpu_ops:
                 state.set_first_call_hook(self.first_call)
         mark(STEP_MARKER + str(step))
 
-    def start_if_due(self, action: Action, step: int) -> None:
+    def start_if_due(self, now: Now) -> None:
         """The ambient session's first decorated call of the step: start a due window."""
-        sess = self.session
         if (
             self.start_due
             and self.window is not None
-            and not sess.closed
-            and (sess.config.all_threads or threading.get_ident() == sess._step_thread)
+            and not now.closed
+            and (self.config.all_threads or threading.get_ident() == now.step_thread)
         ):
             self.start_due = False
             with atomic():
-                self.begin(action, step)
+                self.begin(now.action, now.step)
 
     def first_call(self) -> None:
         """The first decorated call of a window (``state.set_first_call_hook``), on its
@@ -189,36 +222,35 @@ class Windows:
         state.cpu_ops.resume_here()
         if state.PENDING:
             state.run_pending_stops()
-        sess = self.session
-        with sess._lock:
-            self.start_if_due(sess._action, sess.step_index)
+        with self.lock:
+            now = self.now()
+            self.start_if_due(now)
             if not state.cpu_ops and not state.PENDING and not self.start_due:
                 state.set_first_call_hook(None)
             if self.window is None or not self.active_started or self.told:
                 return
             self.told = True
-            index = sess._window_index
-        for hook in sess._window_hooks:
+            index = now.window_index
+        for hook in self.window_hooks:
             try:
                 hook(index)
             except Exception as exc:  # noqa: BLE001 - telemetry never breaks the program
                 owner = type(getattr(hook, "__self__", hook)).__name__  # its repr may raise
-                sess._warn(
+                self.warn(
                     f"exporter {owner}'s window_started raised {describe(exc, Exception)} at "
                     "window start; ignored"
                 )
 
     def _start(self, window: _torch.ProfilerWindow) -> bool:
-        sess = self.session
         if _torch.profiler_on():  # the user's profiler started during our warm-up
-            sess._skip_reason = foreign_reason()
+            self.lost(foreign_reason())
             self.drop()
             return False
         began = time.perf_counter_ns()
         try:
             started = start_keeping_warnings(window)
         except TORCH_FAILURES as exc:
-            sess._warn(f"the profiler could not start ({describe(exc)}); window skipped")
+            self.warn(f"the profiler could not start ({describe(exc)}); window skipped")
             self.discard()
             return False
         except BaseException:
@@ -231,9 +263,7 @@ class Windows:
             if self.cost is not None:
                 self.cost.start_stall_ns += time.perf_counter_ns() - began
         if not started:  # another session's window (ending on its thread) is on
-            sess._skip_reason = (
-                "another torch-profiled window's profiler was still on when this one was due"
-            )
+            self.lost("another torch-profiled window's profiler was still on when this one was due")
             self.drop()
             return False
         return True
@@ -278,7 +308,6 @@ class Windows:
         self, window: _torch.ProfilerWindow, steps: tuple[int, ...], partial: bool
     ) -> None:
         """The ended window's stop: now, or deferred until its kernels have run."""
-        sess = self.session
         if window.recording and not window.overtaken():
             mark(WINDOW_END)
         end_ns = time.time_ns()
@@ -287,9 +316,9 @@ class Windows:
             # its last recorded step, not with the idle time until this stop
             end_ns = self.step_start_ns
         recorded = Recorded(steps, partial, self.start_ns, end_ns, self.reason, self.cost)
-        sess._reports.ledger.ended()  # window-free steps count from here
+        self.costs.ended()  # window-free steps count from here
         self.stops.stop_stall_ns = 0
-        sess._planner.window_ended()
+        self.planner.window_ended()
         short_steps = steps and (recorded.end_ns - recorded.start_ns) / len(steps) < (
             stops.DEFER_MAX_STEP_NS
         )
@@ -305,6 +334,15 @@ class Windows:
         else:  # (~20-30 ms less on an H200 than torch's synchronising stop)
             self.stops.defer(window, event, recorded)
 
+    def _opened(self) -> tuple[ledger.Entry, bool]:
+        """A window opens: its ledger entry (the budget may back off here), and whether it
+        records the detail (stacks, shapes, memory: the budget's first back-off turns it
+        off)."""
+        config = self.config
+        detail_on = config.record_shapes or config.profile_memory or config.with_stack
+        cost = self.costs.opened(bool(detail_on), self.planner.halve_frequency)
+        return cost, not self.costs.detail_off
+
     def overtaken_and_off(self) -> bool:
         """A profiler of the program's started and stopped while the window recorded (on its
         thread, or any for an all-threads window): its exit ended ours."""
@@ -315,15 +353,6 @@ class Windows:
             and window.overtaken()
             and not _torch.profiler_on()
         )
-
-
-def _opened(sess: Session) -> tuple[ledger.Entry, bool]:
-    """A window opens: its ledger entry (the budget may back off here), and whether it
-    records the detail (stacks, shapes, memory: the budget's first back-off turns it off)."""
-    config, costs = sess.config, sess._reports.ledger
-    detail_on = config.record_shapes or config.profile_memory or config.with_stack
-    cost = costs.opened(bool(detail_on), sess._planner.halve_frequency)
-    return cost, not costs.detail_off
 
 
 def foreign_reason() -> str:

@@ -717,7 +717,7 @@ def test_recorded_warmup_is_dropped_from_the_report_and_the_trace(tmp_path, monk
         activities=["cpu"],
         exporters=[mem, TraceFileExporter(tmp_path, gzip=False)],
     )
-    s._record_warmup = True  # what a session whose activities include a device does
+    s._windows.record_warmup = True  # what a session whose activities include a device does
     with s:
         for _ in range(2):
             warm_only()
