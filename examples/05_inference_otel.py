@@ -41,7 +41,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from instrument import configure, profiled, shutdown
-from instrument.sampling import Schedule
+from instrument.runtime.sampling import Schedule
 
 REQUESTS = int(os.environ.get("REQUESTS", "12"))
 

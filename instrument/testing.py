@@ -19,8 +19,8 @@ from typing import Any
 
 from exporters import InMemoryExporter
 
-from . import lifetime
-from .sessions import Session
+from .runtime import lifetime
+from .runtime.profiling_session import Session
 
 __all__ = ["Capture", "capture", "reset"]
 

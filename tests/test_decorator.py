@@ -33,7 +33,7 @@ import torch
 import instrument
 from exporters import InMemoryExporter, TraceFileExporter
 from instrument import ProfilerWarning, Schedule, profiled
-from instrument import decorator as _decorator
+from instrument.runtime import decorator as _decorator
 from instrument.testing import capture
 from tests import _targets
 from tests.conftest import counting_ambient

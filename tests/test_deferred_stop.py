@@ -24,8 +24,9 @@ import pytest
 import torch
 
 import instrument
-from instrument import Schedule, _torch, profiled, state  # noqa: E402
-from instrument import stops as stops_mod
+from instrument import Schedule, profiled
+from instrument.runtime import _torch, state  # noqa: E402
+from instrument.runtime import stops as stops_mod
 from instrument.testing import InMemoryExporter, capture
 from tests import _early, _proc
 
@@ -171,7 +172,8 @@ def test_closing_the_session_stops_a_deferred_window(stand_in):
 _PROGRAM = """
 import json, sys, warnings
 import torch
-from instrument import Schedule, _torch, profiled, session
+from instrument import Schedule, profiled, session
+from instrument.runtime import _torch
 from instrument import ProfilerWarning
 
 {setup}
@@ -200,7 +202,7 @@ print(json.dumps({{"said": said, "steps": names.count("step"), "mul": "aten::mul
 """
 
 _STAND_IN = """
-from instrument import _torch, stops
+from instrument.runtime import _torch, stops
 stops.DRAIN_MAX_S = 600.0  # the drain ends at a step, never by the timer (a loaded box's pace)
 class Event:
     def query(self): return False
@@ -473,7 +475,7 @@ def test_after_shutdown_on_another_thread_the_paused_thread_records_again(
     assert [r.steps for r in mem.reports] == [(1, 2, 3)] and not _torch.profiler_on()
     {"step": work, "decorated call": helper, "flush": instrument.flush}[then]()
     assert not state.cpu_ops.paused and _records_cpu_ops()
-    assert instrument.decorator._IDLE  # and calls are idle again once nobody is paused
+    assert instrument.runtime.decorator._IDLE  # and calls are idle again once nobody is paused
 
 
 def test_a_thread_paused_by_a_sessions_last_window_records_again(stand_in, monkeypatch, a):
@@ -490,7 +492,7 @@ def test_a_thread_paused_by_a_sessions_last_window_records_again(stand_in, monke
         assert sess._stops.draining is None and sess.finished
         a.steps(1)
         assert not state.cpu_ops.paused
-        assert instrument.decorator._IDLE
+        assert instrument.runtime.decorator._IDLE
     assert [r.steps for r in cap.reports] == [(1, 2, 3)]
 
 
@@ -532,11 +534,11 @@ def test_a_thread_that_ends_paused_no_longer_keeps_calls_awake(stand_in, monkeyp
     a.steps(4)  # A ends the window: paused
     assert state.cpu_ops.paused == {a.ident}
     instrument.shutdown()  # here: the drain stops here, A stays paused
-    assert state.cpu_ops.paused == {a.ident} and not instrument.decorator._IDLE
+    assert state.cpu_ops.paused == {a.ident} and not instrument.runtime.decorator._IDLE
     a.stop()  # A ends without another decorated call
     assert not state.cpu_ops.paused
     helper()
-    assert instrument.decorator._IDLE
+    assert instrument.runtime.decorator._IDLE
 
 
 def test_a_refresh_that_read_before_configure_does_not_undo_it(monkeypatch):
@@ -549,7 +551,7 @@ def test_a_refresh_that_read_before_configure_does_not_undo_it(monkeypatch):
     )
     for _ in range(3):
         work()
-    assert state.current.finished and instrument.decorator._IDLE
+    assert state.current.finished and instrument.runtime.decorator._IDLE
     real_write = state._write
     configured = threading.Event()
 
@@ -578,9 +580,10 @@ _FORK = """
 import os, threading, time
 import torch
 import instrument
-from instrument import Schedule, profiled, _torch
+from instrument import Schedule, profiled
+from instrument.runtime import _torch
 from instrument.testing import InMemoryExporter
-from instrument import state, stops as stops_mod
+from instrument.runtime import state, stops as stops_mod
 {stand_in}
 stops_mod.DRAIN_MAX_S = 0.2
 

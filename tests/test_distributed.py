@@ -15,10 +15,11 @@ import pytest
 
 import instrument
 from exporters import InMemoryExporter
-from instrument import Config, ConfigWarning, Schedule, _torch, decorator, profiled, state
-from instrument import config as config_mod
-from instrument.ranks import LAUNCHER_VARS, RankSet, launcher_ranks_from_env
-from instrument.sampling import Sampling
+from instrument import Config, ConfigWarning, Schedule, profiled
+from instrument.runtime import _torch, decorator, state
+from instrument.runtime import config as config_mod
+from instrument.runtime.ranks import LAUNCHER_VARS, RankSet, launcher_ranks_from_env
+from instrument.runtime.sampling import Sampling
 from instrument.testing import capture
 from tests import _proc
 from tests._records import window_records

@@ -38,8 +38,8 @@ from exporters import (
 )
 from exporters.console import WIDTH, format_report, format_time_us
 from instrument import Schedule, WindowReport, profiled
-from instrument.pipeline import export_report
-from instrument.report import FrozenMap, OpStats, RangeStats
+from instrument.base.report import FrozenMap, OpStats, RangeStats
+from instrument.export.pipeline import export_report
 from instrument.testing import capture
 
 HTA_RANK = re.compile(r'"rank":\s+(\d+)')  # Holistic Trace Analysis finds a file's rank so

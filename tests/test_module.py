@@ -14,8 +14,8 @@ from torch import nn
 import instrument
 from exporters import TraceFileExporter
 from instrument import Schedule, instrument_module, profiled
-from instrument import decorator as _decorator
-from instrument import module as _module
+from instrument.runtime import decorator as _decorator
+from instrument.runtime import module as _module
 from instrument.testing import capture
 from tests.conftest import counting_ambient
 

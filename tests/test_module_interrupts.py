@@ -23,8 +23,8 @@ import json, os, signal, sys, threading, time
 import torch
 from torch import nn
 from instrument import Schedule, instrument_module
-from instrument import decorator as _decorator
-from instrument import module as _module
+from instrument.runtime import decorator as _decorator
+from instrument.runtime import module as _module
 from instrument.testing import capture
 
 MODE = sys.argv[1]

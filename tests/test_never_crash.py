@@ -15,7 +15,8 @@ import time
 import pytest
 import torch
 
-from instrument import Schedule, _torch, profiled
+from instrument import Schedule, profiled
+from instrument.runtime import _torch
 from instrument.testing import capture
 from tests import _proc
 from tests._records import window_records
@@ -207,7 +208,8 @@ def test_free_running_threads_with_configure_and_flush(ahead, request):
 STORM = """
 import os, signal, sys, time, torch
 import instrument
-from instrument import profiled, step, _torch
+from instrument import profiled, step
+from instrument.runtime import _torch
 
 class Tick(Exception):
     pass
@@ -370,7 +372,8 @@ def test_a_window_is_stopped_only_by_the_thread_that_started_it():
 
 OWNER_ENDS = """
 import threading, torch, instrument
-from instrument import profiled, Schedule, _torch
+from instrument import profiled, Schedule
+from instrument.runtime import _torch
 
 @profiled("w", step=True)
 def w():
@@ -427,7 +430,8 @@ def test_a_range_held_across_the_programs_own_profiler_restart(ahead, request):
 OTHER_THREAD_PROFILER = """
 import threading, torch, instrument
 from torch.profiler import profile, ProfilerActivity
-from instrument import profiled, _torch
+from instrument import profiled
+from instrument.runtime import _torch
 
 @profiled("work")
 def work(x):
@@ -517,7 +521,8 @@ def test_children_forked_while_another_thread_runs_windows_never_hang(ahead, req
 FORK_WHILE_OWNER_HOLDS_LOCK = """
 import os, threading, time, torch
 from exporters import InMemoryExporter
-from instrument import Schedule, _torch, profiled, session
+from instrument import Schedule, profiled, session
+from instrument.runtime import _torch
 
 @profiled("work")
 def work():

@@ -10,13 +10,8 @@ import pytest
 
 import instrument
 from exporters import ExporterWarning
-from instrument import (
-    _torch,
-    decorator,
-    profiled,
-    state,  # noqa: E402
-    step,
-)
+from instrument import profiled, step
+from instrument.runtime import _torch, decorator, state
 
 
 @profiled("f")

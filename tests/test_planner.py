@@ -9,7 +9,7 @@ import pathlib
 import pytest
 import torch
 
-from instrument.planner import (
+from instrument.runtime.planner import (
     PERIOD_MATCHES,
     SLOW_SETTLE_MAX_NS,
     SLOW_SETTLE_STEPS,
@@ -18,7 +18,7 @@ from instrument.planner import (
     Plan,
     WindowPlanner,
 )
-from instrument.sampling import Action, Sampling, Schedule
+from instrument.runtime.sampling import Action, Sampling, Schedule
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

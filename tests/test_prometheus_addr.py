@@ -10,9 +10,9 @@ import warnings
 
 import pytest
 
-from exporters._settings import addr_family, parse_addr
 from instrument import Config, ConfigWarning
-from instrument import config as config_mod
+from instrument.base.settings import addr_family, parse_addr
+from instrument.runtime import config as config_mod
 
 GOOD = {
     "[::1]:0": ("::1", 0, socket.AF_INET6),

@@ -9,8 +9,8 @@ import torch
 
 from exporters import InMemoryExporter
 from instrument import Schedule, configure, flush, profiled, session
-from instrument.config import Config, ConfigWarning
-from instrument.sampling import Sampling, draw
+from instrument.runtime.config import Config, ConfigWarning
+from instrument.runtime.sampling import Sampling, draw
 from tests import _early, _proc
 
 X = torch.randn(8, 8)
@@ -108,7 +108,7 @@ def test_sample_rate_windows_are_the_ones_the_pure_function_names():
 
 
 def test_rate_zero_opens_nothing_and_leaves_calls_idle():
-    from instrument import decorator
+    from instrument.runtime import decorator
 
     mem = InMemoryExporter()
     with session(sample_rate=0.0, exporters=[mem]):

@@ -12,10 +12,10 @@ import warnings
 
 import pytest
 
-from exporters._settings import INT64_MAX
 from instrument import ConfigWarning
-from instrument import config as config_mod
-from instrument.config import MIN_METRICS_INTERVAL_S, SETTINGS
+from instrument.base.settings import INT64_MAX
+from instrument.runtime import config as config_mod
+from instrument.runtime.config import MIN_METRICS_INTERVAL_S, SETTINGS
 from tests._records import metrics_records
 
 PROBES = ("0", "-1", "nan", "inf", "-inf", "1e-9", "1e300", "9" * 30, str(INT64_MAX + 1))

@@ -16,10 +16,11 @@ import pytest
 
 import instrument
 from exporters import otel_settings
-from exporters._settings import STRICT, Setting, integer
-from instrument import Config, ConfigWarning, settings_table
-from instrument import config as config_mod
-from instrument.config import ENV_VARS, FIELDS, SETTINGS
+from instrument import Config, ConfigWarning
+from instrument.base.settings import STRICT, Setting, integer
+from instrument.cli import settings_table
+from instrument.runtime import config as config_mod
+from instrument.runtime.config import ENV_VARS, FIELDS, SETTINGS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -43,11 +44,12 @@ def _from_env(env: dict[str, str]) -> tuple[Config, list[str]]:
 
 def test_the_documented_table_is_the_declarations():
     """Fails when a declaration and the table in docs/configuration.md differ: run
-    ``python -m instrument.settings_table --write``."""
+    ``python -m instrument.cli.settings_table --write``."""
     assert settings_table.DOC == REPO / "docs" / "configuration.md"
     assert settings_table.check(), (
         "docs/configuration.md's table of PROFILED_* variables differs from "
-        "instrument/config.py's SETTINGS; run: python -m instrument.settings_table --write"
+        "instrument/runtime/config.py's SETTINGS; run: "
+        "python -m instrument.cli.settings_table --write"
     )
     text = settings_table.DOC.read_text(encoding="utf-8")
     block = text.split(settings_table.START)[1].split(settings_table.END)[0]
@@ -85,7 +87,7 @@ def test_the_table_shows_each_declaration_as_declared():
 
 def test_the_module_runs_as_a_program():
     out = subprocess.run(
-        [sys.executable, "-m", "instrument.settings_table", "--check"],
+        [sys.executable, "-m", "instrument.cli.settings_table", "--check"],
         check=False,
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -100,7 +102,7 @@ def test_the_module_runs_as_a_program():
 
 
 def test_the_otel_detail_setting_accepts_exactly_the_reports_detail_levels():
-    from instrument.report import DETAILS
+    from instrument.base.report import DETAILS
 
     assert otel_settings.OTEL_DETAILS == DETAILS
     assert otel_settings.DETAIL.doc.count("`") >= 2 * len(DETAILS)
@@ -197,18 +199,8 @@ def test_the_every_rule_is_one_rule_for_code_and_environment():
 # ---------------------------------------------------------------- the OTel exporter's settings
 
 
-def test_otel_settings_are_read_without_importing_instrument():
-    code = (
-        "import sys, warnings\n"
-        "from exporters.otel_settings import otel_settings_from_env\n"
-        "with warnings.catch_warnings(record=True) as caught:\n"
-        "    warnings.simplefilter('always')\n"
-        "    got = otel_settings_from_env({'PROFILED_OTEL_DETAIL': 'OPS',\n"
-        "                                  'PROFILED_OTEL_MAX_SPANS': 'many'})\n"
-        "assert got == ('ops', 1000), got\n"
-        "assert [w.category.__name__ for w in caught] == ['ConfigWarning'], caught\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('instrument', 'torch')))\n"
-    )
+def _instrument_and_torch_modules_after(code: str) -> list[str]:
+    code += "print(sorted(m for m in sys.modules if m.split('.')[0] in ('instrument', 'torch')))\n"
     out = subprocess.run(
         [sys.executable, "-c", code],
         check=False,
@@ -219,7 +211,26 @@ def test_otel_settings_are_read_without_importing_instrument():
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    return ast.literal_eval(out.stdout.strip().splitlines()[-1])
+
+
+def test_otel_settings_are_read_with_no_more_of_instrument_than_its_lazy_face():
+    """The settings live in ``instrument.base``, whose package face loads no torch and no
+    runtime beyond the trigger's handler and the settings it reads."""
+    face = _instrument_and_torch_modules_after("import sys, instrument\n")
+    assert "torch" not in face and "instrument.runtime.decorator" not in face, face
+    code = (
+        "import sys, warnings\n"
+        "from exporters.otel_settings import otel_settings_from_env\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    got = otel_settings_from_env({'PROFILED_OTEL_DETAIL': 'OPS',\n"
+        "                                  'PROFILED_OTEL_MAX_SPANS': 'many'})\n"
+        "assert got == ('ops', 1000), got\n"
+        "assert [w.category.__name__ for w in caught] == ['ConfigWarning'], caught\n"
+    )
+    used = _instrument_and_torch_modules_after(code)
+    assert set(used) <= set(face) | {m for m in used if m.startswith("instrument.base.")}, used
 
 
 def test_otel_settings_warn_with_the_sdks_config_warning():
@@ -234,7 +245,7 @@ def test_otel_settings_warn_with_the_sdks_config_warning():
 def _imported_modules(path: Path) -> set[str]:
     """Every module a file imports, lazily or not: ``from pkg import mod`` counts as
     ``pkg.mod`` where that module exists (relative imports resolved in the file's package)."""
-    package = path.parent.name
+    package = ".".join(path.parent.relative_to(REPO).parts)
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -247,14 +258,19 @@ def _imported_modules(path: Path) -> set[str]:
     return found
 
 
-def test_the_settings_leaves_import_nothing_from_instrument():
-    for name in ("_settings.py", "otel_settings.py"):
-        imported = _imported_modules(REPO / "exporters" / name)
-        assert not any(m.split(".")[0] == "instrument" for m in imported), (name, imported)
-    # and config takes from exporters only those leaves (the registry is the callers')
+def test_the_settings_leaves_import_nothing_from_instrument_but_its_base():
+    for path in (
+        REPO / "instrument" / "base" / "settings.py",
+        REPO / "exporters" / "otel_settings.py",
+    ):
+        imported = _imported_modules(path)
+        ours = {m for m in imported if m.split(".")[0] == "instrument"}
+        assert all(m.startswith("instrument.base.") for m in ours), (path.name, imported)
+    # and config takes from exporters only the OTel exporter's settings (the registry is the
+    # callers')
     from_exporters = {
         m
-        for m in _imported_modules(REPO / "instrument" / "config.py")
+        for m in _imported_modules(REPO / "instrument" / "runtime" / "config.py")
         if m.split(".")[0] == "exporters"
     }
-    assert from_exporters == {"exporters._settings", "exporters.otel_settings"}, from_exporters
+    assert from_exporters == {"exporters.otel_settings"}, from_exporters

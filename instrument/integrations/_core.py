@@ -19,8 +19,8 @@ FLOPs come from two places. *Counted*: with ``PROFILED_WITH_FLOPS=1`` each windo
 holds the FLOPs of the matrix products and attention it recorded; ``CountedFlops`` (an
 exporter the integrations add to the ambient session) keeps the latest window's FLOPs per
 step, and every later step is rated by them: FLOP/s over the step's time, MFU over the
-device's dense peak for the FLOPs' dtype (``instrument.peaks``, the reports' table). *Declared*:
-what the framework says (the Trainer's ``floating_point_ops``, a LightningModule's
+device's dense peak for the FLOPs' dtype (``instrument.analysis.peaks``, the reports' table).
+*Declared*: what the framework says (the Trainer's ``floating_point_ops``, a LightningModule's
 ``flops_per_batch``), rated against the same peak.
 """
 
@@ -34,12 +34,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from exporters import Exporter, ExportResult
-from exporters._warn import warn
+from instrument.base.warn import warn
 
-from .. import lifetime, peaks
-from ..decorator import profiled
-from ..report import WindowReport
-from ..sessions import ProfilerWarning
+from ..analysis import peaks
+from ..base.report import WindowReport
+from ..runtime import lifetime
+from ..runtime.decorator import profiled
+from ..runtime.profiling_session import ProfilerWarning
 
 __all__ = [
     "COUNTED",

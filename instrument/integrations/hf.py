@@ -40,9 +40,9 @@ except ImportError as exc:  # pragma: no cover - the hf extra is not installed
         "uses): pip install 'torch-profiled[hf]'"
     ) from exc
 
-from exporters._warn import warn
+from instrument.base.warn import warn
 
-from ..sessions import ProfilerWarning
+from ..runtime.profiling_session import ProfilerWarning
 from ._core import Phases, StepMetrics, device_name, guarded, listen_for_counted_flops
 
 __all__ = ["ProfiledCallback", "profile_trainer"]
