@@ -16,7 +16,7 @@ What is not seen, and why:
 - DDP's gradient all-reduce runs in its C++ reducer, which calls the process group directly,
   never these Python functions (a registered ``register_comm_hook`` runs in Python, but issues
   ``async_op=True`` and leaves the wait to the reducer). Its waiting stays inside the step
-  (``backward``): the traces' arrival skew (``traces.collective_skew``) sees it.
+  (``backward``): the traces' arrival skew (``cli.inputs.collective_skew``) sees it.
 - A name bound before metrics started (``from torch.distributed import all_reduce``) keeps
   the unwrapped function; ``dist.all_reduce(...)`` is wrapped.
 

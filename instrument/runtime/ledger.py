@@ -2,7 +2,7 @@
 
 A window's cost is measured where it happens: the caller's stall in the profiler's start
 (``window.Windows._start``) and stop (``stops.Stops.stop``), the export worker's thread CPU for
-the trace and its analysis (``reporting.ReportBuilder``), the helper process's CPU, the trace's
+the trace and its analysis (``export.builder.ReportBuilder``), the helper process's CPU, the trace's
 bytes, and its steps' wall time against the median of the window-free steps since the previous
 window (the metrics' step histogram, read at each window's open and end: nothing is added to
 a decorated call; with none since, the last such median).
