@@ -29,9 +29,10 @@ import time
 import torch
 
 import instrument
-from instrument import _torch, profiled
-from instrument.analysis import analyze
-from instrument.tracefile import load_trace, shape_trace, write_json_atomic
+from instrument import profiled
+from instrument.analysis.analyze import analyze
+from instrument.analysis.kineto_json import load_trace, shape_trace, write_json_atomic
+from instrument.runtime import _torch
 
 
 @profiled("matmul_bias")
@@ -56,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         activities, record_shapes=False, profile_memory=False, with_stack=False, with_flops=False
     )
     window.start()
-    instrument.state._write(True, None, None)  # no session: the decorator records ranges only
+    instrument.runtime.state._write(
+        True, None, None
+    )  # no session: the decorator records ranges only
     for _ in range(args.iterations):
         matmul_bias(x, w, b)
     window.stop()
@@ -74,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             f"torch {torch.__version__}: Kineto events carry no activity_type(); the report "
             "comes from the trace JSON there (export + load + analyze)"
         )
-        from instrument.analysis import events_from_trace
+        from instrument.analysis.analyze import events_from_trace
 
         with tempfile.TemporaryDirectory() as tmp:
             raw = os.path.join(tmp, "w.pt.trace.json")

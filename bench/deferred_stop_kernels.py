@@ -17,7 +17,7 @@ recorded step, its device, its device time, its event count, and the deferred st
 (steps waited, whether the end event had completed: ``Stops.drain_log``):
 
 - *default*: the deferred stop as shipped;
-- *sync stop*: ``instrument.stops.MAX_DRAIN_STEPS = 0`` (torch's stop: synchronise first);
+- *sync stop*: ``instrument.runtime.stops.MAX_DRAIN_STEPS = 0`` (torch's stop: synchronise first);
 - *event sync*: the deferred stop, but each time it asks whether the window's end event has
   completed it first waits on it (``cudaEventSynchronize``), so the stop runs at the first
   step boundary, as in *default*, once a synchronising call has been made;
@@ -41,7 +41,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAM = r"""
 import json, sys, torch
 import instrument
-import instrument.lifetime
+import instrument.runtime.lifetime
 from instrument import profiled
 
 steps, size, device = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -57,12 +57,12 @@ if device == "cpu":
     x = x.cuda()
     for _ in range(steps):
         work(x)
-sess = instrument.lifetime.session_for_calls()
+sess = instrument.runtime.lifetime.session_for_calls()
 print(json.dumps({"drain_log": list(sess._stops.drain_log)}), flush=True)
 """
 
 WAIT_ALWAYS = """
-import instrument.stops as _stops, torch as _t
+import instrument.runtime.stops as _stops, torch as _t
 _defer = _stops.Stops.defer
 class _Ev:  # waits (the variant's wait) each time the stop asks whether the window's end has run
     def __init__(self, event): self.event = event
@@ -76,7 +76,10 @@ _stops.Stops.defer = lambda self, window, event, recorded: _defer(
 
 VARIANTS = {
     "default": ("", "cuda"),
-    "sync stop": ("import instrument.stops; instrument.stops.MAX_DRAIN_STEPS = 0\n", "cuda"),
+    "sync stop": (
+        "import instrument.runtime.stops; instrument.runtime.stops.MAX_DRAIN_STEPS = 0\n",
+        "cuda",
+    ),
     "event sync": (WAIT_ALWAYS.replace("MODE", "self.event.synchronize()"), "cuda"),
     "stream sync": (WAIT_ALWAYS.replace("MODE", "_t.cuda.current_stream().synchronize()"), "cuda"),
     "cpu first": ("", "cpu"),

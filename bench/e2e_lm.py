@@ -255,7 +255,8 @@ class Probe:
     def install(self) -> None:
         from exporters.json_lines import JsonLinesExporter
         from exporters.trace_file import TraceFileExporter
-        from instrument import _torch, reporting, stops
+        from instrument.export import builder as reporting
+        from instrument.runtime import _torch, stops
 
         def patch(owner: Any, name: str, stage: str) -> None:
             setattr(owner, name, self.timed(stage, getattr(owner, name)))
@@ -494,7 +495,7 @@ class SizeRun:
 def take_drain_log() -> list[tuple[int, bool]]:
     """The deferred stops since the last call: (steps waited, whether the window's kernels
     had run by then, else the caller waited for them)."""
-    from instrument import state
+    from instrument.runtime import state
 
     sess = state.current
     if sess is None:
@@ -516,7 +517,7 @@ class tweaked:
         self.undo: list[Any] = []
 
     def __enter__(self) -> None:
-        from instrument import state, stops
+        from instrument.runtime import state, stops
 
         if self.variant in ("sdk_sync", "sdk_lean"):
             old = stops.MAX_DRAIN_STEPS
@@ -530,7 +531,7 @@ class tweaked:
                 windows.record_warmup = False
                 self.undo.append(lambda: setattr(windows, "record_warmup", old_warm))
         if self.variant == "sdk_late":
-            from instrument import reporting
+            from instrument.export import builder as reporting
 
             before_export = reporting._let_the_queue_refill
             RELEASE.clear()
@@ -607,7 +608,7 @@ def read_costs(path: str) -> list[dict[str, Any]]:
 
 def count_events(path: str) -> int | None:
     try:
-        from instrument.tracefile import load_trace
+        from instrument.analysis.kineto_json import load_trace
 
         return len(load_trace(path).get("traceEvents", []))
     except Exception:  # noqa: BLE001 - a diagnostic
@@ -618,10 +619,10 @@ def replay_helper(raw: str, device_in_use: bool) -> dict[str, Any]:
     """The helper process's stages, timed one by one in this process on a copy of one window's
     raw trace (medians of 3; once for a trace of 10 MB or more), and the trace exporter's gzip
     copy of the shaped trace."""
-    from exporters._files import write_atomic
-    from instrument import _torch
-    from instrument.analysis import analyze, events_from_trace
-    from instrument.tracefile import load_trace, shape_trace, write_json_atomic
+    from instrument.analysis.analyze import analyze, events_from_trace
+    from instrument.analysis.kineto_json import load_trace, shape_trace, write_json_atomic
+    from instrument.base.files import write_atomic
+    from instrument.runtime import _torch
 
     dist = {**_torch.distributed_info(), "device_in_use": device_in_use}
     times: dict[str, list[float]] = {}

@@ -74,7 +74,8 @@ import torch.nn.functional as F  # noqa: E402
 
 import instrument  # noqa: E402
 from exporters import InMemoryExporter, TraceFileExporter  # noqa: E402
-from instrument import Schedule, decorator, instrument_module, session  # noqa: E402
+from instrument import Schedule, instrument_module, session  # noqa: E402
+from instrument.runtime import decorator  # noqa: E402
 
 WINDOW = 4  # warm-up + active steps of one sampled window
 
@@ -152,8 +153,8 @@ class Bench:
     def metrics(self) -> float:
         """Decorated and idle, with always-on metrics (every call timed into its histogram)
         and device-time sampling at its default (CUDA events on one call in 100 per range)."""
-        from instrument import state
-        from instrument.config import Config
+        from instrument.runtime import state
+        from instrument.runtime.config import Config
 
         state.set_metrics(True, device_every=Config().metrics_device_every)
         try:
@@ -192,7 +193,7 @@ class Bench:
         return took
 
     def sampled_drain_cpu(self) -> float:
-        mod = instrument.stops
+        mod = instrument.runtime.stops
         mod.DRAIN_PAUSES_CPU_OPS = False
         try:
             return self.sampled()
@@ -285,14 +286,14 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         metavar="N",
         help="a CUDA window's deferred stop waits at most N steps for its "
-        "kernels (instrument.stops.MAX_DRAIN_STEPS; a diagnostic)",
+        "kernels (instrument.runtime.stops.MAX_DRAIN_STEPS; a diagnostic)",
     )
     parser.add_argument(
         "--export-delay",
         type=float,
         metavar="S",
         help="after a deferred stop the export waits S seconds from the stop "
-        "(instrument.reporting.EXPORT_DELAY_S; a diagnostic)",
+        "(instrument.export.builder.EXPORT_DELAY_S; a diagnostic)",
     )
     parser.add_argument(
         "--only",
@@ -312,9 +313,9 @@ def main(argv: list[str] | None = None) -> int:
             if name not in keep:
                 del VARIANTS[name]
     if args.max_drain is not None:
-        instrument.stops.MAX_DRAIN_STEPS = args.max_drain
+        instrument.runtime.stops.MAX_DRAIN_STEPS = args.max_drain
     if args.export_delay is not None:
-        instrument.reporting.EXPORT_DELAY_S = args.export_delay
+        instrument.export.builder.EXPORT_DELAY_S = args.export_delay
     if args.every <= WINDOW:
         parser.error(f"--every must be more than {WINDOW} (a window's steps), got {args.every}")
     run_steps = args.run_steps or 2 * args.every

@@ -37,7 +37,8 @@ import torch
 
 import instrument
 from exporters import InMemoryExporter
-from instrument import Schedule, _torch, profiled, session
+from instrument import Schedule, profiled, session
+from instrument.runtime import _torch
 
 
 @profiled("matmul_bias")
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                 t1 = time.perf_counter()
                 s.flush()
             (report,) = mem.reports
-            instrument.state._write(True, None, None)  # no session: ranges only
+            instrument.runtime.state._write(True, None, None)  # no session: ranges only
             prof = torch.profiler.profile(activities=torch_acts)
             prof.start()
             for _ in range(args.iterations):
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             t3 = time.perf_counter()
             prof.export_chrome_trace(os.path.join(tmp, f"plain{rep}.json"))
             t4 = time.perf_counter()
-            instrument.state.refresh_idle()
+            instrument.runtime.state.refresh_idle()
             if rep:
                 stall.append(t1 - t0)
                 stop.append(t3 - t2)

@@ -5,10 +5,10 @@
 One window of three recorded calls of ``x @ w + b`` (bf16, n x n) with FLOPs on. Printed side by
 side: the report's FLOPs per call (``2 n^3``: the bias add is not a counted FLOP), its achieved
 FLOP/s (FLOPs over the device time of the range's kernels) and MFU against the device's dense
-bf16 peak (``instrument/peaks.py``); the same FLOP/s computed here from the trace file's kernel
-events (every kernel the window ran, summed by this script), and ``2 n^3`` over the time CUDA
-events measure around one call outside any profiler. The issue's check: the report's figure
-within 2% of ``2 n^3 / kernel time``.
+bf16 peak (``instrument/analysis/peaks.py``); the same FLOP/s computed here from the trace
+file's kernel events (every kernel the window ran, summed by this script), and ``2 n^3`` over
+the time CUDA events measure around one call outside any profiler. The issue's check: the
+report's figure within 2% of ``2 n^3 / kernel time``.
 """
 
 from __future__ import annotations

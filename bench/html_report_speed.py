@@ -153,7 +153,7 @@ def main() -> None:
     parser.add_argument("--pans", type=int, default=20)
     parser.add_argument("--out", help="keep the trace and page in this directory")
     args = parser.parse_args()
-    from instrument.html_report import main as report
+    from instrument.cli.html_command import main as report
 
     directory = args.out or tempfile.mkdtemp(prefix="html_report_speed.")
     os.makedirs(directory, exist_ok=True)

@@ -5,11 +5,11 @@
 ``bench/kineto_loss_probe.py`` showed plain torch keeping every window's kernels however its
 windows start and stop, while ``bench/deferred_stop_kernels.py`` shows the SDK's windows of the
 same steps losing theirs. This runs the SDK's program (``PROFILED_EVERY=10``, 16x16 matmuls)
-with ``instrument._torch.ProfilerWindow.stop`` wrapped: right after torch's stop it counts the
-device events and CUDA runtime events in Kineto's results (what torch handed back, before any
+with ``instrument.runtime._torch.ProfilerWindow.stop`` wrapped: right after torch's stop it counts
+the device events and CUDA runtime events in Kineto's results (what torch handed back, before any
 SDK analysis), and prints them beside the window's report (what the analysis kept). Variants
 differ in one SDK knob each, to find the one that loses them; *trace written late* turns off
-``instrument.reporting.WRITE_BEFORE_NEXT_START`` (the window's trace written by the export
+``instrument.export.builder.WRITE_BEFORE_NEXT_START`` (the window's trace written by the export
 worker only, possibly after the next window started: the SDK before the fix).
 """
 
@@ -26,7 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PROGRAM = r"""
 import json, sys, torch
-import instrument, instrument._torch as T
+import instrument, instrument.runtime._torch as T
 from instrument import profiled
 
 counts = []
@@ -63,18 +63,21 @@ print(json.dumps(counts), flush=True)
 VARIANTS = {
     "default": ("", {}),
     "trace written late": (
-        "import instrument.reporting as R; R.WRITE_BEFORE_NEXT_START = False\n",
+        "import instrument.export.builder as R; R.WRITE_BEFORE_NEXT_START = False\n",
         {},
     ),
-    "sync stop": ("import instrument.stops; instrument.stops.MAX_DRAIN_STEPS = 0\n", {}),
+    "sync stop": (
+        "import instrument.runtime.stops; instrument.runtime.stops.MAX_DRAIN_STEPS = 0\n",
+        {},
+    ),
     "cpu ops kept": (
-        "import instrument.stops; instrument.stops.DRAIN_PAUSES_CPU_OPS = False\n",
+        "import instrument.runtime.stops; instrument.runtime.stops.DRAIN_PAUSES_CPU_OPS = False\n",
         {},
     ),
     "all threads": ("", {"PROFILED_ALL_THREADS": "1"}),
     "no helper process": ("", {"PROFILED_ANALYSIS_PROCESS": "0"}),
     "inductor asked": (
-        "import contextlib, instrument._torch as T2\n"
+        "import contextlib, instrument.runtime._torch as T2\n"
         "T2._inductor_left_alone = contextlib.nullcontext\n",
         {},
     ),

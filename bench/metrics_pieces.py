@@ -56,7 +56,7 @@ for path in (REPO, os.path.join(REPO, "bench")):
 
 from overhead import _calibrate, _set_up_idle, _time, plain_closure, trivial  # noqa: E402
 
-# The decorator's metrics-only path (instrument/decorator.py, ``_wrap_sync``).
+# The decorator's metrics-only path (instrument/runtime/decorator.py, ``_wrap_sync``).
 TEMPLATE = """
 def make(f, pending, fold, name):
     append = pending.append
@@ -134,7 +134,7 @@ def _variant(
 ) -> Callable[..., Any]:
     """The copy without ``without``, folding into the recorder of ``module`` (another
     version's metrics module: a recorder of its own) or of this checkout."""
-    from instrument import metrics
+    from instrument.runtime import metrics
 
     recorder = metrics.recorder if module is None else module.Recorder()
     ns = dict(names)
@@ -144,7 +144,7 @@ def _variant(
 
 
 def _names() -> dict[str, Any]:
-    from instrument import _torch, decorator
+    from instrument.runtime import _torch, decorator
 
     return {
         "_IDLE": False,
@@ -178,7 +178,7 @@ def _clock_read_ns(repeats: int) -> dict[str, float]:
 
 
 def _fold_of(path: str) -> Any:
-    """The ``instrument.metrics`` module of another version, from its file (``git show
+    """The ``instrument.runtime.metrics`` module of another version, from its file (``git show
     REV:instrument/metrics.py > FILE``), loaded beside this one to time its fold."""
     import importlib.util
 
@@ -196,7 +196,7 @@ def _fold_ns(repeats: int, other: Any = None) -> dict[str, dict[str, float]]:
     with ``other`` (another version's module), its fold too, the two alternating."""
     import random
 
-    from instrument import metrics
+    from instrument.runtime import metrics
 
     rng = random.Random(1)
     n = metrics.BATCH * 50
@@ -232,8 +232,9 @@ def run(quick: bool, fold_of: str | None = None) -> dict[str, Any]:
     import torch  # noqa: F401 - import cost outside the measurements
 
     import instrument
-    from instrument import _torch, decorator, profiled
-    from instrument import state as sdk_state
+    from instrument import profiled
+    from instrument.runtime import _torch, decorator
+    from instrument.runtime import state as sdk_state
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the setup window's messages are not the subject

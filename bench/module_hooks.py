@@ -39,9 +39,10 @@ from torch import nn  # noqa: E402
 
 import instrument  # noqa: E402
 from exporters import InMemoryExporter  # noqa: E402
-from instrument import Schedule, decorator, instrument_module, session  # noqa: E402
+from instrument import Schedule, instrument_module, session  # noqa: E402
+from instrument.runtime import decorator  # noqa: E402
 
-_sessions = instrument.lifetime
+_sessions = instrument.runtime.lifetime
 
 MODULES = 100
 

@@ -280,7 +280,7 @@ def _set_up_idle(instrument: Any, decorator: Any, armed: Callable[[Any], Any]) -
 
 
 def _check_idle(decorator: Any) -> None:
-    from instrument import lifetime as session_mod
+    from instrument.runtime import lifetime as session_mod
 
     assert decorator._IDLE is True, "the ambient session did not reach the idle state"
     assert session_mod.session_for_calls() is None, "a session still wants decorated calls"
@@ -370,7 +370,8 @@ def _run(
 
     import instrument
     from exporters import InMemoryExporter
-    from instrument import Schedule, decorator, profiled
+    from instrument import Schedule, profiled
+    from instrument.runtime import decorator
 
     repeats = repeats or (3 if quick else 15)
     on_calls = on_calls or (2_000 if quick else 20_000)
@@ -514,9 +515,9 @@ def _run(
     ]
     counted_schedule = Schedule(wait=10**9, warmup=1, active=1, repeat=1)
     window_schedule = Schedule(wait=0, warmup=0, active=10**9, repeat=1)
-    profiler_on = sys.modules["instrument._torch"].profiler_on
+    profiler_on = sys.modules["instrument.runtime._torch"].profiler_on
 
-    from instrument import lifetime as session_mod
+    from instrument.runtime import lifetime as session_mod
 
     @contextlib.contextmanager
     def counting_session(declare: bool) -> Iterator[Any]:
@@ -561,8 +562,8 @@ def _run(
         _check_idle(decorator)
         return ns
 
-    from instrument import metrics as sdk_metrics
-    from instrument import state as sdk_state
+    from instrument.runtime import metrics as sdk_metrics
+    from instrument.runtime import state as sdk_state
 
     def measure_metrics(v: Variant) -> float:
         """Always-on metrics (PROFILED_METRICS=1) while no session needs the calls."""

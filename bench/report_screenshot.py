@@ -58,7 +58,7 @@ def main() -> None:
         traces, where = args.traces, args.where or "elsewhere"
     else:
         traces, where = _run_seed(work, args.sizes)
-    from instrument.html_report import main as report
+    from instrument.cli.html_command import main as report
 
     page = os.path.join(work, "report.html")
     title = f"torch-profiled report: the seed, matmul+bias at {' and '.join(map(str, args.sizes))}"

@@ -43,9 +43,9 @@ if REPO not in sys.path:
 import torch  # noqa: E402
 from e2e_overhead import EX, plain_step  # noqa: E402 - bench/ is this script's directory
 
-from instrument import _torch  # noqa: E402
-from instrument.analysis import analyze, drop_warmup, events_from_trace  # noqa: E402
-from instrument.tracefile import STEP_MARKER, load_trace, shape_trace, write_json_atomic  # noqa: E402
+from instrument.analysis.analyze import analyze, drop_warmup, events_from_trace  # noqa: E402
+from instrument.analysis.kineto_json import STEP_MARKER, load_trace, shape_trace, write_json_atomic  # noqa: E402
+from instrument.runtime import _torch  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

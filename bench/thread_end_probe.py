@@ -5,7 +5,8 @@ import threading
 
 import torch
 
-from instrument import Schedule, _torch, profiled
+from instrument import Schedule, profiled
+from instrument.runtime import _torch
 from instrument.testing import capture
 
 dev = "cuda" if torch.cuda.is_available() else "cpu"

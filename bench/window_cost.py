@@ -30,11 +30,12 @@ from e2e_overhead import load_example  # noqa: E402 - bench/ is this script's di
 
 import instrument  # noqa: E402
 from exporters import TraceFileExporter  # noqa: E402
-from instrument import Schedule, _torch, session  # noqa: E402
+from instrument import Schedule, session  # noqa: E402
 from instrument import session as _session_fn  # noqa: E402,F401
-from instrument.pipeline import ExportPipeline  # noqa: E402
+from instrument.export.pipeline import ExportPipeline  # noqa: E402
+from instrument.runtime import _torch  # noqa: E402
 
-_sess_mod = instrument.stops
+_sess_mod = instrument.runtime.stops
 
 
 PHASES: dict[str, list[float]] = defaultdict(list)
@@ -62,12 +63,12 @@ def main(argv: list[str] | None = None) -> int:
         "--max-drain",
         type=int,
         metavar="N",
-        help="instrument.stops.MAX_DRAIN_STEPS (0: stop at the window's end)",
+        help="instrument.runtime.stops.MAX_DRAIN_STEPS (0: stop at the window's end)",
     )
     parser.add_argument(
         "--drain-records-cpu",
         action="store_true",
-        help="instrument.stops.DRAIN_PAUSES_CPU_OPS = False",
+        help="instrument.runtime.stops.DRAIN_PAUSES_CPU_OPS = False",
     )
     args = parser.parse_args(argv)
     _sess_mod.DRAIN_PAUSES_CPU_OPS = not args.drain_records_cpu

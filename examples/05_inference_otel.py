@@ -40,8 +40,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from instrument import configure, profiled, shutdown
-from instrument.sampling import Schedule
+from instrument import Schedule, configure, profiled, shutdown
 
 REQUESTS = int(os.environ.get("REQUESTS", "12"))
 

@@ -2,9 +2,10 @@
 
 Exporters receive a ``WindowReport`` (plain data; ``report.raw_trace_path`` names the window's
 trace JSON while exporters run) and never import torch or see a profiler object. Of
-``instrument`` they import only ``instrument.report`` (the contract) and ``instrument.spans``
-(torch-free helpers for span budgets); what they need per call comes in the report
-(``report.occurrences``, when an exporter asks for it with ``occurrence_budget``).
+``instrument`` they import only its torch-free base, ``instrument.base``: ``report`` (the
+contract), ``spans`` (span budgets), settings, warnings, atomic files and time formatting; what
+they need per call comes in the report (``report.occurrences``, when an exporter asks for it
+with ``occurrence_budget``).
 
 Names resolve through built-ins (``console``, ``trace``, ``memory``, ``json``, ``otel``,
 ``prometheus``, ``html``) and the
@@ -18,7 +19,8 @@ from collections.abc import Callable, Iterable
 from importlib import metadata
 from typing import Any
 
-from . import _warn
+from instrument.base import warn as _warn
+
 from ._base import Exporter, ExporterWarning, ExportResult
 from .console import ConsoleExporter
 from .json_lines import JsonLinesExporter

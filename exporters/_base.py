@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from instrument.report import MetricsReport, OccurrenceBudget, WindowReport
+    from instrument.base.report import MetricsReport, OccurrenceBudget, WindowReport
 
 __all__ = ["ExportResult", "Exporter", "ExporterWarning"]
 

@@ -5,7 +5,7 @@ numbers; device numbers it cannot stand behind say ``(partial)`` / ``(device-mis
 it cost (the ledger), then its verdict with the numbers behind it, then one line per
 ``@profiled`` range: calls, inclusive CPU time, device time of the kernels it launched, device
 time over CPU time, the share of the range's wall time the device was busy, and the verdict
-(overhead-bound, compute-bound, cpu-only; see ``instrument.verdict``). Then the top operators
+(overhead-bound, compute-bound, cpu-only; see ``instrument.base.verdict``). Then the top operators
 and device kernels, then the two totals the way torch's own table prints them, then the trace
 file's path (relative to the working directory when that is shorter). At most 100 columns, no
 colour; a trace path too long for that gets a line of its own and is never cut.
@@ -18,11 +18,12 @@ import sys
 import threading
 from typing import TYPE_CHECKING, TextIO
 
+from instrument.base.formatting import WIDTH, fit, format_time_us, row
+
 from ._base import Exporter, ExportResult
-from ._format import WIDTH, fit, format_time_us, row
 
 if TYPE_CHECKING:
-    from instrument.report import RangeStats, WindowReport
+    from instrument.base.report import RangeStats, WindowReport
 
 __all__ = ["ConsoleExporter", "format_report", "format_time_us"]
 

@@ -38,14 +38,15 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from instrument.base.files import write_atomic
+from instrument.base.warn import warn
+
 from ._base import Exporter, ExporterWarning, ExportResult
-from ._files import write_atomic
-from ._warn import warn
 from .html_page import PageWindow, build_page
 from .html_timeline import DEFAULT_MAX_EVENTS, timeline_from_trace
 
 if TYPE_CHECKING:
-    from instrument.report import OccurrenceBudget, WindowReport
+    from instrument.base.report import OccurrenceBudget, WindowReport
 
 __all__ = ["HtmlExporter", "page_path"]
 
@@ -92,7 +93,7 @@ def _load(path: str, max_bytes: int) -> dict[str, Any]:
 
 
 def _budget(max_events: int) -> OccurrenceBudget:
-    from instrument.report import OccurrenceBudget
+    from instrument.base.report import OccurrenceBudget
 
     return OccurrenceBudget(0, timeline_events=max_events)
 

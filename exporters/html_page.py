@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from ._format import format_delta_us, format_time_us
+from instrument.base.formatting import format_delta_us, format_time_us
 
 if TYPE_CHECKING:
-    from instrument.report import PageTimeline, RangeStats, WindowReport
+    from instrument.base.report import PageTimeline, RangeStats, WindowReport
 
 __all__ = ["PageWindow", "build_page", "range_mfu", "script_json"]
 

@@ -28,12 +28,13 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from instrument.base.files import kind_of
+from instrument.base.warn import warn
+
 from ._base import Exporter, ExporterWarning, ExportResult
-from ._files import kind_of
-from ._warn import warn
 
 if TYPE_CHECKING:
-    from instrument.report import MetricsReport, WindowReport
+    from instrument.base.report import MetricsReport, WindowReport
 
 __all__ = [
     "METRICS_SCHEMA",

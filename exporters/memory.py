@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from ._base import Exporter, ExportResult
 
 if TYPE_CHECKING:
-    from instrument.report import WindowReport
+    from instrument.base.report import WindowReport
 
 __all__ = ["InMemoryExporter"]
 

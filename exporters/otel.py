@@ -13,7 +13,7 @@ Budget. At most ``PROFILED_OTEL_MAX_SPANS`` spans per window, never more: detail
 first, then the occurrences of the most frequent ranges are folded into one aggregate span per
 name (``profiled.range.folded``, with counts); the window span counts what was folded and
 dropped. The analysis fits the occurrences to the widest budget of the session's exporters
-(``instrument.spans``); an exporter with a smaller one fits them again.
+(``instrument.base.spans``); an exporter with a smaller one fits them again.
 
 Parent. ``window_started`` (called by the session on the thread, and in the context, of the
 first ``@profiled`` call of a window) keeps the OpenTelemetry context current then; the window
@@ -61,12 +61,13 @@ from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.trace import SpanProcessor
 
+from instrument.base.warn import warn
+
 from ._base import Exporter, ExporterWarning, ExportResult
-from ._warn import warn
 from .otel_metrics import metrics_data
 
 if TYPE_CHECKING:
-    from instrument.report import (
+    from instrument.base.report import (
         MetricsReport,
         Occurrence,
         OccurrenceBudget,
@@ -74,7 +75,8 @@ if TYPE_CHECKING:
         WindowReport,
     )
 
-# SpanPlan and plan_spans still import from here (see __getattr__), but live in instrument.spans
+# SpanPlan and plan_spans still import from here (see __getattr__), but live in
+# instrument.base.spans
 __all__ = ["ATTRIBUTES", "DEFAULT_TIMEOUT_S", "PROBE_TIMEOUT_S", "OTelExporter"]
 
 DEFAULT_TIMEOUT_S = 4.0  # per signal: traces + metrics stay under the export deadline (10 s)
@@ -136,11 +138,11 @@ ATTRIBUTES: dict[str, str] = {
 
 
 def __getattr__(name: str) -> Any:
-    """``SpanPlan`` and ``plan_spans`` live in ``instrument.spans`` (the analysis fits each
+    """``SpanPlan`` and ``plan_spans`` live in ``instrument.base.spans`` (the analysis fits each
     window there, in the helper process); imported on first use, so that importing this
     module imports nothing of ``instrument``."""
     if name in ("SpanPlan", "plan_spans"):
-        from instrument import spans
+        from instrument.base import spans
 
         return getattr(spans, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -523,7 +525,7 @@ class OTelExporter(Exporter):
             return None
         if occurrences.budget == self.occurrence_budget:
             return occurrences
-        from instrument.spans import fit
+        from instrument.base.spans import fit
 
         return fit(occurrences, self.occurrence_budget)
 
@@ -650,7 +652,7 @@ class _Delivery:
 
 
 def _budget(max_spans: int, detail: str) -> OccurrenceBudget:
-    from instrument.report import OccurrenceBudget
+    from instrument.base.report import OccurrenceBudget
 
     return OccurrenceBudget(max_spans, detail, TOP_KERNEL_EVENTS)
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from .json_lines import valid_text
 
 if TYPE_CHECKING:
-    from instrument.report import MetricsReport, RangeHistogram
+    from instrument.base.report import MetricsReport, RangeHistogram
 
 __all__ = ["RANGE_DEVICE_DURATION", "RANGE_DURATION", "STEP_DURATION", "metrics_data"]
 

@@ -2,7 +2,7 @@
 ``PROFILED_OTEL_MAX_SPANS``.
 
 Imports nothing from ``instrument`` (nor OpenTelemetry): an exporter reads its own settings
-(``instrument.config`` lists these declarations with the SDK's, for ``ENV_VARS`` and the
+(``instrument.runtime.config`` lists these declarations with the SDK's, for ``ENV_VARS`` and the
 README's table). Read tolerantly like every ``PROFILED_*`` value: a bad value warns once
 (``ConfigWarning``) and the default applies; ``PROFILED_STRICT=1`` raises ``ValueError``.
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from ._settings import STRICT, Setting, integer, one_of
+from instrument.base.settings import STRICT, Setting, integer, one_of
 
 __all__ = ["DETAIL", "MAX_SPANS", "OTEL_DETAILS", "SETTINGS", "otel_settings_from_env"]
 
-# each level adds to the last; the levels of ``instrument.report.DETAILS`` (a test keeps them
+# each level adds to the last; the levels of ``instrument.base.report.DETAILS`` (a test keeps them
 # equal), written out because ``instrument`` imports this module while it initialises
 OTEL_DETAILS: tuple[str, ...] = ("ranges", "ops", "kernels")
 

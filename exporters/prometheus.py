@@ -59,14 +59,15 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from instrument.base.settings import DEFAULT_PROMETHEUS_ADDR as DEFAULT_ADDR
+from instrument.base.settings import addr_family, parse_addr
+from instrument.base.warn import warn
+
 from ._base import Exporter, ExporterWarning, ExportResult
-from ._settings import DEFAULT_PROMETHEUS_ADDR as DEFAULT_ADDR
-from ._settings import addr_family, parse_addr
-from ._warn import warn
 from .json_lines import valid_text
 
 if TYPE_CHECKING:
-    from instrument.report import MetricsReport, RangeHistogram, WindowReport
+    from instrument.base.report import MetricsReport, RangeHistogram, WindowReport
 
 __all__ = ["DEFAULT_ADDR", "PrometheusExporter", "exposition", "parse_addr"]
 
@@ -489,7 +490,7 @@ class PrometheusExporter(Exporter):
         """The page for a scrape (on the serving thread): the histograms as of now while the
         metrics feed runs (rebuilt at most every ``LIVE_EVERY_S``), else the last snapshot
         delivered. A live read that fails warns once and serves the last snapshot."""
-        from instrument.report import LiveMetrics
+        from instrument.base.report import LiveMetrics
 
         source = LiveMetrics.source
         if source is None or self._live_failed:

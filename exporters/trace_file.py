@@ -32,12 +32,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, BinaryIO
 
+from instrument.base.files import TEMP_NAME, write_atomic
+from instrument.base.warn import warn
+
 from ._base import Exporter, ExporterWarning, ExportResult
-from ._files import TEMP_NAME, write_atomic
-from ._warn import warn
 
 if TYPE_CHECKING:
-    from instrument.report import WindowReport
+    from instrument.base.report import WindowReport
 
 __all__ = ["TraceFileExporter", "worker_name"]
 

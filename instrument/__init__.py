@@ -24,17 +24,17 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from . import triggers
-from .config import enabled_from_env
+from .runtime import triggers
+from .runtime.config import enabled_from_env
 
 if TYPE_CHECKING:
-    from .config import Config, ConfigWarning
-    from .decorator import profiled
-    from .lifetime import configure, flush, get_config, peak_tflops, session, shutdown, step
-    from .module import ModuleHandle, instrument_module
-    from .report import KernelStats, OpStats, RangeStats, WindowReport
-    from .sampling import Schedule
-    from .sessions import ProfilerWarning, Session
+    from .base.report import KernelStats, OpStats, RangeStats, WindowReport
+    from .runtime.config import Config, ConfigWarning
+    from .runtime.decorator import profiled
+    from .runtime.lifetime import configure, flush, get_config, peak_tflops, session, shutdown, step
+    from .runtime.module import ModuleHandle, instrument_module
+    from .runtime.profiling_session import ProfilerWarning, Session
+    from .runtime.sampling import Schedule
 
 __all__ = [
     "Config",
@@ -64,13 +64,13 @@ __version__ = "0.1.0.dev0"
 def _load_runtime() -> None:
     """Bind every public name here, from the modules that define them (torch comes with the
     decorator): what the face imported eagerly before it was lazy, in the same order."""
-    from .config import Config, ConfigWarning
-    from .decorator import profiled
-    from .lifetime import configure, flush, get_config, peak_tflops, session, shutdown, step
-    from .module import ModuleHandle, instrument_module
-    from .report import KernelStats, OpStats, RangeStats, WindowReport
-    from .sampling import Schedule
-    from .sessions import ProfilerWarning, Session
+    from .base.report import KernelStats, OpStats, RangeStats, WindowReport
+    from .runtime.config import Config, ConfigWarning
+    from .runtime.decorator import profiled
+    from .runtime.lifetime import configure, flush, get_config, peak_tflops, session, shutdown, step
+    from .runtime.module import ModuleHandle, instrument_module
+    from .runtime.profiling_session import ProfilerWarning, Session
+    from .runtime.sampling import Schedule
 
     globals().update(
         Config=Config,
@@ -97,7 +97,7 @@ def _load_runtime() -> None:
 
 def __getattr__(name: str) -> Any:
     """A public name: the runtime, loaded once (later lookups find the name bound here). Any
-    other name: the submodule of that name, imported now (``instrument.lifetime``)."""
+    other name: the submodule of that name, imported now (``instrument.testing``)."""
     if name in __all__:
         _load_runtime()
         return globals()[name]
@@ -120,7 +120,7 @@ def _trigger_idle_reason(name: str) -> str | None:
     handler: reads, never imports. Once the runtime is loaded, the runtime's answer
     (``lifetime``: ``configure(enabled=...)``, after ``shutdown()``, another session's
     trigger); before, no session exists yet and only the environment can say no."""
-    lifetime = sys.modules.get(f"{__name__}.lifetime")
+    lifetime = sys.modules.get(f"{__name__}.runtime.lifetime")
     runtime = getattr(lifetime, "_trigger_idle_reason", None)
     if runtime is not None:
         result: str | None = runtime(name)

@@ -24,10 +24,10 @@ from typing import Any
 
 from exporters import InMemoryExporter
 
-from . import lifetime
-from .config import _reset_warnings
-from .sessions import Session
-from .status import ProcessStatus, SessionStatus
+from .runtime import lifetime
+from .runtime.config import _reset_warnings
+from .runtime.profiling_session import Session
+from .runtime.status import ProcessStatus, SessionStatus
 
 __all__ = [
     "Capture",
@@ -80,7 +80,7 @@ def forget_warnings() -> None:
 def process_status() -> ProcessStatus:
     """What decorated calls do now, whether a torch profiler records, and what the calling
     thread or asyncio task has open."""
-    from . import _torch, decorator, module
+    from .runtime import _torch, decorator, module
 
     return ProcessStatus(
         calls_idle=bool(decorator._IDLE),

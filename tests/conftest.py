@@ -21,7 +21,7 @@ def counting_ambient():
     from instrument import Schedule
 
     instrument.configure(schedule=Schedule(skip_first=10**6), exporters=[InMemoryExporter()])
-    sess = instrument.lifetime.session_for_calls()
+    sess = instrument.runtime.lifetime.session_for_calls()
     assert sess is not None and sess.ambient and sess.status().root_calls_end_steps
     yield sess
     instrument.shutdown()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from instrument import Schedule, profiled
-from instrument.analysis import analyze_events
+from instrument.analysis.analyze import analyze_events
 from instrument.testing import capture
 
 
@@ -140,7 +140,7 @@ def test_per_operator_self_cpu_agrees_with_key_averages(tmp_path):
     """Our numbers from the trace file vs torch's key_averages() on the same profile."""
     from torch.profiler import ProfilerActivity, profile
 
-    from instrument.tracefile import load_trace
+    from instrument.analysis.kineto_json import load_trace
 
     x, w, b = torch.randn(128, 128), torch.randn(128, 128), torch.randn(128)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -159,7 +159,8 @@ def test_per_operator_self_cpu_agrees_with_key_averages(tmp_path):
 
 
 def _window_with(fn, activities, iterations):
-    from instrument import _torch, configure
+    from instrument import configure
+    from instrument.runtime import _torch
 
     configure(enabled=False)  # no ambient session: this test runs its own window
     window = _torch.ProfilerWindow(
@@ -173,8 +174,8 @@ def _window_with(fn, activities, iterations):
 
 
 def _assert_agrees_with_key_averages(window, range_name, calls, tmp_path):
-    from instrument.analysis import analyze, events_from_trace
-    from instrument.tracefile import load_trace
+    from instrument.analysis.analyze import analyze, events_from_trace
+    from instrument.analysis.kineto_json import load_trace
 
     events = window.events()
     if events is None:  # torch < 2.13: the session analyzes the exported trace instead
@@ -241,9 +242,9 @@ def test_work_recorded_after_the_window_end_marker_is_cut(tmp_path):
     report and the shaped trace keep the recorded steps only. Real events, on the CPU: the
     same profiler window records a warm-up call, three marked steps, the end marker, then
     two calls more."""
-    from instrument import _torch
-    from instrument.analysis import analyze, drop_warmup, events_from_trace
-    from instrument.tracefile import STEP_MARKER, WINDOW_END, load_trace, shape_trace
+    from instrument.analysis.analyze import analyze, drop_warmup, events_from_trace
+    from instrument.analysis.kineto_json import STEP_MARKER, WINDOW_END, load_trace, shape_trace
+    from instrument.runtime import _torch
 
     @profiled("tail_mm")
     def tail_mm(a):

@@ -1,4 +1,4 @@
-"""The analysis helper process (instrument/analysis_process.py): real windows, a real child
+"""The analysis helper process (instrument/export/analysis_process.py): real windows, a real child
 process, and faults injected into it with real signals."""
 
 from __future__ import annotations
@@ -17,9 +17,14 @@ import torch
 
 import instrument
 from exporters import InMemoryExporter
-from instrument import ProfilerWarning, analysis_process, profiled, session
-from instrument.analysis_process import AnalysisProcess, AnalysisProcessError, shape_and_analyze
-from instrument.tracefile import load_trace
+from instrument import ProfilerWarning, profiled, session
+from instrument.analysis.kineto_json import load_trace
+from instrument.export import analysis_process
+from instrument.export.analysis_process import (
+    AnalysisProcess,
+    AnalysisProcessError,
+    shape_and_analyze,
+)
 from tests import _proc
 from tests._proc import REPO
 
@@ -59,8 +64,8 @@ def _gone(pid: int, within: float = 5.0) -> bool:
 @pytest.fixture
 def raw_trace(tmp_path):
     """A real window's raw trace, as torch writes it, with the SDK's step markers."""
-    from instrument import _torch
-    from instrument.tracefile import STEP_MARKER
+    from instrument.analysis.kineto_json import STEP_MARKER
+    from instrument.runtime import _torch
 
     win = _torch.ProfilerWindow(
         ("cpu",), record_shapes=False, profile_memory=False, with_stack=False, with_flops=False
@@ -180,7 +185,7 @@ def test_shutdown_ends_the_helper():
 
 KILLED = (
     "import os, signal, sys, torch, instrument\n"
-    "from instrument import profiled, analysis_process\n"
+    "from instrument import profiled; from instrument.export import analysis_process\n"
     "@profiled('mm')\n"
     "def mm(a): return a @ a\n"
     "a = torch.randn(16, 16)\n"
@@ -244,7 +249,7 @@ def test_a_forked_child_never_uses_its_parents_helper():
 
 
 def test_analysis_process_from_the_environment(monkeypatch):
-    from instrument.config import Config
+    from instrument.runtime.config import Config
 
     assert Config.from_env().analysis_process is True
     monkeypatch.setenv("PROFILED_ANALYSIS_PROCESS", "0")
@@ -266,7 +271,7 @@ def test_no_torch_in_the_helpers_imports():
 
 CAPTURED = (
     "import torch, instrument\n"
-    "from instrument import profiled, analysis_process\n"
+    "from instrument import profiled; from instrument.export import analysis_process\n"
     "@profiled('mm')\n"
     "def mm(a): return a @ a\n"
     "a = torch.randn(16, 16)\n"
@@ -291,7 +296,7 @@ def test_subprocess_output_is_not_held_by_the_helper(ahead_programs, request):
 
 RESTORED_SIGPIPE = (
     "import os, signal, time, warnings, torch, instrument\n"
-    "from instrument import profiled, analysis_process\n"
+    "from instrument import profiled; from instrument.export import analysis_process\n"
     "from exporters import InMemoryExporter\n"
     "signal.signal(signal.SIGPIPE, signal.SIG_DFL)\n"
     "warnings.simplefilter('ignore')\n"
@@ -375,7 +380,8 @@ if len(sys.argv) > 2:
     sys.path.append(sys.argv[2])  # the SDK found after the standard library, as in site-packages
 import json, os
 import torch, instrument
-from instrument import analysis_process, profiled
+from instrument import profiled
+from instrument.export import analysis_process
 from exporters import InMemoryExporter
 
 if sys.argv[1]:  # set for the program's own children, say: the helper must ignore them
@@ -514,7 +520,7 @@ def test_the_helper_imports_nothing_from_the_programs_surroundings(
 def test_the_helpers_environment_is_minimal(monkeypatch):
     """What reaches the helper of the program's environment: the locale and the library path
     (a relocated interpreter needs them), never PYTHONPATH or a preload."""
-    from instrument.analysis_process import ENV_KEPT, _command
+    from instrument.export.analysis_process import ENV_KEPT, _command
 
     monkeypatch.setenv("PYTHONPATH", "/nowhere")
     monkeypatch.setenv("LD_PRELOAD", "/nowhere/lib.so")
@@ -632,7 +638,7 @@ def test_the_helper_makes_the_page_timeline_only_when_asked(raw_trace, tmp_path)
     it read anyway (``OccurrenceBudget.timeline_events``), the same as the page would draw from
     the shaped trace; a timeline that cannot be made costs the page's timeline, not the report."""
     from exporters.html_timeline import timeline_from_trace
-    from instrument.report import OccurrenceBudget
+    from instrument.base.report import OccurrenceBudget
 
     dist = {"rank": 0, "world_size": 1}
     paths = []
@@ -656,7 +662,7 @@ def test_the_helper_makes_the_page_timeline_only_when_asked(raw_trace, tmp_path)
 
 def test_a_timeline_that_cannot_be_made_costs_only_the_timeline(raw_trace, monkeypatch):
     from exporters import html_timeline
-    from instrument.report import OccurrenceBudget
+    from instrument.base.report import OccurrenceBudget
 
     def broken(*args, **kwargs):
         raise RuntimeError("boom")

@@ -20,7 +20,8 @@ import warnings
 import pytest
 
 import instrument
-from instrument import Schedule, decorator, metrics, profiled, state
+from instrument import Schedule, profiled
+from instrument.runtime import decorator, metrics, state
 from instrument.testing import process_status
 
 # whether a generator body always returns None decides which wrapper path it takes; the paths

@@ -23,7 +23,8 @@ PENDING_PER_NAME_BYTES = 4000  # a name called 500 times, after the feed's tidy 
 
 MEMORY = r"""
 import gc, json, sys, time, tracemalloc
-from instrument import profiled, metrics, state
+from instrument import profiled
+from instrument.runtime import metrics, state
 
 names, calls, settle = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 with profiled("warm"):  # the ambient session starts, metrics on
@@ -150,7 +151,8 @@ def test_pending_durations_are_given_back_between_exports(ahead, request):
 OVERFLOW = r"""
 import asyncio, sys, warnings
 warnings.simplefilter("always")
-from instrument import profiled, metrics
+from instrument import profiled
+from instrument.runtime import metrics
 from exporters.prometheus import exposition
 
 fns = [profiled(f"fn-{i}")(lambda: None) for i in range(60)]  # decorated: admitted at once
@@ -192,7 +194,9 @@ def test_names_past_the_cap_are_counted_under_other_with_one_warning(ahead, requ
 
 WINDOWS = r"""
 import sys
-from instrument import profiled, reporting, state
+from instrument import profiled
+from instrument.export import builder as reporting
+from instrument.runtime import state
 
 handed, kept = [], []
 _pending = reporting.pending

@@ -190,7 +190,7 @@ def test_dataloader_workers_never_profile_themselves_whatever_the_order(ahead, r
 DECISION_PROGRAM = """
 import sys, torch
 from torch.utils.data import DataLoader, Dataset
-from instrument.config import Config, child_of_profiled
+from instrument.runtime.config import Config, child_of_profiled
 
 class Decisions(Dataset):
     def __len__(self):

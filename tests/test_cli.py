@@ -556,7 +556,7 @@ def test_console_script_and_cheap_import():
     # the command and its trace readers (both the standard library only); nothing else: the
     # analysis, the console table and the HTML report load when a command runs, torch never
     # (tests/test_cli_start.py)
-    assert eval(out.stdout) == ["instrument.cli", "instrument.traces"]
+    assert eval(out.stdout) == ["instrument.cli", "instrument.cli.inputs"]
 
 
 # ---------------------------------------------------------------- input bounds (--max-mb)

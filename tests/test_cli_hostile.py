@@ -22,7 +22,7 @@ import threading
 import pytest
 import torch
 
-from exporters._files import TEMP_NAME
+from instrument.base.files import TEMP_NAME
 from tests import _proc
 
 HERE = os.path.dirname(os.path.abspath(__file__))

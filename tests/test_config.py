@@ -13,8 +13,8 @@ import torch.profiler
 import instrument
 import instrument.testing
 from instrument import Config, ConfigWarning, Schedule
-from instrument.ranks import MAX_TERMS, RankSet
-from instrument.sampling import Action
+from instrument.runtime.ranks import MAX_TERMS, RankSet
+from instrument.runtime.sampling import Action
 from instrument.testing import forget_warnings
 from tests import _early, _proc
 
@@ -517,7 +517,7 @@ def test_schedule_env_round_trip_and_negative_step():
 def test_next_active_agrees_with_action_everywhere():
     import itertools
 
-    from instrument.sampling import Action
+    from instrument.runtime.sampling import Action
 
     for wait, warmup, active, repeat, skip in itertools.product(
         (0, 1, 3), (0, 1, 2), (1, 2), (0, 1, 2), (0, 2)

@@ -9,9 +9,9 @@ import torch
 
 from exporters import TraceFileExporter
 from instrument import Schedule, profiled
-from instrument.analysis import analyze_events
+from instrument.analysis.analyze import analyze_events
+from instrument.analysis.kineto_json import load_trace
 from instrument.testing import capture
-from instrument.tracefile import load_trace
 from tests import _proc
 
 pytestmark = pytest.mark.cuda
@@ -131,7 +131,7 @@ def test_a_window_stops_once_its_kernels_ran_without_synchronising(
     report and trace hold the recorded steps' work only (what ran after the end is cut).
     The same for a window of one thread (stepping on it) and one of all threads."""
 
-    from instrument import stops as stops_mod
+    from instrument.runtime import stops as stops_mod
 
     x, w, b = _tensors(2048)
     matmul_bias(x, w, b)

@@ -24,8 +24,9 @@ import pytest
 import torch
 
 import instrument
-from instrument import Schedule, _torch, profiled, state  # noqa: E402
-from instrument import stops as stops_mod
+from instrument import Schedule, profiled
+from instrument.runtime import _torch, state  # noqa: E402
+from instrument.runtime import stops as stops_mod
 from instrument.testing import InMemoryExporter, capture, process_status
 from tests import _early, _proc
 
@@ -172,7 +173,7 @@ def test_closing_the_session_stops_a_deferred_window(stand_in):
 _PROGRAM = """
 import json, sys, warnings
 import torch
-from instrument import Schedule, _torch, profiled, session
+from instrument import Schedule, profiled, session; from instrument.runtime import _torch
 from instrument import ProfilerWarning
 
 {setup}
@@ -201,7 +202,7 @@ print(json.dumps({{"said": said, "steps": names.count("step"), "mul": "aten::mul
 """
 
 _STAND_IN = """
-from instrument import _torch, stops
+from instrument.runtime import _torch, stops
 stops.DRAIN_MAX_S = 600.0  # the drain ends at a step, never by the timer (a loaded box's pace)
 class Event:
     def query(self): return False
@@ -580,9 +581,9 @@ _FORK = """
 import os, threading, time
 import torch
 import instrument
-from instrument import Schedule, profiled, _torch
+from instrument import Schedule, profiled; from instrument.runtime import _torch
 from instrument.testing import InMemoryExporter
-from instrument import state, stops as stops_mod
+from instrument.runtime import state, stops as stops_mod
 {stand_in}
 stops_mod.DRAIN_MAX_S = 0.2
 

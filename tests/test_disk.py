@@ -217,7 +217,7 @@ def test_bad_max_mb_in_code_raises():
 
 def _worker() -> str:
     """The worker part of this process's trace file names."""
-    from instrument import _torch
+    from instrument.runtime import _torch
 
     return f"{_torch.host_name()}_{os.getpid()}_rank0"
 
@@ -256,7 +256,7 @@ def test_names_like_ours_with_a_trailing_newline_or_a_link_are_never_removed(tmp
 
 KILLED_WRITER = textwrap.dedent("""
     import os, signal, sys
-    from exporters._files import open_temp
+    from instrument.base.files import open_temp
 
     fd, tmp = open_temp(sys.argv[1])
     os.write(fd, b'{"traceEvents": [')  # half a trace, then the OOM killer
@@ -482,7 +482,7 @@ def test_write_atomic_never_replaces_a_device_a_fifo_or_a_directory(tmp_path):
     import socket
     import stat
 
-    from exporters._files import TEMP_NAME, NotAFileError, write_atomic
+    from instrument.base.files import TEMP_NAME, NotAFileError, write_atomic
 
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "dir").mkdir()

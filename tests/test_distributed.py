@@ -15,9 +15,10 @@ import pytest
 
 import instrument
 from exporters import InMemoryExporter
-from instrument import Config, ConfigWarning, Schedule, _torch, profiled, state
-from instrument.ranks import LAUNCHER_VARS, RankSet, launcher_ranks_from_env
-from instrument.sampling import Sampling
+from instrument import Config, ConfigWarning, Schedule, profiled
+from instrument.runtime import _torch, state
+from instrument.runtime.ranks import LAUNCHER_VARS, RankSet, launcher_ranks_from_env
+from instrument.runtime.sampling import Sampling
 from instrument.testing import capture, forget_warnings, process_status
 from tests import _proc
 from tests._records import window_records

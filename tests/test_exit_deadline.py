@@ -15,7 +15,8 @@ import json
 
 PROGRAM = r"""
 import json, time, torch, instrument
-from instrument import profiled, _torch
+from instrument import profiled
+from instrument.runtime import _torch
 
 stops = []
 _stop = _torch.ProfilerWindow.stop

@@ -20,7 +20,7 @@ import torch
 import torch.autograd.profiler as torch_profiler
 import instrument
 from instrument import Schedule, profiled
-from instrument import metrics
+from instrument.runtime import metrics
 
 @profiled("train_step", step=True)
 def train_step(x):
@@ -73,8 +73,9 @@ OWN_PROFILER = r"""
 import json, time
 import torch
 import instrument
-from instrument import Schedule, lifetime, profiled
-from instrument import metrics
+from instrument import Schedule, profiled
+from instrument.runtime import lifetime
+from instrument.runtime import metrics
 
 @profiled("train_step", step=True)
 def train_step(x, i):
@@ -116,7 +117,7 @@ def test_a_step_that_starts_a_profiler_is_not_judged_slow_nor_counted():
 FORK_WHILE_ASKING = r"""
 import os, sys, torch
 import instrument
-from instrument import _torch
+from instrument.runtime import _torch
 before = torch.__dict__.get("__getattr__")
 assert before is not None and "torch._inductor" not in sys.modules
 with _torch._inductor_left_alone():

@@ -12,12 +12,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from exporters import TraceFileExporter
 from exporters.console import format_report
-from instrument import Schedule, peaks, profiled
-from instrument.analysis import analyze_trace
-from instrument.report import FrozenMap
+from instrument import Schedule, profiled
+from instrument.analysis import peaks
+from instrument.analysis.analyze import analyze_trace
+from instrument.analysis.kineto_json import load_trace
+from instrument.analysis.throughput import with_peaks
+from instrument.base.report import FrozenMap
 from instrument.testing import capture
-from instrument.throughput import with_peaks
-from instrument.tracefile import load_trace
 
 STEPS = 3
 
@@ -197,7 +198,7 @@ def test_mfu_is_achieved_flops_over_the_devices_dense_peak(tmp_path):
 def test_compute_or_memory_heavy_is_judged_against_the_devices_ridge_point():
     """The same FLOP/byte is compute-heavy on a card with little bandwidth per FLOP and
     memory-heavy on one with much (L4's bf16 ridge ~403 FLOP/byte, H200's ~206)."""
-    from instrument.report import RangeStats, WindowReport
+    from instrument.base.report import RangeStats, WindowReport
 
     stats = RangeStats(
         "r", 1, 10.0, 10.0, 100.0, 1, device_busy_us=100.0, wall_time_us=100.0,

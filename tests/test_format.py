@@ -1,5 +1,5 @@
-"""``exporters._format``: the one time formatter and column fitter behind the console table,
-the CLI's tables and the verdicts' reasons."""
+"""``instrument.base.formatting``: the one time formatter and column fitter behind the console
+table, the CLI's tables and the verdicts' reasons."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from exporters._format import (
+from instrument.base.formatting import (
     MIN_NAME_WIDTH,
     WIDTH,
     fit,
@@ -176,10 +176,10 @@ def test_the_module_imports_neither_torch_nor_instrument():
         "print(sorted(n for n in sys.modules if n.split('.')[0] in ('torch', 'instrument',"
         " 'exporters')))\n"
     )
-    import exporters._format
+    import instrument.base.formatting
 
     out = subprocess.run(
-        [sys.executable, "-c", code, exporters._format.__file__],
+        [sys.executable, "-c", code, instrument.base.formatting.__file__],
         capture_output=True,
         text=True,
         check=True,

@@ -23,7 +23,8 @@ import sys
 
 import pytest
 
-from instrument import cli, gate
+from instrument import cli
+from instrument.cli import gate
 from tests import _early, _proc
 
 HERE = os.path.dirname(os.path.abspath(__file__))

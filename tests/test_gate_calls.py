@@ -1,4 +1,4 @@
-"""The gate's per-window value is the window's median call (``instrument.gate``, issue 30).
+"""The gate's per-window value is the window's median call (``instrument.cli.gate``, issue 30).
 
 A late wake-up on a busy runner slows single calls, not whole windows: under load (average 6
 on two cores) every baseline window of a real run had a call or two slowed by several ms, and
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-from instrument import gate
-from instrument.diff import Side, Window
-from instrument.report import FrozenMap, RangeCalls, RangeStats, WindowReport
+from instrument.base.report import FrozenMap, RangeCalls, RangeStats, WindowReport
+from instrument.cli import gate
+from instrument.cli.diff import Side, Window
 
 NAME = "train_step"
 CALLS = 5

@@ -1,4 +1,4 @@
-"""The gate's statistic on hand-made windows (``instrument.gate``, issue 30 item 2).
+"""The gate's statistic on hand-made windows (``instrument.cli.gate``, issue 30 item 2).
 
 Each side is a list of per-window per-call values, made into real ``WindowReport``s and judged
 by ``gate.gate`` as the CLI judges traces. The cases are the ones a shared runner produces:
@@ -12,9 +12,9 @@ import dataclasses
 
 import pytest
 
-from instrument import gate
-from instrument.diff import Side, Window
-from instrument.report import FrozenMap, Health, HealthReason, RangeStats, WindowReport
+from instrument.base.report import FrozenMap, Health, HealthReason, RangeStats, WindowReport
+from instrument.cli import gate
+from instrument.cli.diff import Side, Window
 
 BASE = [10.0, 10.1, 10.05, 10.2, 10.3, 10.15, 10.4, 10.1]  # ms per call, 8 windows
 CALLS = 5

@@ -17,10 +17,10 @@ import shutil
 
 import pytest
 
-from instrument.analysis import TAIL_LAUNCHES, analyze, drop_warmup, events_from_trace
-from instrument.analysis_process import shape_and_analyze
-from instrument.report import HEALTH_STATUSES
-from instrument.tracefile import STEP_MARKER, WINDOW_END, load_trace
+from instrument.analysis.analyze import TAIL_LAUNCHES, analyze, drop_warmup, events_from_trace
+from instrument.analysis.kineto_json import STEP_MARKER, WINDOW_END, load_trace
+from instrument.base.report import HEALTH_STATUSES
+from instrument.export.analysis_process import shape_and_analyze
 from tests._proc import run, sdk_env
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "health")
@@ -188,7 +188,7 @@ def test_real_cpu_windows_read_complete(tmp_path):
 
 
 def _report(name: str):
-    from instrument.traces import report_from_trace
+    from instrument.cli.inputs import report_from_trace
 
     path = os.path.join(DATA, name)
     return report_from_trace(path, load_trace(path), range_names={"train_step"})

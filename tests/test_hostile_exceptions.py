@@ -188,8 +188,8 @@ def test_no_exception_an_exporter_raises_kills_its_lane_or_hangs_flush(tmp_path)
 HOSTILE_REPRS = r"""
 import warnings, time
 from exporters import Exporter
-from instrument.pipeline import export_report
-from instrument.report import WindowReport
+from instrument.export.pipeline import export_report
+from instrument.base.report import WindowReport
 
 class ReprRaises(Exception):
     def __repr__(self):

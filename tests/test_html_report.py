@@ -1,7 +1,7 @@
 """The HTML report (issue 18, item 4): the ``html`` exporter's page per window and
-``torch-profiled report PATH... -o FILE`` (``instrument.html_report``), opened in a real headless
-Chromium (Debian's ``chromium``, driven by Playwright): the page loads with no console error and
-no request but its own file, shows the ranges and their numbers, its timeline draws the
+``torch-profiled report PATH... -o FILE`` (``instrument.cli.html_command``), opened in a real
+headless Chromium (Debian's ``chromium``, driven by Playwright): the page loads with no console
+error and no request but its own file, shows the ranges and their numbers, its timeline draws the
 recorded events, and zoom (buttons, wheel) and pan (drag, buttons) change the visible range.
 Traces come from a real program in a subprocess; the large window (140k events) is synthesised
 in the shape of our trace files by ``bench/html_report_speed.py``.
@@ -20,13 +20,16 @@ import time
 import pytest
 
 from exporters import ExportResult, known_exporter_names, resolve_exporters
-from exporters._format import format_time_us
 from exporters.html import NO_TRACE, HtmlExporter, page_path
 from exporters.html_page import PageWindow, build_page, range_mfu
 from exporters.html_timeline import timeline_from_trace
-from instrument import cli, diff, html_report, traces
-from instrument.report import FrozenMap, RangeStats, Verdict, WindowReport
-from instrument.throughput import with_peaks
+from instrument import cli
+from instrument.analysis.throughput import with_peaks
+from instrument.base.formatting import format_time_us
+from instrument.base.report import FrozenMap, RangeStats, Verdict, WindowReport
+from instrument.cli import diff
+from instrument.cli import html_command as html_report
+from instrument.cli import inputs as traces
 from tests import _proc
 from tests._proc import REPO
 
@@ -161,7 +164,7 @@ def test_report_of_the_seed_windows_shows_ranges_numbers_and_draws_timelines(
     seed, opened, tmp_path
 ):
     out = str(tmp_path / "report.html")
-    run = _proc.run("-m", "instrument.html_report", seed["dir"], "-o", out)
+    run = _proc.run("-m", "instrument.cli.html_command", seed["dir"], "-o", out)
     assert run.returncode == 0, run.stderr
     assert run.stderr == "" and run.stdout.startswith(f"wrote {out}")
     o = opened(out)
@@ -407,7 +410,7 @@ def test_bad_input_is_one_line_and_exit_2(seed, tmp_path, capsys):
 
 
 def test_bad_input_in_a_real_process_has_no_traceback(tmp_path):
-    out = _proc.run("-m", "instrument.html_report", str(tmp_path / "nope"), "-o", "x.html")
+    out = _proc.run("-m", "instrument.cli.html_command", str(tmp_path / "nope"), "-o", "x.html")
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
     assert not os.path.exists(tmp_path / "x.html")
@@ -636,7 +639,7 @@ def test_the_timeline_draws_whatever_the_names(name, opened, tmp_path):
     """Each name alone on a page built by ``torch-profiled report``'s path (a timeline dict)
     and by the exporter's (the analysis's ``PageTimeline``): the script runs, the timeline
     draws every event, and the names read back as they are."""
-    from instrument.analysis_process import page_timeline
+    from instrument.export.analysis_process import page_timeline
 
     names = [name, "plain", name + "2"]
     trace = _named_trace(names)

@@ -20,7 +20,7 @@ import os
 
 import pytest
 
-from instrument import html_report
+from instrument.cli import html_command as html_report
 from tests import test_html_report as pages
 from tests.test_html_report import CHROMIUM, Opened
 

@@ -84,11 +84,14 @@ def test_a_step_function_compiled_after_the_import_still_ends_its_steps(ahead, r
 LAZY_FACE = (
     "import importlib, sys\n"
     "import instrument\n"
-    "runtime = ('torch', 'instrument.decorator', 'instrument.lifetime', 'instrument.state')\n"
+    "runtime = ('torch', 'instrument.runtime.decorator', 'instrument.runtime.lifetime',\n"
+    "           'instrument.runtime.state')\n"
     "print('after import', [m for m in runtime if m in sys.modules])\n"
-    "homes = {'profiled': 'decorator', 'session': 'lifetime', 'Session': 'sessions',\n"
-    "         'Schedule': 'sampling', 'WindowReport': 'report', 'ModuleHandle': 'module',\n"
-    "         'Config': 'config', 'step': 'lifetime', 'ProfilerWarning': 'sessions'}\n"
+    "homes = {'profiled': 'runtime.decorator', 'session': 'runtime.lifetime',\n"
+    "         'Session': 'runtime.profiling_session', 'Schedule': 'runtime.sampling',\n"
+    "         'WindowReport': 'base.report', 'ModuleHandle': 'runtime.module',\n"
+    "         'Config': 'runtime.config', 'step': 'runtime.lifetime',\n"
+    "         'ProfilerWarning': 'runtime.profiling_session'}\n"
     "def home(m):\n"
     "    return importlib.import_module('instrument.' + m)\n"
     "same = all(getattr(instrument, n) is getattr(home(m), n) for n, m in homes.items())\n"
@@ -115,7 +118,9 @@ def test_the_package_face_is_lazy_and_binds_what_it_always_bound(ahead, request)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
     assert "after import []" in out, out
-    assert "after use ['torch', 'instrument.decorator', 'instrument.lifetime', " in out, out
-    assert "'instrument.state'] True" in out, out
+    assert (
+        "after use ['torch', 'instrument.runtime.decorator', 'instrument.runtime.lifetime', " in out
+    ), out
+    assert "'instrument.runtime.state'] True" in out, out
     assert "star True" in out and "dir True" in out and "sub instrument.testing" in out, out
     assert "missing module 'instrument' has no attribute 'no_such_thing'" in out, out

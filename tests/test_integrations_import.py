@@ -48,7 +48,7 @@ def test_a_missing_framework_says_which_extra_to_install(run_python, tmp_path):
 
 # the one private name the integrations may use outside their package: the SDK's way to warn
 # that never raises into the program (shared by both packages, as every SDK module uses it)
-SHARED_PRIVATE = {"exporters._warn"}
+SHARED_PRIVATE = {"instrument.base.warn"}
 
 
 def private_uses(path):
@@ -123,7 +123,7 @@ def test_the_check_sees_private_reads(tmp_path):
         "from ..sessions import ProfilerWarning\n"
         "from ._core import Phases\n"
         "from exporters import Exporter, _base\n"
-        "from exporters._warn import warn\n"
+        "from instrument.base.warn import warn\n"
         "instrument.lifetime.ambient_config()\n"
         "instrument.configure()\n"
     )

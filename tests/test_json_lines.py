@@ -44,7 +44,7 @@ def test_one_line_per_window_with_the_report(tmp_path):
 def test_env_names_json_exporter_and_path(monkeypatch, tmp_path):
     monkeypatch.setenv("PROFILED_JSON_PATH", str(tmp_path / "r.jsonl"))
 
-    from instrument.lifetime import _builtin_kwargs, ambient_config
+    from instrument.runtime.lifetime import _builtin_kwargs, ambient_config
 
     (exp,) = resolve_exporters(["json"], builtin_kwargs=_builtin_kwargs(ambient_config()))
     assert isinstance(exp, JsonLinesExporter) and exp.path == str(tmp_path / "r.jsonl")
@@ -73,7 +73,7 @@ def test_concurrent_processes_append_whole_lines(tmp_path):
     code = f"""
 import sys
 from exporters import JsonLinesExporter, ExportResult
-from instrument.report import WindowReport, RangeStats, FrozenMap
+from instrument.base.report import WindowReport, RangeStats, FrozenMap
 ranges = FrozenMap({{f"r{{i}}": RangeStats(f"r{{i}}", i, 1.0, 1.0, 0.0, 0) for i in range(400)}})
 exp = JsonLinesExporter({str(path)!r})
 for w in range(50):
@@ -95,7 +95,7 @@ for w in range(50):
 
 
 def test_stdout_dash(capsys):
-    from instrument.report import WindowReport
+    from instrument.base.report import WindowReport
 
     rep = WindowReport(
         window=0,
@@ -119,7 +119,7 @@ def test_stdout_dash(capsys):
 
 
 def _report(window: int = 0):
-    from instrument.report import WindowReport
+    from instrument.base.report import WindowReport
 
     return WindowReport(
         window=window,

@@ -19,7 +19,8 @@ PROGRAM = textwrap.dedent(
     import json, os, sys, time
     import torch
     import instrument
-    from instrument import _torch, ledger, profiled
+    from instrument import profiled
+    from instrument.runtime import _torch, ledger
     from exporters.memory import InMemoryExporter
 
     BUSY_S = float(os.environ.get("T_BUSY_S", "0"))      # extra per recorded step
@@ -180,8 +181,8 @@ def test_no_budget_backs_nothing_off() -> None:
 def test_halving_the_frequency_for_every_kind_of_plan() -> None:
     """The budget's second notch on each policy: every doubles, a sample rate halves, and a
     repeating schedule opens one cycle in two (then four)."""
-    from instrument.planner import WindowPlanner
-    from instrument.sampling import Sampling, Schedule
+    from instrument.runtime.planner import WindowPlanner
+    from instrument.runtime.sampling import Sampling, Schedule
 
     def starts(planner: WindowPlanner, steps: int) -> list[int]:
         out = []

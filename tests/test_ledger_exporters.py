@@ -21,7 +21,8 @@ from exporters.console import ConsoleExporter
 from exporters.html import HtmlExporter
 from exporters.json_lines import JsonLinesExporter
 from exporters.otel import OTelExporter
-from instrument import Schedule, _torch, profiled, session
+from instrument import Schedule, profiled, session
+from instrument.runtime import _torch
 
 STOP_S = 0.15
 

@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from instrument import metrics
-from instrument.report import RangeHistogram
+from instrument.base.report import RangeHistogram
+from instrument.runtime import metrics
 from instrument.testing import process_status
 from tests import _proc
 from tests._records import metrics_records, window_records
@@ -84,7 +84,8 @@ def test_the_sync_wrappers_inline_update_is_metrics_record(fresh_metrics, monkey
     """The metrics-only path of a decorated function inlines ``metrics.record``: same buckets,
     sum, min and max for the same durations (the clock is scripted, the update is real)."""
     import instrument
-    from instrument import Schedule, decorator, profiled, state
+    from instrument import Schedule, profiled
+    from instrument.runtime import decorator, state
 
     instrument.configure(  # a one-window schedule run to its end: no session needs calls
         schedule=Schedule(wait=0, warmup=1, active=1, repeat=1), exporters=[], activities=("cpu",)
@@ -117,7 +118,8 @@ def test_a_step_functions_calls_on_the_metrics_only_path_are_steps_too(fresh_met
     """A ``step=True`` function on the metrics-only path adds each call to its range and to
     the step histogram, exactly (scripted clock, more than a batch of calls)."""
     import instrument
-    from instrument import Schedule, decorator, profiled, state
+    from instrument import Schedule, profiled
+    from instrument.runtime import decorator, state
 
     instrument.configure(
         schedule=Schedule(wait=0, warmup=1, active=1, repeat=1), exporters=[], activities=("cpu",)
@@ -155,7 +157,8 @@ def test_a_profiler_the_program_starts_takes_calls_off_the_metrics_only_path(fre
     import torch
 
     import instrument
-    from instrument import Schedule, profiled, state
+    from instrument import Schedule, profiled
+    from instrument.runtime import state
 
     instrument.configure(
         schedule=Schedule(wait=0, warmup=1, active=1, repeat=1), exporters=[], activities=("cpu",)
@@ -191,7 +194,7 @@ def test_batches_fold_into_what_the_buckets_are_defined_to_hold(fresh_metrics):
     bucket, spans of one power of two to 50), the histogram holds per bucket ``i`` the
     durations ``d`` with ``BOUNDS_NS[i-1] <= d < BOUNDS_NS[i]`` once rounded to float32 (the
     first: all shorter, the last: all longer), their sum and the exact min and max, as
-    documented in ``instrument.metrics``."""
+    documented in ``instrument.runtime.metrics``."""
     import math
     import random
     import struct
@@ -363,13 +366,13 @@ print("done")
 
 
 SAYS_SWITCH = PROGRAM + (
-    "from instrument import state\nprint('metrics on:', state.metrics_on)\nprint('done')\n"
+    "from instrument.runtime import state\nprint('metrics on:', state.metrics_on)\nprint('done')\n"
 )
 
 FORKED = (
     PROGRAM
     + r"""
-from instrument import metrics
+from instrument.runtime import metrics
 pid = os.fork()
 if pid == 0:
     work(x)
@@ -493,7 +496,7 @@ def test_a_forked_child_starts_empty_and_exports_nothing(ahead, request):
 
 FLAGS_FORK = r"""
 import os, threading, time, torch
-from instrument import profiled, state
+from instrument import profiled; from instrument.runtime import state
 
 f = profiled("f")(lambda x: x + 1)
 held, release = threading.Event(), threading.Event()
@@ -698,7 +701,7 @@ TOGGLE_PROGRAM = r"""
 import sys, threading
 import instrument
 from exporters import InMemoryExporter
-from instrument import Schedule, profiled, state
+from instrument import Schedule, profiled; from instrument.runtime import state
 
 # a session that counts every step and never opens a window: calls take the general path
 instrument.configure(schedule=Schedule(skip_first=10**9), exporters=[InMemoryExporter()])
@@ -755,7 +758,8 @@ def test_with_metrics_on_a_decorated_call_still_compiles_fullgraph(fresh_metrics
     import torch
 
     import instrument
-    from instrument import Schedule, profiled, state
+    from instrument import Schedule, profiled
+    from instrument.runtime import state
 
     instrument.configure(
         schedule=Schedule(wait=0, warmup=1, active=1, repeat=1), exporters=[], activities=("cpu",)

@@ -23,7 +23,7 @@ import pytest
 
 from exporters import JsonLinesExporter
 from exporters.prometheus import exposition
-from instrument import metrics
+from instrument.runtime import metrics
 from tests import _proc
 
 PROMETHEUS = shutil.which("prometheus")
@@ -262,7 +262,7 @@ def test_json_lines_metrics_records_of_hostile_names_are_valid_utf8(tmp_path):
 
 
 def test_json_lines_window_records_of_hostile_names_are_valid_utf8(tmp_path):
-    from instrument.report import FrozenMap, RangeStats, WindowReport
+    from instrument.base.report import FrozenMap, RangeStats, WindowReport
 
     names = _names()
     ranges = FrozenMap({n: RangeStats(n, i + 1, 1.0, 1.0, 0.0, 0) for i, n in enumerate(names)})

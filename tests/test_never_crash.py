@@ -15,7 +15,8 @@ import time
 import pytest
 import torch
 
-from instrument import Schedule, _torch, profiled
+from instrument import Schedule, profiled
+from instrument.runtime import _torch
 from instrument.testing import capture, process_status
 from tests import _proc
 from tests._records import window_records
@@ -207,7 +208,7 @@ def test_free_running_threads_with_configure_and_flush(ahead, request):
 STORM = """
 import os, signal, sys, time, torch
 import instrument
-from instrument import profiled, step, _torch
+from instrument import profiled, step; from instrument.runtime import _torch
 
 class Tick(Exception):
     pass
@@ -520,7 +521,7 @@ def test_children_forked_while_another_thread_runs_windows_never_hang(ahead, req
 FORK_WHILE_OWNER_HOLDS_LOCK = """
 import os, threading, time, torch
 from exporters import InMemoryExporter
-from instrument import Schedule, _torch, profiled, session
+from instrument import Schedule, profiled, session; from instrument.runtime import _torch
 from instrument.testing import process_status
 
 @profiled("work")

@@ -10,11 +10,8 @@ import pytest
 
 import instrument
 from exporters import ExporterWarning
-from instrument import (
-    profiled,
-    state,  # noqa: E402
-    step,
-)
+from instrument import profiled, step
+from instrument.runtime import state
 from instrument.testing import process_status
 
 

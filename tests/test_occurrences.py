@@ -18,9 +18,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from exporters import InMemoryExporter
 from exporters.otel import OTelExporter
 from instrument import Schedule, profiled, session
-from instrument.analysis import analyze, drop_warmup, events_from_trace
-from instrument.report import DETAILS, Occurrence, OccurrenceBudget
-from instrument.spans import FOLDED, fit, plan_spans
+from instrument.analysis.analyze import analyze, drop_warmup, events_from_trace
+from instrument.base.report import DETAILS, Occurrence, OccurrenceBudget
+from instrument.base.spans import FOLDED, fit, plan_spans
 
 BASE = 1_765_000_000_000_000_000  # the trace's baseTimeNanoseconds
 
@@ -163,8 +163,8 @@ def _random_nodes(rng: random.Random, n: int) -> list[Occurrence]:
 @pytest.mark.parametrize("seed", range(30))
 def test_fitting_again_to_a_smaller_budget_stays_in_it_and_keeps_parents(seed):
     """What an exporter with a smaller budget than the session's widest does."""
-    from instrument.report import Occurrences
-    from instrument.spans import assemble
+    from instrument.base.report import Occurrences
+    from instrument.base.spans import assemble
 
     rng = random.Random(seed)
     nodes = _random_nodes(rng, rng.randrange(0, 200))
@@ -228,7 +228,8 @@ def test_two_otel_exporters_in_one_session_get_their_own_budget():
 def test_kinetos_events_and_the_trace_json_give_the_same_occurrences(tmp_path):
     """The session analyzes Kineto's events in this process (``PROFILED_ANALYSIS_PROCESS=0``)
     or the exported trace in the helper: their occurrences (epoch times) agree."""
-    from instrument import _torch, configure
+    from instrument import configure
+    from instrument.runtime import _torch
 
     configure(enabled=False)  # no ambient session: this test runs its own window
     window = _torch.ProfilerWindow(
@@ -243,7 +244,7 @@ def test_kinetos_events_and_the_trace_json_give_the_same_occurrences(tmp_path):
     kineto = analyze(drop_warmup(window.events()), names, occurrences=budget).occurrences
     path = str(tmp_path / "w.json")
     window.export_chrome_trace(path)
-    from instrument.tracefile import load_trace
+    from instrument.analysis.kineto_json import load_trace
 
     trace = load_trace(path)
     traced = analyze(

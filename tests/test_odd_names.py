@@ -19,7 +19,7 @@ import os
 
 import pytest
 
-from instrument.tracefile import loads_trace, shape_trace
+from instrument.analysis.kineto_json import loads_trace, shape_trace
 from tests import _proc
 from tests._records import window_records
 
@@ -49,7 +49,7 @@ import torch
 from torch.profiler import record_function
 from exporters import InMemoryExporter, JsonLinesExporter, TraceFileExporter
 from instrument import Schedule, profiled, session
-from instrument.report import OccurrenceBudget
+from instrument.base.report import OccurrenceBudget
 
 ranges, user, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
 funcs = [profiled(name)(lambda x: x + 1) for name in ranges]

@@ -25,8 +25,8 @@ from exporters import ExporterWarning, ExportResult, InMemoryExporter, resolve_e
 from exporters.otel import OTelExporter, plan_spans
 from exporters.otel_settings import otel_settings_from_env
 from instrument import Schedule, profiled, session
-from instrument.config import ConfigWarning
-from instrument.report import Occurrence
+from instrument.base.report import Occurrence
+from instrument.runtime.config import ConfigWarning
 from tests.otlp_receiver import (
     GrpcReceiver,
     HangingServer,
@@ -696,7 +696,7 @@ def test_the_always_on_histograms_arrive_with_a_count_per_call(otlp_env, receive
 def test_with_the_applications_meter_provider_the_histograms_turn_nothing_on(otlp_env):
     from opentelemetry.sdk.metrics import MeterProvider
 
-    from instrument import metrics
+    from instrument.runtime import metrics
 
     otlp_env("http://127.0.0.1:9")
     own = OTelExporter()

@@ -18,8 +18,8 @@ import torch
 
 from exporters import Exporter, ExporterWarning, ExportResult, InMemoryExporter
 from instrument import Schedule, profiled, session
-from instrument.pipeline import ExportPipeline, export_report
-from instrument.report import WindowReport
+from instrument.base.report import WindowReport
+from instrument.export.pipeline import ExportPipeline, export_report
 from instrument.testing import capture
 from tests._records import window_records
 

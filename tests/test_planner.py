@@ -9,7 +9,7 @@ import pathlib
 import pytest
 import torch
 
-from instrument.planner import (
+from instrument.runtime.planner import (
     PERIOD_MATCHES,
     SLOW_SETTLE_MAX_NS,
     SLOW_SETTLE_STEPS,
@@ -18,7 +18,7 @@ from instrument.planner import (
     Plan,
     WindowPlanner,
 )
-from instrument.sampling import Action, Sampling, Schedule
+from instrument.runtime.sampling import Action, Sampling, Schedule
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -110,7 +110,7 @@ def test_next_possible_names_the_first_step_a_window_may_open():
 
 def test_the_planner_needs_no_torch():
     for module in ("planner.py", "sampling.py"):
-        tree = ast.parse((ROOT / "instrument" / module).read_text())
+        tree = ast.parse((ROOT / "instrument" / "runtime" / module).read_text())
         imported = {
             alias.name.split(".")[0]
             for node in ast.walk(tree)

@@ -12,7 +12,7 @@ import torch
 
 from exporters import Exporter, ExporterWarning, ExportResult, InMemoryExporter
 from instrument import Schedule, profiled, session
-from instrument.pipeline import QUEUE_SIZE
+from instrument.export.pipeline import QUEUE_SIZE
 from tests import _proc
 from tests._records import window_records
 
@@ -236,7 +236,7 @@ FORKED_CHILD = """
 import os, sys, json, torch
 import instrument
 from instrument import profiled
-from instrument import _torch
+from instrument.runtime import _torch
 
 @profiled("train_step", step=True)
 def train_step(x):

@@ -20,7 +20,7 @@ import pytest
 
 from exporters import ExporterWarning
 from exporters.prometheus import PrometheusExporter, exposition, parse_addr
-from instrument import metrics
+from instrument.runtime import metrics
 from tests import _proc
 
 PROMETHEUS = shutil.which("prometheus")
@@ -41,7 +41,7 @@ x = torch.zeros(4)
 for _ in range(250):
     train_step(x)
 import math, random
-from instrument import metrics, state
+from instrument.runtime import metrics, state
 rng = random.Random(5)  # known durations, through the recording path the decorator inlines
 for _ in range(3000):
     metrics.record(metrics.recorder, "known", rng.lognormvariate(math.log(3e6), 0.8))
@@ -220,7 +220,7 @@ def test_reading_the_settings_imports_no_web_server(run_python):
     # the address is checked with every Config: importing http.server there made the first
     # decorated call slow enough for a program's 0.3 ms timer storm to cut every attempt short
     out = run_python(
-        "import sys\nfrom instrument.config import Config\n"
+        "import sys\nfrom instrument.runtime.config import Config\n"
         "Config.from_env({'PROFILED_PROMETHEUS_ADDR': '127.0.0.1:9999'})\n"
         "print('http.server' in sys.modules)"
     )

@@ -10,8 +10,8 @@ import warnings
 
 import pytest
 
-from exporters._settings import addr_family, parse_addr
 from instrument import Config, ConfigWarning
+from instrument.base.settings import addr_family, parse_addr
 from instrument.testing import forget_warnings
 
 GOOD = {

@@ -12,7 +12,7 @@ import pytest
 
 from exporters import ExporterWarning
 from exporters.prometheus import LIVE_EVERY_S, PrometheusExporter
-from instrument import metrics
+from instrument.runtime import metrics
 from tests import _proc
 from tests.test_prometheus import _counts, _free_port, _get
 
@@ -72,7 +72,7 @@ def test_the_first_scrape_before_any_interval_has_the_calls_so_far(tmp_path):
 @pytest.fixture
 def served():
     """An exporter on a free port of 127.0.0.1, and the live source restored after."""
-    from instrument.report import LiveMetrics
+    from instrument.base.report import LiveMetrics
 
     before = LiveMetrics.source
     exporter = PrometheusExporter("127.0.0.1:0")
@@ -86,7 +86,7 @@ def served():
 
 
 def test_a_flood_of_scrapes_reads_the_histograms_at_most_once_a_second(served):
-    from instrument.report import LiveMetrics
+    from instrument.base.report import LiveMetrics
 
     exporter, url = served
     reads = []
@@ -106,7 +106,7 @@ def test_a_flood_of_scrapes_reads_the_histograms_at_most_once_a_second(served):
 
 
 def test_a_live_read_that_fails_warns_once_and_serves_the_last_snapshot(served):
-    from instrument.report import LiveMetrics
+    from instrument.base.report import LiveMetrics
 
     exporter, url = served
     metrics.record(metrics.recorder, "r", 2000.0)

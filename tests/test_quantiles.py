@@ -13,8 +13,8 @@ import random
 
 import pytest
 
-from instrument import metrics
-from instrument.report import RangeHistogram
+from instrument.base.report import RangeHistogram
+from instrument.runtime import metrics
 from tests import _proc
 
 N = 100_000
@@ -111,7 +111,7 @@ def test_the_json_record_and_summarize_print_the_accurate_step_quantiles(tmp_pat
     program = tmp_path / "prog.py"
     program.write_text(
         "import random, sys\n"
-        "from instrument import metrics, profiled\n"
+        "from instrument import profiled; from instrument.runtime import metrics\n"
         "@profiled('train_step', step=True)\n"
         "def train_step():\n"
         "    return 1\n"

@@ -14,8 +14,8 @@ from tests import _proc
 
 RACE = """
 import sys, threading, torch, torch.profiler as tp
-from instrument import _torch
-assert "instrument.decorator" not in sys.modules  # it reads the choice when imported
+from instrument.runtime import _torch
+assert "instrument.runtime.decorator" not in sys.modules  # it reads the choice when imported
 _torch._set_lock_free(sys.argv[1] == "lock-free")
 assert _torch._GIL == (sys.argv[1] == "lock-free")
 from exporters import InMemoryExporter
@@ -90,7 +90,7 @@ def test_threads_calling_while_profilers_start_and_stop_never_crash(tmp_path, mo
 
 HELD_END = """
 import sys, threading, time, torch, torch.profiler as tp
-from instrument import _torch
+from instrument.runtime import _torch
 _torch._set_lock_free(True)  # (off by default: _torch.LOCK_FREE_RANGE_ENDS)
 assert _torch._GIL
 from instrument import profiled

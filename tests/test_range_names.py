@@ -15,8 +15,9 @@ import warnings
 
 import pytest
 
-from instrument import _torch, profiled
-from instrument.decorator import range_name
+from instrument import profiled
+from instrument.runtime import _torch
+from instrument.runtime.decorator import range_name
 from tests import _early, _proc
 
 SURROGATE = os.fsdecode(b"load-\xff.bin")
@@ -59,7 +60,7 @@ import torch
 from torch import nn
 import instrument
 from instrument import Schedule, instrument_module, profiled
-from instrument._torch import safe_name
+from instrument.runtime._torch import safe_name
 from instrument.testing import capture
 
 NAMES = {

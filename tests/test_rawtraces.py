@@ -1,4 +1,4 @@
-"""The raw window traces' directory (instrument/rawtraces.py): real directories, real
+"""The raw window traces' directory (instrument/export/scratch.py): real directories, real
 processes (a child killed with SIGKILL leaves its directory behind), real links."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import warnings
 import pytest
 
 from exporters import ExporterWarning
-from instrument import rawtraces
+from instrument.export import scratch as rawtraces
 from tests import _proc
 
 pytestmark = pytest.mark.skipif(
@@ -41,7 +41,7 @@ def tmp_base(tmp_path, monkeypatch):
 
 CHILD = """
 import time
-from instrument import rawtraces
+from instrument.export import scratch as rawtraces
 path = rawtraces.new_path(3)
 with open(path, "w") as fh:
     fh.write("{}")

@@ -81,7 +81,7 @@ def test_public_names():
 
 
 def test_every_env_variable_is_documented_and_the_readme_links_its_page():
-    from instrument.config import ENV_VARS
+    from instrument.runtime.config import ENV_VARS
 
     configuration = open(os.path.join(REPO, "docs", "configuration.md"), encoding="utf-8").read()
     for var in ENV_VARS:

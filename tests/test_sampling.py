@@ -9,8 +9,8 @@ import torch
 
 from exporters import InMemoryExporter
 from instrument import Schedule, configure, flush, profiled, session
-from instrument.config import Config, ConfigWarning
-from instrument.sampling import Sampling, draw
+from instrument.runtime.config import Config, ConfigWarning
+from instrument.runtime.sampling import Sampling, draw
 from instrument.testing import process_status
 from tests import _early, _proc
 

@@ -586,7 +586,7 @@ def test_profiler_options_reach_torch(tmp_path):
 
 
 def test_default_activities_are_cpu_plus_the_accelerator():
-    from instrument._torch import default_activities
+    from instrument.runtime._torch import default_activities
 
     expected = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
     assert default_activities() == expected
@@ -643,7 +643,7 @@ def test_report_from_trace_json_where_kineto_events_lack_categories(monkeypatch)
     """torch < 2.13 (2.11 on the GPU host): Kineto events have no activity_type(); the session
     analyzes the exported trace instead, with the same numbers. (The export-thread path: the
     helper process always analyzes the trace.)"""
-    from instrument import _torch
+    from instrument.runtime import _torch
 
     with capture(schedule=Schedule(wait=0, warmup=1, active=2), analysis_process=False) as cap:
         for _ in range(3):
@@ -707,7 +707,7 @@ def test_recorded_warmup_is_dropped_from_the_report_and_the_trace(tmp_path, monk
     """With a device the profiler records from the warm-up (its start-up costs land there);
     nothing of the warm-up may reach the report or the trace file."""
     from exporters import TraceFileExporter
-    from instrument import _torch
+    from instrument.runtime import _torch
 
     if path == "trace-json":
         monkeypatch.setattr(_torch.ProfilerWindow, "events", lambda self: None)

@@ -12,10 +12,10 @@ import warnings
 
 import pytest
 
-from exporters._settings import INT64_MAX
 from instrument import ConfigWarning
-from instrument import config as config_mod
-from instrument.config import MIN_METRICS_INTERVAL_S, SETTINGS
+from instrument.base.settings import INT64_MAX
+from instrument.runtime import config as config_mod
+from instrument.runtime.config import MIN_METRICS_INTERVAL_S, SETTINGS
 from instrument.testing import forget_warnings
 from tests._records import metrics_records
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from instrument import Config, ConfigWarning
-from instrument import config as config_mod
-from instrument.config import ENV_VARS, SETTINGS
+from instrument.runtime import config as config_mod
+from instrument.runtime.config import ENV_VARS, SETTINGS
 from instrument.testing import forget_warnings
 from tests import _proc
 

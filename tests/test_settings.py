@@ -16,10 +16,11 @@ import pytest
 
 import instrument
 from exporters import otel_settings
-from exporters._settings import STRICT, Setting, integer
-from instrument import Config, ConfigWarning, settings_table
-from instrument import config as config_mod
-from instrument.config import ENV_VARS, FIELDS, SETTINGS
+from instrument import Config, ConfigWarning
+from instrument.base.settings import STRICT, Setting, integer
+from instrument.cli import settings_table
+from instrument.runtime import config as config_mod
+from instrument.runtime.config import ENV_VARS, FIELDS, SETTINGS
 from instrument.testing import forget_warnings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,11 +45,11 @@ def _from_env(env: dict[str, str]) -> tuple[Config, list[str]]:
 
 def test_the_documented_table_is_the_declarations():
     """Fails when a declaration and the table in docs/configuration.md differ: run
-    ``python -m instrument.settings_table --write``."""
+    ``python -m instrument.cli.settings_table --write``."""
     assert settings_table.DOC == REPO / "docs" / "configuration.md"
     assert settings_table.check(), (
         "docs/configuration.md's table of PROFILED_* variables differs from "
-        "instrument/config.py's SETTINGS; run: python -m instrument.settings_table --write"
+        "instrument/config.py's SETTINGS; run: python -m instrument.cli.settings_table --write"
     )
     text = settings_table.DOC.read_text(encoding="utf-8")
     block = text.split(settings_table.START)[1].split(settings_table.END)[0]
@@ -86,7 +87,7 @@ def test_the_table_shows_each_declaration_as_declared():
 
 def test_the_module_runs_as_a_program():
     out = subprocess.run(
-        [sys.executable, "-m", "instrument.settings_table", "--check"],
+        [sys.executable, "-m", "instrument.cli.settings_table", "--check"],
         check=False,
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -101,7 +102,7 @@ def test_the_module_runs_as_a_program():
 
 
 def test_the_otel_detail_setting_accepts_exactly_the_reports_detail_levels():
-    from instrument.report import DETAILS
+    from instrument.base.report import DETAILS
 
     assert otel_settings.OTEL_DETAILS == DETAILS
     assert otel_settings.DETAIL.doc.count("`") >= 2 * len(DETAILS)
@@ -258,4 +259,4 @@ def test_the_settings_leaves_import_nothing_from_instrument():
         for m in _imported_modules(REPO / "instrument" / "config.py")
         if m.split(".")[0] == "exporters"
     }
-    assert from_exporters == {"exporters._settings", "exporters.otel_settings"}, from_exporters
+    assert from_exporters == {"instrument.base.settings", "exporters.otel_settings"}, from_exporters

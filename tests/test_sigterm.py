@@ -58,7 +58,7 @@ while time.monotonic() < deadline:
     if steps == 5:
         print("ready", flush=True)
         if WHERE == "holding-lock":
-            with instrument.state.lock:  # interrupted holding an SDK lock: must not hang
+            with instrument.runtime.state.lock:  # interrupted holding an SDK lock: must not hang
                 time.sleep(300)
     if WHERE in ("between-steps", "c-handler"):
         time.sleep(0.01)  # lands between steps, outside the SDK

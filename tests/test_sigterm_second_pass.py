@@ -68,7 +68,7 @@ instrument.configure(
 x = torch.randn(8, 8)
 
 if MODE == "in-sdk":  # the SIGTERM comes from inside torch's profiler start or stop
-    from instrument import _torch
+    from instrument.runtime import _torch
 
     real = getattr(_torch.ProfilerWindow, ARG)
     calls = [0]

@@ -21,7 +21,8 @@ from tests._records import metrics_records
 PROGRAM = """
 import json, os, sys, time
 import torch
-from instrument import profiled, shutdown, state
+from instrument import profiled, shutdown
+from instrument.runtime import state
 
 MODE = os.environ["T_MODE"]
 x = torch.randn(4)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 
-from instrument import cli, traces
+from instrument import cli
+from instrument.cli import inputs as traces
 from tests import _proc
 from tests.test_distributed import JOB, _no_launcher_variables, free_port, job_env
 
@@ -103,7 +104,7 @@ def test_both_summaries_name_the_late_rank_of_four_and_its_range(tmp_path, capsy
 WRAPPER = """
 import json, os, sys
 import torch, torch.distributed as dist
-from instrument import collectives, metrics, state
+from instrument.runtime import collectives, metrics, state
 
 dist.init_process_group("gloo", init_method="file://" + os.path.abspath("store"), rank=0,
                         world_size=1)

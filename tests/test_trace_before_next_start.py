@@ -15,7 +15,9 @@ import time
 
 import torch
 
-from instrument import Schedule, _torch, profiled, reporting, session
+from instrument import Schedule, profiled, session
+from instrument.export import builder as reporting
+from instrument.runtime import _torch
 from instrument.testing import InMemoryExporter
 
 X = torch.randn(16, 16)
@@ -109,7 +111,7 @@ def test_a_write_that_fails_at_the_start_is_left_to_the_worker(monkeypatch):
 
 FORK_WITH_A_PENDING_WINDOW = r"""
 import os, threading
-from instrument import reporting
+from instrument.export import builder as reporting
 
 class Ended:  # an ended window whose trace the export worker is writing (its lock held)
     def __init__(self):

@@ -20,8 +20,9 @@ import pytest
 import torch
 
 from exporters import InMemoryExporter
-from instrument import Schedule, profiled, session, triggers
-from instrument._atomic import atomic
+from instrument import Schedule, profiled, session
+from instrument.runtime import triggers
+from instrument.runtime._atomic import atomic
 from tests import _proc
 
 X = torch.randn(4, 4)

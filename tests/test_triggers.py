@@ -360,7 +360,7 @@ def test_sigusr1_opens_a_window_too(ahead_refused, request):
 
 
 def test_arming_a_refused_signal_directly_warns_and_leaves_its_handler():
-    from instrument import triggers
+    from instrument.runtime import triggers
 
     before = signal.getsignal(signal.SIGTERM)
     with pytest.warns(UserWarning, match="SIGUSR2, SIGUSR1; the trigger is off"):

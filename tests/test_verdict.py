@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from instrument.analysis import analyze_events
-from instrument.verdict import (
+from instrument.analysis.analyze import analyze_events
+from instrument.base.verdict import (
     COMPUTE_BOUND,
     COMPUTE_HEAVY_FLOP_PER_BYTE,
     CPU_ONLY,
@@ -158,7 +158,7 @@ def test_warmup_before_the_first_step_marker_is_dropped_with_its_kernels():
         E("cudaLaunchKernel", 132, 1, cat="cuda_runtime", external=4),
         E("gemm", 550, 400, cat="kernel", tid=99, external=4),
     ]
-    from instrument.analysis import analyze, drop_warmup, events_from_trace
+    from instrument.analysis.analyze import analyze, drop_warmup, events_from_trace
 
     a = analyze(drop_warmup(events_from_trace({"traceEvents": events})), set())
     r = a.ranges["r"]

@@ -8,8 +8,8 @@ import warnings
 
 import instrument
 from exporters import ExporterWarning, InMemoryExporter
-from exporters._warn import warn
 from instrument import ConfigWarning, Schedule, profiled
+from instrument.base.warn import warn
 from tests import _early, _proc
 
 BAD_VALUE = (

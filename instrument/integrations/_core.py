@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from exporters import Exporter, ExportResult
-from exporters._warn import warn
 from instrument import ProfilerWarning, WindowReport, configure, get_config, peak_tflops, profiled
+from instrument.base.warn import warn
 
 __all__ = [
     "COUNTED",

@@ -41,8 +41,8 @@ except ImportError as exc:  # pragma: no cover - the hf extra is not installed
         "uses): pip install 'torch-profiled[hf]'"
     ) from exc
 
-from exporters._warn import warn
 from instrument import ProfilerWarning
+from instrument.base.warn import warn
 
 from ._core import Phases, StepMetrics, device_name, guarded, listen_for_counted_flops
 
