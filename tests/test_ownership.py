@@ -2,9 +2,10 @@
 (``runtime/profiling_session.py``). Its parts (the window room, the stops, the lifetime
 functions, the process-wide ``state``) get what they need as arguments and give back what
 happened, or ask the session through one of its methods; none assigns to a session's
-attribute. Read from the source (AST): an assignment, augmented assignment, ``del`` or ``setattr`` whose object is a
-session (named ``sess``/``session``/``cur``/..., ``self.session``, ``state.current``...) or
-whose attribute is one of ``Session``'s own fields on anything but ``self``."""
+attribute. Read from the source (AST): an assignment, augmented assignment, ``del`` or
+``setattr`` whose object is a session (named ``sess``/``session``/``cur``/...,
+``self.session``, ``state.current``...) or whose attribute is one of ``Session``'s own
+fields on anything but ``self``."""
 
 from __future__ import annotations
 
