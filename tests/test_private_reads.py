@@ -58,7 +58,6 @@ _TORCH_OBJECT = (
 _CLOCK = "the decorator's clock, scripted: exact durations through each call form"
 _RACE = "the interleaving under test is forced by wrapping or holding the private step it names"
 _UNIT = "unit test of this private function: its rule, fed edge cases directly"
-_LOCK_FREE = "the lock-free range ends' own machinery, switched on and inspected by the test"
 _RAWTRACES = "this process's raw-trace bookkeeping, emptied under a temporary directory"
 _HELPER = "a fresh shared analysis helper per test (a helper given up stays given up)"
 
@@ -100,8 +99,6 @@ ALLOWED: dict[tuple[str, str, str], tuple[int, str]] = {
         1,
         "the endpoint's socket, swapped for one whose accept() fails once",
     ),
-    ("test_range_ends.py", "read", "_torch._GIL"): (2, _LOCK_FREE),
-    ("test_range_ends.py", "read", "_torch._END_STRETCHES"): (2, _LOCK_FREE),
     ("test_trace_before_next_start.py", "read", "reporting._PENDING"): (
         3,
         "windows whose trace is still being written: none held once reports are built, and "
@@ -138,7 +135,6 @@ ALLOWED: dict[tuple[str, str, str], tuple[int, str]] = {
         1,
         "what the environment gives the built-in exporters, without a session's run",
     ),
-    ("test_range_ends.py", "call", "_torch._set_lock_free"): (2, _LOCK_FREE),
     ("test_trigger_never_kills.py", "call", "triggers._system_handler"): (
         3,
         "the C-level handler under a Python one (faulthandler): signal.getsignal cannot see it",
