@@ -58,7 +58,6 @@ _TORCH_OBJECT = (
 _CLOCK = "the decorator's clock, scripted: exact durations through each call form"
 _RACE = "the interleaving under test is forced by wrapping or holding the private step it names"
 _UNIT = "unit test of this private function: its rule, fed edge cases directly"
-_LOCK_FREE = "the lock-free range ends' own machinery, switched on and inspected by the test"
 _RAWTRACES = "this process's raw-trace bookkeeping, emptied under a temporary directory"
 _HELPER = "a fresh shared analysis helper per test (a helper given up stays given up)"
 
@@ -100,8 +99,10 @@ ALLOWED: dict[tuple[str, str, str], tuple[int, str]] = {
         1,
         "the endpoint's socket, swapped for one whose accept() fails once",
     ),
-    ("test_range_ends.py", "read", "_torch._GIL"): (2, _LOCK_FREE),
-    ("test_range_ends.py", "read", "_torch._END_STRETCHES"): (2, _LOCK_FREE),
+    ("test_session.py", "read", "s._windows"): (
+        1,
+        "a session that records its warm-up, as one with a device does, on a CPU-only machine",
+    ),
     ("test_trace_before_next_start.py", "read", "reporting._PENDING"): (
         3,
         "windows whose trace is still being written: none held once reports are built, and "
@@ -142,7 +143,6 @@ ALLOWED: dict[tuple[str, str, str], tuple[int, str]] = {
         1,
         "what the environment gives the built-in exporters, without a session's run",
     ),
-    ("test_range_ends.py", "call", "_torch._set_lock_free"): (2, _LOCK_FREE),
     ("test_trigger_never_kills.py", "call", "triggers._system_handler"): (
         3,
         "the C-level handler under a Python one (faulthandler): signal.getsignal cannot see it",
@@ -169,10 +169,6 @@ ALLOWED: dict[tuple[str, str, str], tuple[int, str]] = {
     ("test_rawtraces.py", "patch", "rawtraces._cleaned"): (1, _RAWTRACES),
     ("test_rawtraces.py", "patch", "rawtraces._warned"): (1, _RAWTRACES),
     ("test_rawtraces.py", "patch", "rawtraces._owner"): (1, _RAWTRACES),
-    ("test_session.py", "read", "s._windows"): (
-        1,
-        "a session that records its warm-up, as one with a device does, on a CPU-only machine",
-    ),
     ("test_trace_before_next_start.py", "patch", "reporting._let_the_queue_refill"): (
         2,
         "a slow export worker, so that the race under test is real",

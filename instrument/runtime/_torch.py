@@ -26,7 +26,6 @@ import re
 import socket
 import sys
 import threading
-import time
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -169,42 +168,27 @@ def _escape(match: re.Match[str]) -> str:
 # Torch marks its event in the window it began in ``"finished": false``, and the report counts
 # it (``RangeStats.open_calls``).
 #
-# The end of a range takes no lock (issue 31: ``with _range_lock`` was ~240 ns of a range's
-# ~550 ns on the 2-core VM, 1.47x a bare ``_RecordFunctionFast`` closure). It compares the
-# epoch and ends the range in one stretch of bytecode that no other thread can enter: with the
-# GIL, CPython hands it to another thread only at a call's return, a function's start or a
-# backward jump (its "eval breaker"), and between ``_epoch``'s read and the end of the C call
-# ``rf.__exit__()`` there is none of those (``__exit__`` is C, runs no Python code, releases
-# nothing, and called with no arguments allocates nothing, so no garbage collection can run
-# finalizers there either). Every start and stop of any profiler moves the epoch *before* it
-# changes torch's state (``_profiler_changes``; the program's start in
-# ``_run_on_profiler_start``), so an end either runs wholly before the change, in the profiler
-# it began in, or sees the new epoch and keeps the range. Only Python code that a tracing or
-# profiling hook runs in there (``sys.settrace``'s line events: coverage, debuggers;
-# ``sys.setprofile``'s ``c_call``; ``sys.monitoring``) can let another thread in: every start
-# of a profiler and every stop of ours therefore waits, after moving the epoch, until no
-# thread is inside that stretch (``_wait_for_range_ends``, which reads the threads' frames:
-# nothing on the ranges' path), as it waited for the lock before (a range held there past the
-# program's own stop, which moves the epoch after torch's, ends with no profiler on: a no-op).
-# Without a GIL (a free-threaded build running without one) ranges end under the lock.
+# A range's end takes ``_range_lock``: the epoch's check and ``rf.__exit__()`` run under it.
+# Our profiler's start and stop move the epoch and change torch's state under it
+# (``_profiler_changes``), and the program's own start moves the epoch under it before torch
+# enables its profiler (``_foreign_change`` from ``_run_on_profiler_start``), so an end either
+# runs wholly before the change, in the profiler it began in, or sees the new epoch and keeps
+# the range. A tracing or profiling hook that runs Python code inside an end (coverage, a
+# debugger) holds the lock meanwhile, and the next start waits for it. (The program's own stop
+# moves the epoch after torch's: an end held past it ends with no profiler on, a no-op.)
+# An end without the lock (issue 31: ~1.08x a bare ``_RecordFunctionFast`` closure, where the
+# lock costs ~1.45x on the 2-core VM; off by default after its first failure) was removed:
+# tests/test_range_ends.py's race segfaulted with it on a GPU host (Kineto with CUPTI, 3 runs
+# of 4) and passed with the lock (BENCHMARKS.md).
 
 _range_lock = threading.RLock()
-"""Held by our profiler's start and stop (and, without a GIL, by a range's end): a range never
-ends (in C++) while our profiler changes underneath it."""
+"""Held by every range's end, by our profiler's start and stop and by the epoch's move at the
+program's own: a range never ends (in C++) while a profiler changes underneath it."""
 _epoch = 0
 """Bumped (under ``_range_lock``) at each start and stop of any torch profiler: ours
 (``_profiler_changes``) and the program's (``_foreign_change``)."""
 _orphans: list[Any] = []
 """Ranges whose profiler ended before they did: freed once no profiler is on."""
-LOCK_FREE_RANGE_ENDS = False
-"""End ranges without the lock (the stretch argument above). Off: on an H100 host (Python
-3.12.3, torch 2.11) tests/test_range_ends.py's race of threads against profiler starts and
-stops failed with it on (2026-12-07; the failure's output was not kept), while it passes on
-Python 3.11 with torch 2.13 here. Until that is understood ranges end under the lock (~1.45x a
-bare ``_RecordFunctionFast`` closure on the 2-core VM, against ~1.08x lock-free)."""
-_GIL = False
-"""Ranges end lock-free: asked for, the GIL on (switched on, never off, once a process runs)
-and the ends' bytecode read (``_set_lock_free``)."""
 
 
 def switches() -> int:
@@ -243,138 +227,35 @@ def ranged_call(f: Any, name: str, args: Any, kwargs: Any) -> Any:
         rf.__enter__()
         return f(*args, **kwargs)
     finally:
-        # (the epoch's read and ``rf.__exit__()`` in one stretch: see the section's comment)
-        if epoch == _epoch:
-            try:
-                rf.__exit__()
-            except RuntimeError:  # not begun, or torch's own check failed: keep it
+        with _range_lock:  # (see the section's comment)
+            if epoch == _epoch:
+                try:
+                    rf.__exit__()
+                except RuntimeError:  # not begun, or torch's own check failed: keep it
+                    _orphans.append(rf)
+            else:
                 _orphans.append(rf)
-        else:
-            _orphans.append(rf)
-        rf = None  # a traceback that keeps this frame must not keep the range
+            rf = None  # a traceback that keeps this frame must not keep the range
 
 
 def range_exit(opened: list[Any]) -> None:
     """End a range begun by ``range_enter`` if the profiler it began in is still the one on
     (told by the epoch, which every start and stop of any torch profiler moves), else keep it
-    unended until it can be freed safely. The holder lets go of it either way: a frame kept
-    alive by a traceback must never free a range later, under another profiler."""
+    unended until it can be freed safely; under ``_range_lock``. The holder lets go of it
+    either way: a frame kept alive by a traceback must never free a range later, under
+    another profiler."""
     rf = opened[0]
     if rf is None:
         return
-    if opened[1] == _epoch:  # (and the end in one stretch: see the section's comment)
-        try:
-            rf.__exit__()
-        except RuntimeError:  # torch's own check failed: keep it, never crash (not wider:
-            _orphans.append(rf)  # a signal handler's exception must reach the program)
-    else:
-        _orphans.append(rf)
-    opened[0] = None
-
-
-def _ranged_call_locked(f: Any, name: str, args: Any, kwargs: Any) -> Any:
-    """``ranged_call`` without a GIL: the end under the lock."""
-    epoch = _epoch
-    rf: Any = FastRange(name)
-    try:
-        rf.__enter__()
-        return f(*args, **kwargs)
-    finally:
-        with _range_lock:
-            if epoch == _epoch:
-                try:
-                    rf.__exit__()
-                except RuntimeError:
-                    _orphans.append(rf)
-            else:
-                _orphans.append(rf)
-            rf = None
-
-
-def _range_exit_locked(opened: list[Any]) -> None:
-    """``range_exit`` without a GIL: the end under the lock."""
-    rf = opened[0]
-    if rf is None:
-        return
-    with _range_lock:
+    with _range_lock:  # (see the section's comment)
         if opened[1] == _epoch:
             try:
                 rf.__exit__()
-            except RuntimeError:
-                _orphans.append(rf)
+            except RuntimeError:  # torch's own check failed: keep it, never crash (not
+                _orphans.append(rf)  # wider: a signal handler's exception must reach the program)
         else:
             _orphans.append(rf)
         opened[0] = None
-
-
-def _end_stretches(code: Any) -> tuple[range, ...]:
-    """The bytecode offsets of ``code``'s stretches from its last read of ``_epoch`` to the
-    call of ``__exit__`` that follows it (where a thread must never stop while a profiler
-    changes: see the section's comment)."""
-    import dis
-
-    found = []
-    read = exit_load = None
-    for ins in dis.get_instructions(code):
-        if ins.opname.startswith("LOAD_GLOBAL") and ins.argval == "_epoch":
-            read, exit_load = ins.offset, None
-        elif read is not None and ins.argval == "__exit__":
-            exit_load = ins.offset
-        elif exit_load is not None and ins.opname.startswith("CALL"):
-            found.append(range(read, ins.offset + 1))  # type: ignore[arg-type]
-            read = exit_load = None
-    return tuple(found)
-
-
-_END_STRETCHES: dict[Any, tuple[range, ...]] = {
-    f.__code__: _end_stretches(f.__code__) for f in (ranged_call, range_exit)
-}
-"""Per code object of a lock-free range end, its stretches (``_wait_for_range_ends``)."""
-_ranged_call_lock_free, _range_exit_lock_free = ranged_call, range_exit
-
-
-def _set_lock_free(on: bool) -> None:
-    """Ranges end lock-free (``on``, where the GIL is on and this bytecode was read) or under
-    the lock. Read by ``instrument.decorator`` when it is imported: the tests call this
-    first, in a process of their own."""
-    global _GIL, ranged_call, range_exit
-    _GIL = (
-        on
-        and bool(getattr(sys, "_is_gil_enabled", lambda: True)())
-        and all(_END_STRETCHES.values())
-    )
-    ranged_call = _ranged_call_lock_free if _GIL else _ranged_call_locked
-    range_exit = _range_exit_lock_free if _GIL else _range_exit_locked
-
-
-def _wait_for_range_ends() -> None:
-    """Right after the epoch moved, before a profiler changes: wait until no other thread
-    stands between its read of the epoch and the end of its range's ``__exit__()`` call
-    (only a tracing or profiling hook's Python code can hold it there: see the section's
-    comment). The ranges' path pays nothing for this: the threads' frames are read here."""
-    if not _GIL:
-        return
-    me = threading.get_ident()
-    pause = 0.0001
-    while _in_end_stretch(me):
-        time.sleep(pause)  # (lets it go on, as waiting for the lock did)
-        pause = min(pause * 2, 0.01)
-
-
-def _in_end_stretch(me: int) -> bool:
-    for ident, top in sys._current_frames().items():
-        if ident == me:
-            continue
-        frame: Any = top
-        while frame is not None:
-            stretches = _END_STRETCHES.get(frame.f_code)
-            if stretches is not None and any(frame.f_lasti in r for r in stretches):
-                return True
-            frame = frame.f_back
-    return False
-
-
-_set_lock_free(LOCK_FREE_RANGE_ENDS)
 
 
 # ---------------------------------------------------------------- the program's own profilers
@@ -392,15 +273,13 @@ _foreign_total = 0  # the program's profiler starts and stops so far
 _changing_thread: int | None = None  # the thread inside one of our starts or stops
 
 
-def _foreign_change(starting: bool) -> None:
+def _foreign_change() -> None:
     global _epoch, _foreign_total
     with _range_lock:
         if _changing_thread == threading.get_ident():
             return  # our own start or stop
         _epoch += 1
         _foreign_total += 1
-        if starting:  # (before torch's start; the program's stop has happened already)
-            _wait_for_range_ends()
 
 
 SWITCHES_SEEN = False
@@ -440,12 +319,12 @@ def _watch_program_profilers() -> None:
 
     def on_start() -> None:
         start()
-        _foreign_change(True)
+        _foreign_change()
         _switched()
 
     def on_stop() -> None:
         stop()
-        _foreign_change(False)
+        _foreign_change()
         _switched()
 
     autograd_profiler._run_on_profiler_start = on_start
@@ -458,10 +337,9 @@ _watch_program_profilers()
 
 def _profiler_changes() -> None:
     """Under ``_range_lock``, right before our profiler starts or stops: ranges begun so far
-    must not end in C++ from now on (and none is ending now: ``_wait_for_range_ends``)."""
+    must not end in C++ from now on (and none is ending now: ends take the lock)."""
     global _epoch
     _epoch += 1
-    _wait_for_range_ends()
 
 
 def _free_orphans() -> None:
