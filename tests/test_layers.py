@@ -78,20 +78,9 @@ TORCH_FREE = {
     "instrument.cli": "instrument.cli.inputs",
 }
 
-# Import edges that close a cycle, each an annotation only: process-wide state names the
-# ``Session`` and the ``Stops`` it holds, the status view the ``Session`` it names, while those
-# import state (or the view). The session's parts (window, stops) import no session.
-ALLOWED_CYCLE_EDGES = {
-    ("instrument.runtime.state", "instrument.runtime.profiling_session"): (
-        "typing only: state.current / ambient / explicit hold a Session"
-    ),
-    ("instrument.runtime.state", "instrument.runtime.stops"): (
-        "typing only: state.PENDING holds the Stops whose stop waits for its thread"
-    ),
-    ("instrument.runtime.status", "instrument.runtime.profiling_session"): (
-        "typing only: ProcessStatus.session names the Session that calls report to"
-    ),
-}
+# Import edges that would close a cycle, each with its reason. None: where a module must name a
+# type whose module imports it, it names it by a protocol (``state.Session``, ``state.Stops``).
+ALLOWED_CYCLE_EDGES: dict[tuple[str, str], str] = {}
 
 
 # ---------------------------------------------------------------- reading the source

@@ -190,8 +190,10 @@ def test_the_session_keeps_only_the_lock_stepping_and_the_api():
         for rel, tree in _sdk_trees()
         if rel.startswith("instrument/")
         for node in ast.walk(tree)
-        if isinstance(node, ast.ClassDef) and node.name == "Session"
-    ]
+        if isinstance(node, ast.ClassDef)
+        and node.name == "Session"
+        and not any(isinstance(b, ast.Name) and b.id == "Protocol" for b in node.bases)
+    ]  # (state.Session is a protocol naming it)
     points = class_decisions(session)
     assert points <= SESSION_DECISIONS, (
         f"Session has {points} decision points (at most {SESSION_DECISIONS}): move a "

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from exporters import ExporterWarning, check_exporter_names, resolve_exporters
 from instrument.base.settings import quote, reason
@@ -73,9 +73,20 @@ def _warn_once(message: str, category: type[Warning]) -> None:
         warn(message, category)
 
 
+def _session(sess: state.Session | None) -> Session | None:
+    """A session ``state`` holds, as the ``Session`` it is (``state`` names sessions by a
+    protocol, not by their class: the runtime keeps no import cycle, not even for types)."""
+    return cast("Session | None", sess)
+
+
+def _sessions(found: Sequence[state.Session | None]) -> list[Session]:
+    """The sessions of ``found`` that are there, as ``Session`` objects (see ``_session``)."""
+    return [cast(Session, s) for s in found if s is not None]
+
+
 def session_for_calls() -> Session | None:
     """The session a decorated call reports to, or None when none needs it."""
-    cur = state.current
+    cur = _session(state.current)
     if cur is None:
         cur = _make_ambient()
         if cur is None:
@@ -99,7 +110,7 @@ def _make_ambient() -> Session | None:
 def _build_ambient() -> Session | None:
     with state.lock:
         if state.current is not None:
-            return state.current
+            return _session(state.current)
         if state.shut_down:
             return None
         config = ambient_config()
@@ -144,7 +155,8 @@ def _build_ambient() -> Session | None:
         return sess
 
 
-def enter_explicit(sess: Session) -> None:
+def enter_explicit(found: state.Session) -> None:
+    sess = cast(Session, found)  # (``state`` names it by its protocol: see ``_session``)
     # atomic() outside the locks: a signal held back by it comes when they are free
     with atomic(), state.lock:
         if state.explicit is not None:
@@ -154,7 +166,7 @@ def enter_explicit(sess: Session) -> None:
             )
         if sess.closed:
             raise RuntimeError("this session has ended; create a new one with session(...)")
-        amb = state.ambient
+        amb = _session(state.ambient)
         if amb is not None:  # its profiler must stop before ours
             amb._give_way("an explicit session() started before the ambient window recorded a step")
         state.cpu_ops.resume_here()  # a stop the timer ended left this thread paused
@@ -165,7 +177,8 @@ def enter_explicit(sess: Session) -> None:
     state.refresh_idle()
 
 
-def exit_explicit(sess: Session) -> None:
+def exit_explicit(found: state.Session) -> None:
+    sess = cast(Session, found)
     try:
         sess.close()
     finally:
@@ -248,7 +261,7 @@ def configure(**fields: Any) -> None:
     if "exporters" in fields:
         check_exporter_names(Config().replace(exporters=fields["exporters"]).exporters)
     with state.lock:
-        old = state.ambient
+        old = _session(state.ambient)
         state.overrides.clear()
         state.overrides.update(candidate)
         state.ambient = None
@@ -277,7 +290,7 @@ def peak_tflops(device: str) -> dict[str, float]:
 
 def step() -> None:
     """End the current step of the current session (explicit, else ambient)."""
-    sess = state.current or _make_ambient()
+    sess = _session(state.current) or _make_ambient()
     if sess is not None:
         if not sess._started:
             sess._start()
@@ -299,7 +312,7 @@ def flush(timeout_s: float | None = None) -> bool:
         state.run_pending_stops()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     ok = True
-    for sess in [s for s in (state.explicit, state.ambient) if s is not None]:
+    for sess in _sessions((state.explicit, state.ambient)):
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         ok = sess.flush(left) and ok
     return ok
@@ -338,7 +351,7 @@ def _close_sessions() -> float:
     """Close every session within one deadline (returned, ``time.monotonic()``)."""
     global _closing
     with state.lock:
-        sessions = state.take_sessions()
+        sessions = _sessions(state.take_sessions())
     _closing = sessions
     timeout = max((s.config.export_timeout_s for s in sessions), default=Config().export_timeout_s)
     deadline = time.monotonic() + timeout
@@ -585,7 +598,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
         return  # called by the program's own handler: its shutdown, its exit hook exports
     if os.getpid() != _term_pid or (state.shut_down and not _shutdowns):
         _end_by(signum)  # a forked child, or nothing left to export
-    sessions = [s for s in (state.explicit, state.ambient) if s is not None]
+    sessions = _sessions((state.explicit, state.ambient))
     timeout = max((s.config.export_timeout_s for s in sessions), default=0.0)
     if _term_deadline is None:  # the first delivery: the deadline holds for the retries
         _term_deadline = max([time.monotonic() + timeout, *_shutdowns.values()])
@@ -990,7 +1003,7 @@ def _trigger_idle_reason(name: str) -> str | None:
         return (
             "profiling has ended in this process (after shutdown(), at exit, or in a forked child)"
         )
-    cur = state.current
+    cur = _session(state.current)
     if cur is not None and cur._started:
         if cur.config.trigger != name:
             return f"the profiling session's trigger is {cur.config.trigger or 'unset'}"

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -40,9 +40,27 @@ from instrument.base.warn import warn
 from ..analysis.events import gc_paused
 from . import _torch, metrics
 
-if TYPE_CHECKING:
-    from .profiling_session import Session
-    from .stops import Stops
+
+class Session(Protocol):
+    """What this module and the decorator need of a session (``profiling_session.Session``
+    is the one kind there is): named by this protocol, not imported, as that module imports
+    this one and the runtime keeps no import cycle, not even for types. ``lifetime``, which
+    makes the sessions, reads them back as its ``Session`` (``lifetime._session``)."""
+
+    finished: bool
+    closed: bool
+    _started: bool
+
+    def _declare_steps(self) -> None: ...
+    def _step_function_returned(self) -> None: ...
+
+
+class Stops(Protocol):
+    """A session's stops waiting for the thread that owns their window (``stops.Stops``)."""
+
+    def pending_is_here(self) -> bool: ...
+    def run_pending_here(self) -> None: ...
+
 
 Hook = Callable[[], None]
 """The first-call hook: run by the next decorated call (see ``window.Windows.first_call``)."""

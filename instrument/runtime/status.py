@@ -8,10 +8,6 @@ debugging and health checks, not for the hot path (a call builds a new object). 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .profiling_session import Session
 
 __all__ = ["ProcessStatus", "SessionStatus"]
 
@@ -60,8 +56,9 @@ class ProcessStatus:
     calls_metrics_only: bool
     """Decorated calls only time themselves into the metrics histograms (metrics on, no session
     needs the calls, no torch profiler records)."""
-    session: Session | None
-    """The started session decorated calls report to now (a ``Session``), or None."""
+    session: object | None
+    """The started session decorated calls report to now (the ``Session`` object, to compare
+    by identity; typed ``object`` here, as the session's module imports this one), or None."""
     profiler_on: bool
     """A torch profiler records in this process: one of ours or the program's own."""
     windows_recording: int
