@@ -155,6 +155,76 @@ def test_attention_block_flops_match_torchs_counter_forward_and_backward(tmp_pat
     assert _per_call(report.ranges["attention"]) == pytest.approx(expected, rel=0.01)
 
 
+class Conv1D(torch.nn.Module):
+    """GPT-2's projection (transformers' ``Conv1D``): ``torch.addmm`` called directly, which
+    autocast wraps (``nn.Linear`` goes through ``aten::linear``, whose ``addmm`` it does not)."""
+
+    def __init__(self, d_in, d_out):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(d_in, d_out) * 0.02)
+        self.bias = torch.nn.Parameter(torch.zeros(d_out))
+
+    def forward(self, x):
+        y = torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight)
+        return y.view(*x.shape[:-1], -1)
+
+
+class TinyLM(torch.nn.Module):
+    """A GPT-like block over token embeddings: qkv by ``Conv1D``, attention by ``torch.bmm``,
+    an MLP of ``Conv1D``s, an ``nn.Linear`` head."""
+
+    def __init__(self, vocab=64, dim=64, seq=32):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.qkv, self.proj = Conv1D(dim, 3 * dim), Conv1D(dim, dim)
+        self.up, self.down = Conv1D(dim, 4 * dim), Conv1D(4 * dim, dim)
+        self.head = torch.nn.Linear(dim, vocab)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        scores = torch.bmm(q, k.transpose(1, 2)) / q.shape[-1] ** 0.5
+        x = x + self.proj(torch.bmm(scores.softmax(-1), v))
+        x = x + self.down(F.gelu(self.up(x)))
+        return self.head(x)
+
+
+@pytest.mark.parametrize("in_helper", [False, True])
+def test_autocast_training_step_flops_match_torchs_counter(tmp_path, in_helper):
+    """bf16 autocast: torch records ``aten::addmm`` (``bmm``, ...) it wraps twice, once inside
+    the other (fp32 inputs outside, bf16 inside), both with the FLOPs of one product. A whole
+    training step (forward under autocast, backward, optimizer) counts what torch's counter
+    (Lightning's ``measure_flops``) counts on the same step, every FLOP in bf16: in the report
+    analysed in this process (Kineto's events) and in the helper process (the trace), and from
+    the trace file read back."""
+    torch.manual_seed(0)
+    model = TinyLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tokens = torch.randint(0, 64, (4, 32))
+
+    def step(tokens):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(tokens)
+        F.cross_entropy(logits.float().flatten(0, 1), tokens.flatten()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    step(tokens)
+    expected = _counted(step, tokens)
+    assert expected > 0
+    report, from_trace = _window(
+        tmp_path, profiled("train_step")(step), tokens, analysis_process=in_helper
+    )
+    for stats in (report.ranges["train_step"], from_trace.ranges["train_step"]):
+        assert stats.calls == STEPS
+        assert _per_call(stats) == expected
+        assert stats.flops_dtype == "bf16"
+    # the window's FLOPs per recorded step: what the framework integrations rate steps by
+    assert len(report.steps) == STEPS
+    assert report.flops / len(report.steps) == expected
+    assert report.flops_dtype == "bf16"
+
+
 def _as_if_on(report, device, device_us_per_call):
     """``report`` as though its ranges had run on ``device``: each call's device time given."""
     ranges = {
