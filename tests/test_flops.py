@@ -14,7 +14,7 @@ from exporters import TraceFileExporter
 from exporters.console import format_report
 from instrument import Schedule, profiled
 from instrument.analysis import peaks
-from instrument.analysis.analyze import analyze_trace
+from instrument.analysis.analyze import analyze_events, analyze_trace
 from instrument.analysis.kineto_json import load_trace
 from instrument.analysis.throughput import with_peaks
 from instrument.base.report import FrozenMap
@@ -223,6 +223,46 @@ def test_autocast_training_step_flops_match_torchs_counter(tmp_path, in_helper):
     assert len(report.steps) == STEPS
     assert report.flops / len(report.steps) == expected
     assert report.flops_dtype == "bf16"
+
+
+def _op(name, ts, dur, dims, types, flops=None):
+    args = {"Input Dims": dims, "Input type": types, "External id": ts}
+    if flops is not None:
+        args["flops"] = flops  # torch 2.11's traces carry the profiler's own count
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+            "args": args}  # fmt: skip
+
+
+def test_trace_counts_an_operator_redispatched_inside_itself_once():
+    """The trace (the helper process's path; torch 2.11's traces with the profiler's counts):
+    autocast's ``aten::addmm`` with fp32 inputs holding the cast and the bf16 ``aten::addmm``,
+    and CUDA's fused attention holding its kernel's operator on (b, s, h, d) inputs: each is
+    counted once, by its inner call (bf16), as torch's counter counts them."""
+    m, k, n = 64, 32, 16
+    b, h, s, d = 2, 4, 128, 16
+    bshd, bhsd = [b, s, h, d], [b, h, s, d]
+    fp32, bf16 = ["float", "float", "float"], ["c10::BFloat16"] * 3
+    addmm = 2 * m * k * n
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "step", "pid": 1, "tid": 1, "ts": 0,
+         "dur": 100, "args": {}},
+        _op("aten::addmm", 1, 20, [[n], [m, k], [k, n]], fp32, addmm),
+        _op("aten::to", 2, 3, [[m, k], []], ["float", ""]),
+        _op("aten::addmm", 10, 9, [[n], [m, k], [k, n]], bf16, addmm),
+        _op("aten::_scaled_dot_product_flash_attention", 30, 20, [bhsd] * 3, bf16),
+        _op("aten::_flash_attention_forward", 35, 10, [bshd] * 3, bf16),
+    ]  # fmt: skip
+    q = torch.randn(bhsd, device="meta")
+    expected = addmm + _counted(lambda: F.scaled_dot_product_attention(q, q, q))
+    assert expected == addmm + 4 * b * h * s * s * d
+    with_counts = analyze_events(events, ["step"])
+    stats = with_counts.ranges["step"]
+    assert stats.flops == expected
+    assert stats.flops_dtype == "bf16"
+    # torch 2.13's traces: no counts, ours from the shapes
+    for ev in events:
+        ev["args"].pop("flops", None)
+    assert analyze_events(events, ["step"]).ranges["step"].flops == expected
 
 
 def _as_if_on(report, device, device_us_per_call):
