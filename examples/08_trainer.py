@@ -76,7 +76,10 @@ def build_model(sizes: dict) -> GPT2LMHeadModel:
     return model
 
 
-def build_trainer(sizes: dict, steps: int, output_dir: str, cuda: bool) -> Trainer:
+def build_trainer(
+    sizes: dict, steps: int, output_dir: str, cuda: bool, bf16: bool | None = None
+) -> Trainer:
+    """The Trainer at ``sizes``; bf16 mixed precision on a GPU (``bf16`` says otherwise)."""
     args = TrainingArguments(
         output_dir=output_dir,
         max_steps=steps,
@@ -86,7 +89,7 @@ def build_trainer(sizes: dict, steps: int, output_dir: str, cuda: bool) -> Train
         report_to="none",
         save_strategy="no",
         use_cpu=not cuda,
-        bf16=cuda,
+        bf16=cuda if bf16 is None else bf16,
         disable_tqdm=True,
         dataloader_num_workers=2 if cuda else 0,
     )

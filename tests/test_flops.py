@@ -14,7 +14,7 @@ from exporters import TraceFileExporter
 from exporters.console import format_report
 from instrument import Schedule, profiled
 from instrument.analysis import peaks
-from instrument.analysis.analyze import analyze_trace
+from instrument.analysis.analyze import analyze_events, analyze_trace
 from instrument.analysis.kineto_json import load_trace
 from instrument.analysis.throughput import with_peaks
 from instrument.base.report import FrozenMap
@@ -153,6 +153,116 @@ def test_attention_block_flops_match_torchs_counter_forward_and_backward(tmp_pat
     report, _ = _window(tmp_path / "fwd", forward, x.detach())
     expected = _counted(block.forward_by_hand, x.detach())
     assert _per_call(report.ranges["attention"]) == pytest.approx(expected, rel=0.01)
+
+
+class Conv1D(torch.nn.Module):
+    """GPT-2's projection (transformers' ``Conv1D``): ``torch.addmm`` called directly, which
+    autocast wraps (``nn.Linear`` goes through ``aten::linear``, whose ``addmm`` it does not)."""
+
+    def __init__(self, d_in, d_out):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(d_in, d_out) * 0.02)
+        self.bias = torch.nn.Parameter(torch.zeros(d_out))
+
+    def forward(self, x):
+        y = torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight)
+        return y.view(*x.shape[:-1], -1)
+
+
+class TinyLM(torch.nn.Module):
+    """A GPT-like block over token embeddings: qkv by ``Conv1D``, attention by ``torch.bmm``,
+    an MLP of ``Conv1D``s, an ``nn.Linear`` head."""
+
+    def __init__(self, vocab=64, dim=64, seq=32):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.qkv, self.proj = Conv1D(dim, 3 * dim), Conv1D(dim, dim)
+        self.up, self.down = Conv1D(dim, 4 * dim), Conv1D(4 * dim, dim)
+        self.head = torch.nn.Linear(dim, vocab)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        scores = torch.bmm(q, k.transpose(1, 2)) / q.shape[-1] ** 0.5
+        x = x + self.proj(torch.bmm(scores.softmax(-1), v))
+        x = x + self.down(F.gelu(self.up(x)))
+        return self.head(x)
+
+
+@pytest.mark.parametrize("in_helper", [False, True])
+def test_autocast_training_step_flops_match_torchs_counter(tmp_path, in_helper):
+    """bf16 autocast: torch records ``aten::addmm`` (``bmm``, ...) it wraps twice, once inside
+    the other (fp32 inputs outside, bf16 inside), both with the FLOPs of one product. A whole
+    training step (forward under autocast, backward, optimizer) counts what torch's counter
+    (Lightning's ``measure_flops``) counts on the same step, every FLOP in bf16: in the report
+    analysed in this process (Kineto's events) and in the helper process (the trace), and from
+    the trace file read back."""
+    torch.manual_seed(0)
+    model = TinyLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tokens = torch.randint(0, 64, (4, 32))
+
+    def step(tokens):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(tokens)
+        F.cross_entropy(logits.float().flatten(0, 1), tokens.flatten()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    step(tokens)
+    expected = _counted(step, tokens)
+    assert expected > 0
+    report, from_trace = _window(
+        tmp_path, profiled("train_step")(step), tokens, analysis_process=in_helper
+    )
+    for stats in (report.ranges["train_step"], from_trace.ranges["train_step"]):
+        assert stats.calls == STEPS
+        assert _per_call(stats) == expected
+        assert stats.flops_dtype == "bf16"
+    # the window's FLOPs per recorded step: what the framework integrations rate steps by
+    assert len(report.steps) == STEPS
+    assert report.flops / len(report.steps) == expected
+    assert report.flops_dtype == "bf16"
+
+
+def _op(name, ts, dur, dims, types, flops=None):
+    args = {"Input Dims": dims, "Input type": types, "External id": ts}
+    if flops is not None:
+        args["flops"] = flops  # torch 2.11's traces carry the profiler's own count
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+            "args": args}  # fmt: skip
+
+
+def test_trace_counts_an_operator_redispatched_inside_itself_once():
+    """The trace (the helper process's path; torch 2.11's traces with the profiler's counts):
+    autocast's ``aten::addmm`` with fp32 inputs holding the cast and the bf16 ``aten::addmm``,
+    and CUDA's fused attention holding its kernel's operator on (b, s, h, d) inputs: each is
+    counted once, by its inner call (bf16), as torch's counter counts them."""
+    m, k, n = 64, 32, 16
+    b, h, s, d = 2, 4, 128, 16
+    bshd, bhsd = [b, s, h, d], [b, h, s, d]
+    fp32, bf16 = ["float", "float", "float"], ["c10::BFloat16"] * 3
+    addmm = 2 * m * k * n
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "step", "pid": 1, "tid": 1, "ts": 0,
+         "dur": 100, "args": {}},
+        _op("aten::addmm", 1, 20, [[n], [m, k], [k, n]], fp32, addmm),
+        _op("aten::to", 2, 3, [[m, k], []], ["float", ""]),
+        _op("aten::addmm", 10, 9, [[n], [m, k], [k, n]], bf16, addmm),
+        _op("aten::_scaled_dot_product_flash_attention", 30, 20, [bhsd] * 3, bf16),
+        _op("aten::_flash_attention_forward", 35, 10, [bshd] * 3, bf16),
+    ]  # fmt: skip
+    q = torch.randn(bhsd, device="meta")
+    expected = addmm + _counted(lambda: F.scaled_dot_product_attention(q, q, q))
+    assert expected == addmm + 4 * b * h * s * s * d
+    with_counts = analyze_events(events, ["step"])
+    stats = with_counts.ranges["step"]
+    assert stats.flops == expected
+    assert stats.flops_dtype == "bf16"
+    # torch 2.13's traces: no counts, ours from the shapes
+    for ev in events:
+        ev["args"].pop("flops", None)
+    assert analyze_events(events, ["step"]).ranges["step"].flops == expected
 
 
 def _as_if_on(report, device, device_us_per_call):

@@ -39,6 +39,7 @@ __all__ = [
     "flops_dtype",
     "flops_dtype_bits",
     "kineto_flops",
+    "count_flops_once",
     "no_gc",
 ]
 
@@ -191,40 +192,52 @@ def dtype_bytes(dtype: str) -> int:
 
 
 # Scaled-dot-product attention's fused operators, which the profiler's own FLOP count leaves
-# out: name -> index of the query in the inputs (q, k, v follow). The composite
-# ``aten::scaled_dot_product_attention`` is not here: its math fallback runs ``aten::bmm``,
-# which is counted already.
+# out: name -> (index of the query in the inputs, key and value after it; whether the inputs
+# are laid out (batch, sequence, heads, dim) rather than SDPA's (batch, heads, sequence, dim)).
+# The composite ``aten::scaled_dot_product_attention`` is not here: its math fallback runs
+# ``aten::bmm``, which is counted already. On CUDA the ``_scaled_dot_product_*`` operators run
+# the kernels' own operators (``_flash_attention_forward``, ...) inside them, on transposed
+# inputs: both give the same count, and ``count_flops_once`` keeps the inner one.
 SDPA_OPS = {
-    "aten::_scaled_dot_product_flash_attention": 0,
-    "aten::_scaled_dot_product_efficient_attention": 0,
-    "aten::_scaled_dot_product_cudnn_attention": 0,
-    "aten::_scaled_dot_product_flash_attention_for_cpu": 0,
-    "aten::_flash_attention_forward": 0,
-    "aten::_efficient_attention_forward": 0,
+    "aten::_scaled_dot_product_flash_attention": (0, False),
+    "aten::_scaled_dot_product_efficient_attention": (0, False),
+    "aten::_scaled_dot_product_cudnn_attention": (0, False),
+    "aten::_scaled_dot_product_flash_attention_for_cpu": (0, False),
+    "aten::_flash_attention_forward": (0, True),
+    "aten::_efficient_attention_forward": (0, True),
 }
 SDPA_BACKWARD_OPS = {
-    "aten::_scaled_dot_product_flash_attention_backward": 1,
-    "aten::_scaled_dot_product_efficient_attention_backward": 1,
-    "aten::_scaled_dot_product_cudnn_attention_backward": 1,
-    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": 1,
+    "aten::_scaled_dot_product_flash_attention_backward": (1, False),
+    "aten::_scaled_dot_product_efficient_attention_backward": (1, False),
+    "aten::_scaled_dot_product_cudnn_attention_backward": (1, False),
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": (1, False),
+    "aten::_flash_attention_backward": (1, True),
+    "aten::_efficient_attention_backward": (1, True),
 }
 
 
-def _sdpa_flops(dims: list[Any], at: int) -> int:
-    """torch.utils.flop_counter's formula: QK^T and PV, 2*b*h*s_q*s_k*(d_q + d_v)."""
+def _sdpa_flops(dims: list[Any], at: int, seq_first: bool) -> int:
+    """torch.utils.flop_counter's formula: QK^T and PV, 2*b*h*s_q*s_k*(d_q + d_v) (0 for
+    the variable-length form, whose 3-d inputs do not say the sequences' lengths)."""
     q, k, v = dims[at], dims[at + 1], dims[at + 2]
     if len(q) != 4 or len(k) != 4 or len(v) != 4:
         return 0
-    b, h, s_q, d_q = q
-    s_k, d_v = k[2], v[3]
-    return 2 * b * h * s_q * s_k * (d_q + d_v)
+    if seq_first:
+        b, s_q, h, d_q = q
+        s_k = k[1]
+    else:
+        b, h, s_q, d_q = q
+        s_k = k[2]
+    return 2 * b * h * s_q * s_k * (d_q + v[3])
 
 
 def mm_flops(name: str, dims: list[Any]) -> int:
     """FLOPs of an operator from its input shapes: the matrix products torch's ``with_flops``
     counts (used for traces: torch 2.13's trace JSON carries shapes but no FLOP counts), and
     scaled-dot-product attention, which torch's count leaves out (torch.utils.flop_counter's
-    formulas: the backward is twice the forward)."""
+    forward formula; the backward twice the forward, as for the same attention written out in
+    matrix products: torch.utils.flop_counter's fused backward also counts recomputing the
+    scores, 2.5 times the forward where the query's and value's widths are equal)."""
     try:
         if name == "aten::mm" and len(dims[0]) == 2 and len(dims[1]) == 2:
             (m, k), (_, n) = dims[0], dims[1]
@@ -239,9 +252,9 @@ def mm_flops(name: str, dims: list[Any]) -> int:
             (b, m, k), (_, _, n) = dims[1], dims[2]
             return 2 * b * m * k * n
         if name in SDPA_OPS:
-            return _sdpa_flops(dims, SDPA_OPS[name])
+            return _sdpa_flops(dims, *SDPA_OPS[name])
         if name in SDPA_BACKWARD_OPS:
-            return 2 * _sdpa_flops(dims, SDPA_BACKWARD_OPS[name])
+            return 2 * _sdpa_flops(dims, *SDPA_BACKWARD_OPS[name])
     except (TypeError, ValueError, IndexError):
         return 0
     return 0
@@ -252,9 +265,37 @@ SDPA_NAMES = frozenset(SDPA_OPS) | frozenset(SDPA_BACKWARD_OPS)
 ELEMENTWISE_FLOP_OPS = frozenset({"aten::mul", "aten::add", "aten::mul_", "aten::add_"})
 """Operators torch's ``with_flops`` gives one FLOP per element. Not counted: FLOPs here are
 matrix products, convolutions and attention, as torch.utils.flop_counter and MFU as the
-frameworks report it count them (with them, a small GPT's counted FLOPs per step read 28%
-over Lightning's ``measure_flops`` on an H100; torch 2.13's trace JSON carries no counts, so
-only the in-process and older torch's traces had them)."""
+frameworks report it count them (torch 2.13's trace JSON carries no counts, so only the
+in-process analysis and older torch's traces had them)."""
+
+
+def count_flops_once(events: list[Event], carrying: Iterable[int]) -> None:
+    """In place: an operator that carries FLOPs and has another that does inside it, on its
+    thread, carries none; the innermost ones count. torch records an operator that dispatches
+    again as two, one inside the other: under autocast ``aten::addmm`` (or ``mm``, ``bmm``,
+    ``conv2d``) once with the fp32 inputs and once inside with the bf16 ones, the same FLOPs
+    (and the same for a ``TorchDispatchMode`` around the code); a fused attention operator runs
+    its kernel's operator inside it. Counting both put a bf16 GPT's FLOPs per step 28% over
+    ``measure_flops`` (FlopCounterMode sees the inner call only). The inner one is the call
+    that ran, in the dtype it ran in. ``carrying``: the indices of the events with FLOPs."""
+    by_thread: dict[Any, list[int]] = {}
+    for i in carrying:
+        by_thread.setdefault(events[i].thread, []).append(i)
+    outer: set[int] = set()
+    for indices in by_thread.values():
+        if len(indices) < 2:
+            continue
+        indices.sort(key=lambda i: (events[i].start, -events[i].dur))  # parents first
+        open_ends: list[tuple[int, int]] = []  # (end, index) of the enclosing ones
+        for i in indices:
+            ev = events[i]
+            while open_ends and open_ends[-1][0] <= ev.start:
+                open_ends.pop()
+            if open_ends:  # begins inside another: nested (a thread's events never cross)
+                outer.add(open_ends[-1][1])
+            open_ends.append((ev.start + ev.dur, i))
+    for i in outer:
+        events[i] = events[i]._replace(flops=0, nbytes=0)
 
 
 def kineto_flops(
@@ -304,8 +345,10 @@ def input_bytes(dims: Iterable[Any], dtypes: Iterable[Any]) -> int:
 def events_from_trace(trace: Mapping[str, Any]) -> list[Event]:
     """Normalise a Chrome/Kineto trace's events (``export_chrome_trace`` output), with the
     trace's facts about its window (``trace_facts``) as bookkeeping events after them."""
+    carrying: list[int] = []
     with no_gc():
-        out = _events_from_trace(trace)
+        out = _events_from_trace(trace, carrying)
+        count_flops_once(out, carrying)
     out.extend(trace_facts(trace, out))
     return out
 
@@ -376,7 +419,8 @@ def _dropped_in_messages(messages: Iterable[Any]) -> int:
     return total
 
 
-def _events_from_trace(trace: Mapping[str, Any]) -> list[Event]:
+def _events_from_trace(trace: Mapping[str, Any], carrying: list[int]) -> list[Event]:
+    """The trace's events, normalised; the indices of those with FLOPs go to ``carrying``."""
     out: list[Event] = []
     append = out.append
     new = _tuple_new
@@ -413,6 +457,8 @@ def _events_from_trace(trace: Mapping[str, Any]) -> list[Event]:
                 flags |= USER_ANNOTATION
             if args.get("finished") is False:
                 flags |= UNFINISHED
+            if flops:
+                carrying.append(len(out))
             append(new(Event, ("cpu", name, start, dur, thread, ext, 0, flops, nbytes, flags)))
         elif cat in RUNTIME_CATEGORIES:
             if is_bookkeeping(name):

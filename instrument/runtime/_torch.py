@@ -39,6 +39,7 @@ from ..analysis.events import (
     UNFINISHED,
     USER_ANNOTATION,
     Event,
+    count_flops_once,
     kineto_flops,
     range_annotation,
 )
@@ -907,6 +908,7 @@ def kineto_events(results: Any, with_flops: bool = True) -> list[Any]:
     op_thread: dict[int, Any] = {}
     out: list[Event] = []
     runtime: list[tuple] = []
+    carrying: list[int] = []  # the operators with FLOPs (``count_flops_once``)
     append = out.append
     new = tuple.__new__  # Event(...) costs ~300 ns, this ~120 (see events.Event)
     # per (name, category): 0 skip, 1 operator, 2 bookkeeping, 3 runtime, 4 device
@@ -930,6 +932,8 @@ def kineto_events(results: Any, with_flops: bool = True) -> list[Any]:
             flops = nbytes = flags = 0
             if with_flops:
                 flops, nbytes, flags = kineto_flops(name, e.flops(), e.shapes, e.dtypes)
+                if flops:
+                    carrying.append(len(out))
             if cat == "user_annotation" and range_annotation(name):
                 flags |= USER_ANNOTATION
             if e.end_thread_id() == 0:  # cut short by the stop (torch's ids start at 1)
@@ -947,6 +951,7 @@ def kineto_events(results: Any, with_flops: bool = True) -> list[Any]:
             start, dur, os_thread = e.start_ns(), e.duration_ns(), ("os", e.start_thread_id())
             append(new(Event, ("overhead", name, start, dur, os_thread, 0, 0, 0, 0, 0)))
     _append_runtime_calls(out, runtime, op_thread)
+    count_flops_once(out, carrying)
     return out
 
 
