@@ -49,7 +49,8 @@ def test_the_documented_table_is_the_declarations():
     assert settings_table.DOC == REPO / "docs" / "configuration.md"
     assert settings_table.check(), (
         "docs/configuration.md's table of PROFILED_* variables differs from "
-        "instrument/config.py's SETTINGS; run: python -m instrument.cli.settings_table --write"
+        "instrument/runtime/config.py's SETTINGS; run: "
+        "python -m instrument.cli.settings_table --write"
     )
     text = settings_table.DOC.read_text(encoding="utf-8")
     block = text.split(settings_table.START)[1].split(settings_table.END)[0]
@@ -199,18 +200,8 @@ def test_the_every_rule_is_one_rule_for_code_and_environment():
 # ---------------------------------------------------------------- the OTel exporter's settings
 
 
-def test_otel_settings_are_read_without_importing_instrument():
-    code = (
-        "import sys, warnings\n"
-        "from exporters.otel_settings import otel_settings_from_env\n"
-        "with warnings.catch_warnings(record=True) as caught:\n"
-        "    warnings.simplefilter('always')\n"
-        "    got = otel_settings_from_env({'PROFILED_OTEL_DETAIL': 'OPS',\n"
-        "                                  'PROFILED_OTEL_MAX_SPANS': 'many'})\n"
-        "assert got == ('ops', 1000), got\n"
-        "assert [w.category.__name__ for w in caught] == ['ConfigWarning'], caught\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('instrument', 'torch')))\n"
-    )
+def _instrument_and_torch_modules_after(code: str) -> list[str]:
+    code += "print(sorted(m for m in sys.modules if m.split('.')[0] in ('instrument', 'torch')))\n"
     out = subprocess.run(
         [sys.executable, "-c", code],
         check=False,
@@ -221,7 +212,26 @@ def test_otel_settings_are_read_without_importing_instrument():
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    return ast.literal_eval(out.stdout.strip().splitlines()[-1])
+
+
+def test_otel_settings_are_read_with_no_more_of_instrument_than_its_lazy_face():
+    """The settings live in ``instrument.base``, whose package face loads no torch and no
+    runtime beyond the trigger's handler and the settings it reads."""
+    face = _instrument_and_torch_modules_after("import sys, instrument\n")
+    assert "torch" not in face and "instrument.runtime.decorator" not in face, face
+    code = (
+        "import sys, warnings\n"
+        "from exporters.otel_settings import otel_settings_from_env\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    got = otel_settings_from_env({'PROFILED_OTEL_DETAIL': 'OPS',\n"
+        "                                  'PROFILED_OTEL_MAX_SPANS': 'many'})\n"
+        "assert got == ('ops', 1000), got\n"
+        "assert [w.category.__name__ for w in caught] == ['ConfigWarning'], caught\n"
+    )
+    used = _instrument_and_torch_modules_after(code)
+    assert set(used) <= set(face) | {m for m in used if m.startswith("instrument.base.")}, used
 
 
 def test_otel_settings_warn_with_the_sdks_config_warning():
@@ -236,7 +246,7 @@ def test_otel_settings_warn_with_the_sdks_config_warning():
 def _imported_modules(path: Path) -> set[str]:
     """Every module a file imports, lazily or not: ``from pkg import mod`` counts as
     ``pkg.mod`` where that module exists (relative imports resolved in the file's package)."""
-    package = path.parent.name
+    package = ".".join(path.parent.relative_to(REPO).parts)
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -249,14 +259,19 @@ def _imported_modules(path: Path) -> set[str]:
     return found
 
 
-def test_the_settings_leaves_import_nothing_from_instrument():
-    for name in ("_settings.py", "otel_settings.py"):
-        imported = _imported_modules(REPO / "exporters" / name)
-        assert not any(m.split(".")[0] == "instrument" for m in imported), (name, imported)
-    # and config takes from exporters only those leaves (the registry is the callers')
+def test_the_settings_leaves_import_nothing_from_instrument_but_its_base():
+    for path in (
+        REPO / "instrument" / "base" / "settings.py",
+        REPO / "exporters" / "otel_settings.py",
+    ):
+        imported = _imported_modules(path)
+        ours = {m for m in imported if m.split(".")[0] == "instrument"}
+        assert all(m.startswith("instrument.base.") for m in ours), (path.name, imported)
+    # and config takes from exporters only the OTel exporter's settings (the registry is the
+    # callers')
     from_exporters = {
         m
-        for m in _imported_modules(REPO / "instrument" / "config.py")
+        for m in _imported_modules(REPO / "instrument" / "runtime" / "config.py")
         if m.split(".")[0] == "exporters"
     }
-    assert from_exporters == {"instrument.base.settings", "exporters.otel_settings"}, from_exporters
+    assert from_exporters == {"exporters.otel_settings"}, from_exporters
