@@ -20,6 +20,7 @@ from typing import Any
 from ..analysis.analyze import Analysis, analyze, drop_warmup
 from ..analysis.kineto_json import shape_file
 from ..analysis.throughput import with_peaks
+from ..base.files import current_umask
 from ..base.report import Cost, OccurrenceBudget, WindowReason, WindowReport
 from ..runtime import _torch, ledger, state
 from ..runtime.config import Config
@@ -34,6 +35,7 @@ __all__ = [
     "occurrence_budget",
     "rank_skip_reason",
     "forget",
+    "wants_gzip_trace",
     "pending",
     "remove_raw",
     "write_pending",
@@ -159,9 +161,16 @@ def occurrence_budget(exporters: Sequence[Any]) -> OccurrenceBudget | None:
     return OccurrenceBudget.widest(budgets)
 
 
+def wants_gzip_trace(exporters: Sequence[Any]) -> bool:
+    """An exporter wants the window's trace gzip-compressed (``Exporter.wants_gzip_trace``)."""
+    return any(getattr(exporter, "wants_gzip_trace", False) is True for exporter in exporters)
+
+
 class ReportBuilder:
     """Builds one session's window reports (``build``, on the export worker); with
-    ``occurrences`` (a budget) they carry the windows' per-call occurrences."""
+    ``occurrences`` (a budget) they carry the windows' per-call occurrences, with
+    ``gzip_trace`` the shaped trace gzip-compressed too, where the helper process shapes it
+    (``WindowReport.raw_trace_gz_path``)."""
 
     def __init__(
         self,
@@ -170,9 +179,11 @@ class ReportBuilder:
         warn_: Callable[[str], None],
         cancelled: Callable[[], bool],
         occurrences: OccurrenceBudget | None = None,
+        gzip_trace: bool = False,
     ) -> None:
         self.config = config
         self.occurrences = occurrences
+        self.gzip_trace = gzip_trace
         self.activities = tuple(activities)
         self._warn = warn_
         self._cancelled = cancelled  # the session ended past its deadline: nobody waits
@@ -196,7 +207,7 @@ class ReportBuilder:
         if self._cancelled():
             ended.window = None  # (the pipeline's on_done forgets it: ``pending``)
             return None
-        raw = None
+        raw = gz = None
         try:
             _let_the_queue_refill(ended)
             events, raw, export_s = self._trace(ended, window)
@@ -216,11 +227,17 @@ class ReportBuilder:
             else:
                 # reading, shaping and analyzing the trace: in the helper process, off this
                 # program's GIL, unless it is off or cannot
+                gz = rawtraces.gz_path(raw) if self.gzip_trace else None
                 analysis = (
-                    self._in_helper(raw, names, dist) if self.config.analysis_process else None
+                    self._in_helper(raw, names, dist, gz)
+                    if self.config.analysis_process
+                    else None
                 )
                 if analysis is None:
+                    gz = None  # (here the trace exporter compresses the trace itself)
                     analysis = shape_and_analyze(raw, names, dist, self.occurrences)
+                elif gz is not None and not os.path.isfile(gz):
+                    gz = None  # the helper could not write it (its disk is full)
         except BaseException:
             ended.window = None
             if raw is not None:
@@ -239,6 +256,7 @@ class ReportBuilder:
             device=device,
             activities=tuple(self.activities),
             raw_trace_path=raw,
+            raw_trace_gz_path=gz,
             reason=ended.reason,
             cost=self._cost(ended, raw, export_s, time.thread_time() - exported_at),
             **analysis.report_fields(),
@@ -286,9 +304,12 @@ class ReportBuilder:
         share = self.ledger.add(cost.total_us, entry.epoch)
         return dataclasses.replace(cost, share_pct=share)
 
-    def _in_helper(self, raw: str, names: frozenset[str], dist: dict[str, Any]) -> Any:
-        """The window's trace work in the shared helper process; None (the caller does it
-        here) when the helper cannot, with one warning the first time it fails."""
+    def _in_helper(
+        self, raw: str, names: frozenset[str], dist: dict[str, Any], gz: str | None
+    ) -> Any:
+        """The window's trace work in the shared helper process (and, with ``gz``, the
+        shaped trace compressed there); None (the caller does it here) when the helper cannot,
+        with one warning the first time it fails."""
         if not analysis_process.SUPPORTED:
             return None
         helper = analysis_process.shared()
@@ -296,7 +317,14 @@ class ReportBuilder:
             return None
         cpu_before = ledger.helper_cpu_s(helper.pid)
         try:
-            analysis, said = helper.analyze(raw, names, dist, occurrences=self.occurrences)
+            analysis, said = helper.analyze(
+                raw,
+                names,
+                dist,
+                occurrences=self.occurrences,
+                gzip_to=gz,
+                umask=current_umask() if gz else None,
+            )
         except analysis_process.AnalysisProcessError as exc:
             if helper.failed is not None:
                 if not state.helper_warned:
