@@ -839,9 +839,7 @@ def test_the_ambient_windows_warmup_is_paused_from_its_first_decorated_call():
     from instrument.runtime import state
 
     mem = InMemoryExporter()
-    configure(
-        exporters=[mem], activities=["cpu"], schedule=Schedule(wait=2, warmup=1, active=2)
-    )
+    configure(exporters=[mem], activities=["cpu"], schedule=Schedule(wait=2, warmup=1, active=2))
     step()  # the ambient session; step 0 (wait) ends
     state.ambient._windows.record_warmup = True  # what a session with a device does
     step()  # step 1 (wait) ends: the warm-up's window starts at its first decorated call

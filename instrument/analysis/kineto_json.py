@@ -40,7 +40,7 @@ import json
 import re
 import warnings
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, BinaryIO
 
 from instrument.base.files import write_atomic  # the one atomic-write helper
 
@@ -386,10 +386,14 @@ def shape_file(
     write fails (``OSError``: the file is then absent, and the exporter compresses ``path``)."""
     trace = shape_trace(load_trace(path), range_names, distributed)
     data = _encode(trace)
-    write_atomic(path, lambda f: f.write(data), durable=False)
+
+    def write(f: BinaryIO) -> None:
+        f.write(data)
+
+    write_atomic(path, write, durable=False)
     if gzip_to:
         try:
-            write_atomic(gzip_to, lambda f: f.write(data), compress=True, durable=False)
+            write_atomic(gzip_to, write, compress=True, durable=False)
         except OSError:
             pass  # (write_atomic left no file there)
     return trace

@@ -229,9 +229,7 @@ class ReportBuilder:
                 # program's GIL, unless it is off or cannot
                 gz = rawtraces.gz_path(raw) if self.gzip_trace else None
                 analysis = (
-                    self._in_helper(raw, names, dist, gz)
-                    if self.config.analysis_process
-                    else None
+                    self._in_helper(raw, names, dist, gz) if self.config.analysis_process else None
                 )
                 if analysis is None:
                     gz = None  # (here the trace exporter compresses the trace itself)
