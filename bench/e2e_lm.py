@@ -368,6 +368,9 @@ EXTRAS = {
     "sdk_lean": "sdk_sync and sdk_nowarm together: the window records what torch's does",
     "sdk_late": "sdk, its background work (trace export, helper, exporters) held until the "
     "block's timed part has ended: what the window costs the caller alone",
+    "sdk_warm": "sdk, the warm-up step recorded as a CUDA window records it (on the CPU too), "
+    "its CPU ops paused (window.WARMUP_PAUSES_CPU_OPS)",
+    "sdk_warm_ops": "sdk_warm with the warm-up's CPU ops recorded (WARMUP_PAUSES_CPU_OPS off)",
 }
 SDK_FAMILY = ("sdk", *EXTRAS)
 
@@ -523,13 +526,20 @@ class tweaked:
             old = stops.MAX_DRAIN_STEPS
             stops.MAX_DRAIN_STEPS = 0
             self.undo.append(lambda: setattr(stops, "MAX_DRAIN_STEPS", old))
-        if self.variant in ("sdk_nowarm", "sdk_lean"):
+        warm = {"sdk_nowarm": False, "sdk_lean": False, "sdk_warm": True, "sdk_warm_ops": True}
+        if self.variant in warm:
             sess = state.current
             if sess is not None:
                 windows = sess._windows  # (the window room keeps whether warm-ups record)
                 old_warm = windows.record_warmup
-                windows.record_warmup = False
+                windows.record_warmup = warm[self.variant]
                 self.undo.append(lambda: setattr(windows, "record_warmup", old_warm))
+        if self.variant == "sdk_warm_ops":
+            from instrument.runtime import window
+
+            old_pause = window.WARMUP_PAUSES_CPU_OPS
+            window.WARMUP_PAUSES_CPU_OPS = False
+            self.undo.append(lambda: setattr(window, "WARMUP_PAUSES_CPU_OPS", old_pause))
         if self.variant == "sdk_late":
             from instrument.export import builder as reporting
 
