@@ -225,17 +225,7 @@ class ReportBuilder:
                 del events
                 shape_file(raw, names, dist)  # the trace exporters get (tracefile.shape_trace)
             else:
-                # reading, shaping and analyzing the trace: in the helper process, off this
-                # program's GIL, unless it is off or cannot
-                gz = rawtraces.gz_path(raw) if self.gzip_trace else None
-                analysis = (
-                    self._in_helper(raw, names, dist, gz) if self.config.analysis_process else None
-                )
-                if analysis is None:
-                    gz = None  # (here the trace exporter compresses the trace itself)
-                    analysis = shape_and_analyze(raw, names, dist, self.occurrences)
-                elif gz is not None and not os.path.isfile(gz):
-                    gz = None  # the helper could not write it (its disk is full)
+                analysis, gz = self._from_trace(raw, names, dist)
         except BaseException:
             ended.window = None
             if raw is not None:
@@ -261,6 +251,20 @@ class ReportBuilder:
         )
         self.ledger.building(report.cost, ended.index)
         return with_peaks(report, self.config.peak_tflops)
+
+    def _from_trace(
+        self, raw: str, names: frozenset[str], dist: dict[str, Any]
+    ) -> tuple[Analysis, str | None]:
+        """Reading, shaping and analyzing the trace: in the helper process, off this
+        program's GIL, unless it is off or cannot. With ``gzip_trace`` the helper writes the
+        shaped trace compressed as well: its path, or None where it did not."""
+        gz = rawtraces.gz_path(raw) if self.gzip_trace else None
+        analysis = self._in_helper(raw, names, dist, gz) if self.config.analysis_process else None
+        if analysis is None:  # (here the trace exporter compresses the trace itself)
+            return shape_and_analyze(raw, names, dist, self.occurrences), None
+        if gz is not None and not os.path.isfile(gz):
+            gz = None  # the helper could not write it (its disk is full)
+        return analysis, gz
 
     def _trace(self, ended: EndedWindow, window: Any) -> tuple[Any, str, float]:
         """The window's events straight from Kineto where this torch allows it (None: the
