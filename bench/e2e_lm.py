@@ -45,7 +45,7 @@ hand-written profiler's ``prepare_trace``/``start_trace``/``stop_trace``/
 lands is the per-step excess over the paired plain block's median step, by step of the block:
 step 0 (warm-up, start), 1-3 (recorded), 4-8 (window end, stop, drain), 9 on (background export).
 The helper process's work is split offline on one window's raw trace (load, shape, write,
-events, analyze), as is the trace exporter's gzip copy.
+events, analyze, and the gzip copy it writes for the trace exporter, which links it into place).
 
 Sizes (CUDA, bf16 autocast, AdamW): see ``SIZES``; ``--device cpu`` and ``--quick`` use the
 scaled-down ``CPU_SIZES`` and ``QUICK_SIZES``. The exit code is 0 whether or not the targets
@@ -368,6 +368,9 @@ EXTRAS = {
     "sdk_lean": "sdk_sync and sdk_nowarm together: the window records what torch's does",
     "sdk_late": "sdk, its background work (trace export, helper, exporters) held until the "
     "block's timed part has ended: what the window costs the caller alone",
+    "sdk_warm": "sdk, the warm-up step recorded as a CUDA window records it (on the CPU too), "
+    "its CPU ops paused (window.WARMUP_PAUSES_CPU_OPS)",
+    "sdk_warm_ops": "sdk_warm with the warm-up's CPU ops recorded (WARMUP_PAUSES_CPU_OPS off)",
 }
 SDK_FAMILY = ("sdk", *EXTRAS)
 
@@ -523,13 +526,20 @@ class tweaked:
             old = stops.MAX_DRAIN_STEPS
             stops.MAX_DRAIN_STEPS = 0
             self.undo.append(lambda: setattr(stops, "MAX_DRAIN_STEPS", old))
-        if self.variant in ("sdk_nowarm", "sdk_lean"):
+        warm = {"sdk_nowarm": False, "sdk_lean": False, "sdk_warm": True, "sdk_warm_ops": True}
+        if self.variant in warm:
             sess = state.current
             if sess is not None:
                 windows = sess._windows  # (the window room keeps whether warm-ups record)
                 old_warm = windows.record_warmup
-                windows.record_warmup = False
+                windows.record_warmup = warm[self.variant]
                 self.undo.append(lambda: setattr(windows, "record_warmup", old_warm))
+        if self.variant == "sdk_warm_ops":
+            from instrument.runtime import window
+
+            old_pause = window.WARMUP_PAUSES_CPU_OPS
+            window.WARMUP_PAUSES_CPU_OPS = False
+            self.undo.append(lambda: setattr(window, "WARMUP_PAUSES_CPU_OPS", old_pause))
         if self.variant == "sdk_late":
             from instrument.export import builder as reporting
 
@@ -617,8 +627,8 @@ def count_events(path: str) -> int | None:
 
 def replay_helper(raw: str, device_in_use: bool) -> dict[str, Any]:
     """The helper process's stages, timed one by one in this process on a copy of one window's
-    raw trace (medians of 3; once for a trace of 10 MB or more), and the trace exporter's gzip
-    copy of the shaped trace."""
+    raw trace (medians of 3; once for a trace of 10 MB or more), the gzip copy of the shaped
+    trace it writes for the trace exporter included."""
     from instrument.analysis.analyze import analyze, events_from_trace
     from instrument.analysis.kineto_json import load_trace, shape_trace, write_json_atomic
     from instrument.base.files import write_atomic
@@ -648,10 +658,10 @@ def replay_helper(raw: str, device_in_use: bool) -> dict[str, Any]:
         t.append(time.perf_counter())
         analyze(events, RANGE_NAMES, base_ns=int(trace.get("baseTimeNanoseconds") or 0))
         t.append(time.perf_counter())
-        write_atomic(gz, copy, compress=True)
+        write_atomic(gz, copy, compress=True, durable=False)
         t.append(time.perf_counter())
         n_shaped = len(trace.get("traceEvents", []))
-        labels = ("load", "shape", "write", "events", "analyze", "gzip copy (trace exporter)")
+        labels = ("load", "shape", "write", "events", "analyze", "gzip (for the trace exporter)")
         for label, a, b in zip(labels, t, t[1:]):
             times.setdefault(label, []).append((b - a) * 1e3)
         os.unlink(work)

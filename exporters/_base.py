@@ -43,6 +43,12 @@ class Exporter(abc.ABC):
     #: instance attribute or a property in a subclass overrides it).
     last_path: str | None = None
 
+    #: True: this exporter wants each report to carry the window's shaped trace
+    #: gzip-compressed too (``report.raw_trace_gz_path``), written by the analysis helper
+    #: process, off the program's GIL and CPU (the trace exporter with ``gzip=True`` links it
+    #: into place). Where the helper does not run the field is None.
+    wants_gzip_trace: bool = False
+
     #: The per-call occurrences this exporter needs in each report (``report.occurrences``),
     #: as a span budget; None (the default): none. The session's analysis makes them once per
     #: window, off the program's GIL, fitted to the widest budget its exporters ask for.

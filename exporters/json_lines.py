@@ -91,7 +91,8 @@ def report_record(report: WindowReport) -> dict[str, Any]:
     """The JSON-ready object written for one report (``schema`` names its layout)."""
     record: dict[str, Any] = {"schema": SCHEMA}
     record.update(report.to_dict())
-    record.pop("raw_trace_path", None)  # a temporary file, gone once exporters have run
+    record.pop("raw_trace_path", None)  # temporary files, gone once exporters have run
+    record.pop("raw_trace_gz_path", None)
     return record
 
 

@@ -20,10 +20,19 @@ entries are looked at with ``lstat`` (a symbolic link is never followed nor remo
 A directory that cannot be written (missing permission, read-only, full, a file where the
 directory should be) costs one warning saying what was found, not one per window; the warning
 comes again only after a trace was written there meanwhile.
+
+With ``gzip=True`` the exporter asks for the window's trace compressed (``wants_gzip_trace``):
+where the analysis helper process shaped the trace, it wrote it compressed too
+(``report.raw_trace_gz_path``), and the file is that one hard-linked into place (a link
+creates the name with the whole file: atomic as the rename is), or, where no link can be made
+(another filesystem), copied as it is under a temporary name and renamed; the program's
+process never reads or compresses the trace. Without it (the helper off or failed) the raw
+trace is compressed here, as with ``gzip=False`` it is copied.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -51,6 +60,20 @@ _OURS = re.compile(r"(?P<worker>.+_\d+_rank\d+)\.(?P<stamp>\d+)\.pt\.trace\.json
 # a temporary file of ``write_atomic``; one this old was left by a writer that was killed
 _TEMP = TEMP_NAME
 STALE_TEMP_S = 3600
+# what ``os.link`` says where the file can be copied instead: another filesystem, one without
+# hard links, a link count at its limit
+_NO_LINK = frozenset(
+    code
+    for code in (
+        errno.EXDEV,
+        errno.EPERM,
+        errno.EMLINK,
+        getattr(errno, "ENOTSUP", None),
+        getattr(errno, "EOPNOTSUPP", None),
+        getattr(errno, "ENOSYS", None),
+    )
+    if code is not None
+)
 
 
 def worker_name(report: WindowReport) -> str:
@@ -141,6 +164,7 @@ class TraceFileExporter(Exporter):
         if not self.dir:
             raise ValueError("dir must not be empty")
         self.gzip = gzip
+        self.wants_gzip_trace = gzip  # the helper compresses the trace, off this process
         self.keep = keep
         self.max_bytes = int(max_mb * MIB)
         self.last_path: str | None = None
@@ -164,12 +188,17 @@ class TraceFileExporter(Exporter):
             directory = os.path.abspath(self.dir)
             try:
                 os.makedirs(directory, exist_ok=True)
+                gz = report.raw_trace_gz_path if self.gzip else None
                 stamp = time.time_ns()
-                path = os.path.join(directory, f"{worker}.{stamp}{suffix}")
-                while os.path.exists(path):
-                    stamp += 1
+                while True:
                     path = os.path.join(directory, f"{worker}.{stamp}{suffix}")
-                self._copy_atomic(report.raw_trace_path, path)
+                    if not os.path.exists(path):
+                        if gz is None:
+                            self._copy_atomic(report.raw_trace_path, path)
+                            break
+                        if self._place(gz, path):
+                            break
+                    stamp += 1  # the name is taken (by another worker, meanwhile)
             except OSError as exc:
                 self.lost += 1
                 self._warn_write_failed(exc, directory, report.window)
@@ -224,12 +253,29 @@ class TraceFileExporter(Exporter):
             return ""  # the temporary file says nothing the directory does not
         return f" ({name})" if os.path.abspath(str(name)) != directory else ""
 
-    def _copy_atomic(self, src: str, dst: str) -> None:
+    def _copy_atomic(self, src: str, dst: str, *, compress: bool | None = None) -> None:
         def copy(out: BinaryIO) -> None:
             with open(src, "rb") as inp:
                 shutil.copyfileobj(inp, out, 1 << 20)
 
-        write_atomic(dst, copy, compress=self.gzip)
+        write_atomic(dst, copy, compress=self.gzip if compress is None else compress)
+
+    def _place(self, gz: str, dst: str) -> bool:
+        """The compressed trace ``gz`` at ``dst``: linked, else copied as it is; False where
+        ``dst`` was taken meanwhile (nothing written)."""
+        try:
+            os.link(gz, dst)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno not in _NO_LINK:
+                if exc.errno == errno.ENOENT and not os.path.exists(gz):
+                    raise FileNotFoundError(exc.errno, exc.strerror, gz) from None
+                # the directory's own failure (no permission, read-only, full), said as a
+                # write's (the scratch file's name says nothing about it)
+                raise OSError(exc.errno, exc.strerror) from None
+            self._copy_atomic(gz, dst, compress=False)
+        return True
 
     def _tidy(self, directory: str, worker: str, newest: str, window: int) -> bool:
         """After a write, one pass over ``directory``: stale temporary files go (whatever the

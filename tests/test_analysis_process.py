@@ -106,6 +106,31 @@ def test_helper_gives_the_in_process_analysis_and_shaped_trace(raw_trace, tmp_pa
     assert _gone(pid)
 
 
+def test_the_helper_writes_the_shaped_trace_compressed_with_the_umask_it_is_given(
+    raw_trace, tmp_path
+):
+    """``gzip_to``: the shaped trace, the same bytes as the file shaped in place, also written
+    compressed, with the mode the program's umask of the moment gives (sent with each
+    request), whatever umask the helper started with."""
+    import gzip
+
+    dist = {"rank": 0, "world_size": 1}
+    helper = AnalysisProcess()
+    try:
+        for n, umask in enumerate((0o077, 0o022)):
+            raw = tmp_path / f"raw{n}.json"
+            shutil.copy(raw_trace, raw)
+            gz = tmp_path / f"raw{n}.json.gz"
+            got, _ = helper.analyze(str(raw), {"mm"}, dist, gzip_to=str(gz), umask=umask)
+            assert got.ranges["mm"].calls == 3
+            assert gzip.decompress(gz.read_bytes()) == raw.read_bytes()
+            assert os.stat(gz).st_mode & 0o777 == 0o666 & ~umask
+        helper.analyze(str(raw), {"mm"}, dist)  # not asked: none written
+        assert sorted(p.name for p in tmp_path.glob("*.gz")) == ["raw0.json.gz", "raw1.json.gz"]
+    finally:
+        helper.close()
+
+
 def test_a_bad_trace_loses_that_window_only(tmp_path, raw_trace):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")

@@ -197,6 +197,18 @@ def test_e2e_lm_quick_runs_every_variant_and_writes_its_json(tmp_path):
     assert os.listdir(tmp_path / "tmp") == []  # its temporary directory is removed
 
 
+def test_warmup_ops_quick_runs_and_the_paused_warmup_records_fewer_events(tmp_path):
+    out = run_bench(
+        "warmup_ops.py", tmp_path, "--device", "cpu", "--quick", "--windows", "2",
+        "--json", str(tmp_path / "w.json"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "w.json").read_text())
+    assert 0 < doc["paused"]["events"] < doc["recorded"]["events"]
+    for setting in ("paused", "recorded"):
+        assert doc[setting]["stop_cpu_ms"] > 0 and doc[setting]["export_cpu_ms"] > 0
+
+
 def test_e2e_lm_refuses_an_unknown_variant(tmp_path):
     out = run_bench("e2e_lm.py", tmp_path, "--device", "cpu", "--extra", "sdk_fast")
     assert out.returncode == 2

@@ -345,6 +345,117 @@ def test_trace_exporter_gzip_and_plain(tmp_path):
         assert json.loads(text)["distributedInfo"]["world_size"] == 2
 
 
+def test_trace_exporter_links_the_compressed_trace_and_never_opens_the_raw_one(tmp_path):
+    """Where the analysis helper wrote the shaped trace compressed (``raw_trace_gz_path``), the
+    gzip exporter's file is that file linked into place: this process neither reads the raw
+    trace (gone here) nor compresses anything."""
+    raw = write_raw_trace(tmp_path / "raw.json", rank=1)
+    with open(raw, "rb") as f:
+        data = f.read()
+    gz = tmp_path / "raw.json.gz"
+    gz.write_bytes(gzip.compress(data))
+    os.unlink(raw)
+    report = dataclasses.replace(make_report(raw, rank=1), raw_trace_gz_path=str(gz))
+    out = tmp_path / "out"
+    exporter = TraceFileExporter(out)
+    assert exporter.wants_gzip_trace
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert exporter.export(report) is ExportResult.SUCCESS
+    (name,) = listing(out)
+    assert re.fullmatch(r"hostA_111_rank1\.\d+\.pt\.trace\.json\.gz", name)
+    assert exporter.last_path == str(out / name)
+    assert os.path.samefile(exporter.last_path, gz)  # the same file: linked, not written
+    with gzip.open(exporter.last_path, "rb") as f:
+        assert f.read() == data
+    plain = TraceFileExporter(tmp_path / "plain", gzip=False)  # copies the raw trace: gone
+    assert not plain.wants_gzip_trace
+    with pytest.warns(ExporterWarning, match="was not written"):
+        assert plain.export(report) is ExportResult.FAILURE
+
+
+def test_trace_exporter_copies_the_compressed_trace_as_it_is_across_filesystems(tmp_path):
+    """No link across filesystems: the compressed file is copied byte for byte (not
+    compressed again), atomically, with the usual permissions (not the scratch file's)."""
+    shm = "/dev/shm"
+    if not os.path.isdir(shm) or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs a second filesystem (/dev/shm)")
+    raw = write_raw_trace(tmp_path / "raw.json")
+    with open(raw, "rb") as f:
+        compressed = gzip.compress(f.read())
+    os.unlink(raw)
+    gz = os.path.join(shm, f"torch-profiled-test-{uuid.uuid4().hex}.json.gz")
+    try:
+        with open(gz, "wb") as f:
+            f.write(compressed)
+        os.chmod(gz, 0o600)
+        out = tmp_path / "out"
+        exporter = TraceFileExporter(out)
+        report = dataclasses.replace(make_report(raw), raw_trace_gz_path=gz)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert exporter.export(report) is ExportResult.SUCCESS
+        assert listing(out) == [os.path.basename(exporter.last_path)]  # no temporary file left
+        with open(exporter.last_path, "rb") as f:
+            assert f.read() == compressed
+        assert not os.path.samefile(exporter.last_path, gz)
+        umask = os.umask(0)
+        os.umask(umask)
+        assert os.stat(exporter.last_path).st_mode & 0o777 == 0o666 & ~umask
+    finally:
+        os.unlink(gz)
+
+
+@pytest.mark.parametrize("helper", [True, False])
+def test_a_sessions_trace_file_holds_the_shaped_trace_byte_for_byte(tmp_path, helper):
+    """Through real windows: the trace file decompresses to the very bytes of the shaped
+    trace the other exporters are handed. With the analysis helper it is the helper's
+    compressed file, linked (made with the program's umask of the moment, changed here after
+    the helper started); without it, compressed here as before."""
+
+    class Peek(Exporter):  # runs after the trace exporter (trace writers go first)
+        def __init__(self) -> None:
+            self.seen: list[tuple[bool, bool, int]] = []
+
+        def export(self, report) -> ExportResult:
+            with open(report.raw_trace_path, "rb") as f:
+                raw = f.read()
+            with gzip.open(report.trace_file, "rb") as f:
+                same_bytes = f.read() == raw
+            gz = report.raw_trace_gz_path
+            linked = gz is not None and os.path.samefile(gz, report.trace_file)
+            mode = os.stat(report.trace_file).st_mode & 0o777
+            self.seen.append((same_bytes, linked, mode))
+            return ExportResult.SUCCESS
+
+    @profiled("gz.work")
+    def work():
+        import torch
+
+        return float((torch.ones(48, 48) @ torch.ones(48, 48)).sum())
+
+    peek, traces = Peek(), TraceFileExporter(tmp_path / "traces", keep=1)
+    umask = os.umask(0o022)
+    try:
+        with capture(
+            schedule=Schedule(wait=0, warmup=1, active=1, repeat=2),
+            activities=["cpu"],
+            exporters=[peek, traces],
+            analysis_process=helper,
+        ) as cap:
+            for step in range(4):
+                if step == 2:
+                    assert instrument.flush(30)
+                    os.umask(0o027)  # the helper, if any, started under 0o022
+                work()
+                cap.step()
+    finally:
+        os.umask(umask)
+    assert len(cap.reports) == 2
+    assert peek.seen == [(True, helper, 0o644), (True, helper, 0o640)]
+    assert listing(tmp_path / "traces") == [os.path.basename(traces.last_path)]  # keep=1
+
+
 def test_trace_exporter_keeps_newest_files_of_this_worker_only(tmp_path):
     out = tmp_path / "traces"
     out.mkdir()

@@ -100,9 +100,15 @@ ALLOWED: dict[tuple[str, str, str], tuple[int, str]] = {
         "the endpoint's socket, swapped for one whose accept() fails once",
     ),
     ("test_session.py", "read", "s._windows"): (
-        1,
-        "a session that records its warm-up, as one with a device does, on a CPU-only machine",
+        5,
+        "a session that records its warm-up, as one with a device does, on a CPU-only machine; "
+        "and its window object, whose torch profiler shows what the warm-up recorded",
     ),
+    ("test_session.py", "read", "state.ambient._windows"): (
+        2,
+        "the ambient session made to record its warm-up, and its window object (as above)",
+    ),
+    ("test_session.py", "read", "window._prof"): (1, _TORCH_OBJECT),
     ("test_trace_before_next_start.py", "read", "reporting._PENDING"): (
         3,
         "windows whose trace is still being written: none held once reports are built, and "

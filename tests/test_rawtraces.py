@@ -196,6 +196,28 @@ def test_at_most_max_waiting_raw_traces_wait_the_oldest_go(tmp_base):
     assert os.listdir(folder) == []
 
 
+def test_a_raw_traces_compressed_copy_goes_with_it(tmp_base):
+    """The helper's compressed copy of a raw trace (``gz_path``) is removed with it: by
+    ``remove``, and by the bound when the trace is among the oldest."""
+    paths = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExporterWarning)  # (the bound's, tested above)
+        for window in range(rawtraces.MAX_WAITING + 1):
+            path = rawtraces.new_path(window)
+            for name in (path, rawtraces.gz_path(path)):
+                with open(name, "w") as fh:
+                    fh.write("{}")
+            paths.append(path)
+    folder = os.path.dirname(paths[0])
+    kept = paths[-rawtraces.MAX_WAITING :]
+    assert sorted(os.listdir(folder)) == sorted(
+        name for path in kept for name in (os.path.basename(path), os.path.basename(path) + ".gz")
+    )
+    for path in paths:
+        rawtraces.remove(path)
+    assert os.listdir(folder) == []
+
+
 def test_remove_and_release(tmp_base):
     path = rawtraces.new_path(0)
     folder = os.path.dirname(path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 import warnings
 
@@ -736,6 +737,128 @@ def test_recorded_warmup_is_dropped_from_the_report_and_the_trace(tmp_path, monk
         "ProfilerStep#2",
         "ProfilerStep#3",
     ]
+
+
+@profiled("warm_mm")
+def warm_mm(a: torch.Tensor) -> torch.Tensor:
+    return a @ a
+
+
+@profiled("warm_raises")
+def warm_raises(exc: BaseException) -> None:
+    raise exc
+
+
+def _recorded_names(window) -> list[str]:
+    """What the window's profiler recorded, the warm-up included (the report and the trace
+    cut it): only torch's own results show it."""
+    return [e.name() for e in window._prof.profiler.kineto_results.events()]
+
+
+def _warmup_step(a: torch.Tensor) -> None:
+    """A warm-up step's decorated calls, which behave whether or not their thread records."""
+    assert torch.equal(warm_mm(a), a @ a)
+    err = ValueError("mine")
+    with pytest.raises(ValueError) as caught:
+        warm_raises(err)
+    assert caught.value is err
+    assert torch.autograd.profiler._is_profiler_enabled  # the profiler records the warm-up
+
+
+@pytest.mark.parametrize("paused", [True, False])
+def test_a_recorded_warmup_records_no_cpu_ops_of_the_stepping_thread(monkeypatch, paused):
+    """With a device the profiler starts at the warm-up, but the stepping thread records its
+    CPU operators and ranges only from the first recorded step (WARMUP_PAUSES_CPU_OPS)."""
+    from instrument.runtime import state
+    from instrument.runtime import window as window_mod
+
+    monkeypatch.setattr(window_mod, "WARMUP_PAUSES_CPU_OPS", paused)
+    mem = InMemoryExporter()
+    s = session(schedule=Schedule(warmup=2, active=2), activities=["cpu"], exporters=[mem])
+    s._windows.record_warmup = True  # what a session whose activities include a device does
+    a = torch.randn(16, 16)
+    with s:
+        for _ in range(2):  # the warm-up steps
+            _warmup_step(a)
+            window = s._windows.window
+            assert state.cpu_ops.paused == ({threading.get_ident()} if paused else set())
+            s.step()
+        for _ in range(2):  # the recorded steps
+            assert not state.cpu_ops.paused
+            work()
+            s.step()
+    names = _recorded_names(window)
+    assert names.count("warm_mm") == (0 if paused else 2)
+    assert names.count("warm_raises") == (0 if paused else 2)
+    assert names.count("work") == 2
+    assert names.count("aten::mm") == (2 if paused else 6)  # (the check's own a @ a too)
+    (report,) = mem.reports
+    assert report.steps == (2, 3) and set(report.ranges) == {"work"}
+    assert report.ranges["work"].calls == 2
+    assert not state.cpu_ops.paused
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        torch.ones(3).mul(2)  # the thread records again
+    assert "aten::mul" in [e.name for e in prof.events()]
+
+
+def test_an_all_threads_warmup_pauses_only_the_stepping_thread():
+    """Another thread's CPU ops are its own to switch: an all-threads window records them in
+    the warm-up (cut from the report by time), while the stepping thread's are paused."""
+    from instrument.runtime import state
+
+    mem = InMemoryExporter()
+    s = session(
+        schedule=Schedule(warmup=1, active=1),
+        activities=["cpu"],
+        exporters=[mem],
+        all_threads=True,
+    )
+    s._windows.record_warmup = True
+    a = torch.randn(16, 16)
+    with s:
+        _warmup_step(a)
+        window = s._windows.window
+        worker = threading.Thread(target=warm_mm, args=(a,))
+        worker.start()
+        worker.join()
+        assert state.cpu_ops.paused == {threading.get_ident()}
+        s.step()
+        work()
+        s.step()
+    names = _recorded_names(window)
+    assert names.count("warm_mm") == 1  # the other thread's
+    assert names.count("work") == 1
+    (report,) = mem.reports
+    assert set(report.ranges) == {"work"}
+
+
+def test_the_ambient_windows_warmup_is_paused_from_its_first_decorated_call():
+    """The ambient session starts a window's profiler at the warm-up step's first decorated
+    call: that call and the rest of the step record no CPU ops (the first-call hook does not
+    resume the thread), the recorded steps do."""
+    from instrument.runtime import state
+
+    mem = InMemoryExporter()
+    configure(exporters=[mem], activities=["cpu"], schedule=Schedule(wait=2, warmup=1, active=2))
+    step()  # the ambient session; step 0 (wait) ends
+    state.ambient._windows.record_warmup = True  # what a session with a device does
+    step()  # step 1 (wait) ends: the warm-up's window starts at its first decorated call
+    a = torch.randn(16, 16)
+    for _ in range(2):
+        _warmup_step(a)
+    window = state.ambient._windows.window
+    assert window is not None and window.recording
+    assert state.cpu_ops.paused == {threading.get_ident()}
+    for _ in range(2):
+        step()
+        work()
+    step()
+    assert instrument.flush(30)
+    names = _recorded_names(window)
+    assert names.count("warm_mm") == 0 and names.count("warm_raises") == 0
+    assert names.count("work") == 2
+    assert [r.steps for r in mem.reports] == [(3, 4)]
+    assert not state.cpu_ops.paused
 
 
 def test_status_follows_a_windows_life_and_is_a_frozen_snapshot():

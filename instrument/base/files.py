@@ -34,10 +34,12 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 __all__ = [
+    "GZIP_LEVEL",
     "TEMP_NAME",
     "NotAFileError",
     "Output",
     "UnwritableOutput",
+    "current_umask",
     "open_temp",
     "output_target",
     "write_atomic",
@@ -46,6 +48,26 @@ __all__ = [
 
 TEMP_NAME = re.compile(r"\.tmp-[0-9a-f]{16}\.partial")
 """The name of a temporary file of ``open_temp`` (match it with ``fullmatch``)."""
+
+
+GZIP_LEVEL = 1
+"""The gzip level of compressed trace files (``write_atomic(compress=True)``). A CPU window's
+6.2 MB trace: level 1 takes 19 ms and gives 0.66 MB, level 6 52 ms and 0.55 MB (2-core box):
+the window's trace is compressed at every window, and level 1's files are ~20% larger."""
+
+
+def current_umask() -> int | None:
+    """This process's umask, read without changing it (``/proc/self/status``, Linux 4.7+);
+    None where it cannot be read so (setting it to read it back would race with other threads
+    creating files)."""
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def open_temp(directory: str) -> tuple[int, str]:
@@ -69,14 +91,14 @@ def write_atomic(
     path: str, write: Callable[[BinaryIO], None], *, compress: bool = False, durable: bool = True
 ) -> None:
     """Write ``path`` atomically (see the module docstring): ``write(f)`` writes the content
-    into ``f``, a binary file (gzip-compressed at level 6 with ``compress``). ``durable``
+    into ``f``, a binary file (gzip-compressed at ``GZIP_LEVEL`` with ``compress``). ``durable``
     ``fsync``s before the rename (a scratch file that dies with the process skips it: ~7 ms
     for a window's trace)."""
     fd, tmp = open_temp(os.path.dirname(os.path.abspath(path)))
     try:
         with os.fdopen(fd, "wb") as raw:
             if compress:
-                with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) as gz:
+                with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL) as gz:
                     write(gz)  # type: ignore[arg-type]
             else:
                 write(raw)

@@ -451,6 +451,9 @@ class WindowReport:
     verdict: Verdict = field(default_factory=lambda: Verdict(CPU_ONLY, ""))
     event_count: int = 0
     raw_trace_path: str | None = None  # the window's trace JSON; valid while exporters run
+    # the same trace gzip-compressed, where an exporter asked (``Exporter.wants_gzip_trace``)
+    # and the analysis helper made it; None otherwise; valid while exporters run
+    raw_trace_gz_path: str | None = None
     trace_file: str | None = None  # the file a trace exporter wrote, when one did
     # per-call occurrences, when an exporter asked for them (left out of ``to_dict``)
     occurrences: Occurrences | None = None

@@ -8,6 +8,10 @@ about twice the work (a GIL convoy; BENCHMARKS.md). So the export worker only ha
 its trace (``export_chrome_trace``, which needs the profiler's results in this process) and
 hands the file's path to this helper; the helper sends back the ``Analysis`` (with the
 window's per-call occurrences when an exporter asked for them: ``report.OccurrenceBudget``).
+When an exporter wants the trace gzip-compressed (``Exporter.wants_gzip_trace``: the trace
+exporter), the helper also writes the shaped trace compressed to a scratch file, with the
+program's current umask: the exporter links it into place, and the program's process never
+reads or compresses the trace.
 
 The helper is one ``python -I -S`` process per profiled process (the program's own
 interpreter), started at the first window that needs it and shared by every session. It
@@ -61,16 +65,23 @@ class AnalysisProcessError(RuntimeError):
     """The helper could not do a window's work; the caller does it in-process."""
 
 
-def shape_and_analyze(raw: str, names: Any, dist: dict[str, Any], occurrences: Any = None) -> Any:
+def shape_and_analyze(
+    raw: str,
+    names: Any,
+    dist: dict[str, Any],
+    occurrences: Any = None,
+    gzip_to: str | None = None,
+) -> Any:
     """Shape the raw trace at ``raw`` in place and analyze it: the helper's work, and the
     in-process fallback's when torch's events cannot be read directly. With ``occurrences``
     (a ``report.OccurrenceBudget``) the analysis carries the window's per-call occurrences,
     and with its ``timeline_events`` the ``html`` exporter's page timeline, made here from the
-    trace already read (an exporter never parses a trace on the program's threads)."""
+    trace already read (an exporter never parses a trace on the program's threads). With
+    ``gzip_to`` the shaped trace is also written there gzip-compressed (``shape_file``)."""
     from ..analysis.analyze import analyze, events_from_trace
     from ..analysis.kineto_json import shape_file
 
-    trace = shape_file(raw, names, dist)
+    trace = shape_file(raw, names, dist, gzip_to=gzip_to)
     analysis = analyze(
         events_from_trace(trace),
         names,
@@ -130,8 +141,12 @@ class AnalysisProcess:
         timeout: float = WINDOW_TIMEOUT_S,
         *,
         occurrences: Any = None,
+        gzip_to: str | None = None,
+        umask: int | None = None,
     ) -> tuple[Any, list[str]]:
-        """``shape_and_analyze`` in the helper: (the Analysis, warnings it gave)."""
+        """``shape_and_analyze`` in the helper: (the Analysis, warnings it gave). ``umask``:
+        the mode the helper's files get (``gzip_to``'s, linked into the trace directory), the
+        program's current one (None: the helper's own, inherited at its start)."""
         with self._lock:
             if self.failed is not None:
                 raise AnalysisProcessError(self.failed)
@@ -142,7 +157,15 @@ class AnalysisProcess:
                 # the helper runs in "/": a relative path would name another file there
                 _send_frame(
                     self._requests,
-                    ("analyze", os.path.abspath(raw), tuple(names), dict(dist), occurrences),
+                    (
+                        "analyze",
+                        os.path.abspath(raw),
+                        tuple(names),
+                        dict(dist),
+                        occurrences,
+                        os.path.abspath(gzip_to) if gzip_to else None,
+                        umask,
+                    ),
                 )
                 reply = _read_frame(self._proc.stdout, time.monotonic() + timeout)
                 if not (
@@ -429,11 +452,13 @@ def child_main() -> None:
             return
         if request[0] != "analyze":
             return
-        _, raw, names, dist, occurrences = request
+        _, raw, names, dist, occurrences, gzip_to, umask = request
+        if umask is not None:
+            os.umask(umask)  # the program's: the compressed trace becomes its trace file
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                analysis = shape_and_analyze(raw, frozenset(names), dist, occurrences)
+                analysis = shape_and_analyze(raw, frozenset(names), dist, occurrences, gzip_to)
                 reply: tuple = ("ok", analysis, [str(w.message) for w in caught])
             except Exception as exc:  # noqa: BLE001 - reported to the parent, which goes on
                 reply = ("error", f"the trace of this window could not be analyzed ({exc!r})")

@@ -20,6 +20,7 @@ from typing import Any
 from ..analysis.analyze import Analysis, analyze, drop_warmup
 from ..analysis.kineto_json import shape_file
 from ..analysis.throughput import with_peaks
+from ..base.files import current_umask
 from ..base.report import Cost, OccurrenceBudget, WindowReason, WindowReport
 from ..runtime import _torch, ledger, state
 from ..runtime.config import Config
@@ -34,6 +35,7 @@ __all__ = [
     "occurrence_budget",
     "rank_skip_reason",
     "forget",
+    "wants_gzip_trace",
     "pending",
     "remove_raw",
     "write_pending",
@@ -159,9 +161,16 @@ def occurrence_budget(exporters: Sequence[Any]) -> OccurrenceBudget | None:
     return OccurrenceBudget.widest(budgets)
 
 
+def wants_gzip_trace(exporters: Sequence[Any]) -> bool:
+    """An exporter wants the window's trace gzip-compressed (``Exporter.wants_gzip_trace``)."""
+    return any(getattr(exporter, "wants_gzip_trace", False) is True for exporter in exporters)
+
+
 class ReportBuilder:
     """Builds one session's window reports (``build``, on the export worker); with
-    ``occurrences`` (a budget) they carry the windows' per-call occurrences."""
+    ``occurrences`` (a budget) they carry the windows' per-call occurrences, with
+    ``gzip_trace`` the shaped trace gzip-compressed too, where the helper process shapes it
+    (``WindowReport.raw_trace_gz_path``)."""
 
     def __init__(
         self,
@@ -170,9 +179,11 @@ class ReportBuilder:
         warn_: Callable[[str], None],
         cancelled: Callable[[], bool],
         occurrences: OccurrenceBudget | None = None,
+        gzip_trace: bool = False,
     ) -> None:
         self.config = config
         self.occurrences = occurrences
+        self.gzip_trace = gzip_trace
         self.activities = tuple(activities)
         self._warn = warn_
         self._cancelled = cancelled  # the session ended past its deadline: nobody waits
@@ -196,7 +207,7 @@ class ReportBuilder:
         if self._cancelled():
             ended.window = None  # (the pipeline's on_done forgets it: ``pending``)
             return None
-        raw = None
+        raw = gz = None
         try:
             _let_the_queue_refill(ended)
             events, raw, export_s = self._trace(ended, window)
@@ -214,13 +225,7 @@ class ReportBuilder:
                 del events
                 shape_file(raw, names, dist)  # the trace exporters get (tracefile.shape_trace)
             else:
-                # reading, shaping and analyzing the trace: in the helper process, off this
-                # program's GIL, unless it is off or cannot
-                analysis = (
-                    self._in_helper(raw, names, dist) if self.config.analysis_process else None
-                )
-                if analysis is None:
-                    analysis = shape_and_analyze(raw, names, dist, self.occurrences)
+                analysis, gz = self._from_trace(raw, names, dist)
         except BaseException:
             ended.window = None
             if raw is not None:
@@ -239,12 +244,27 @@ class ReportBuilder:
             device=device,
             activities=tuple(self.activities),
             raw_trace_path=raw,
+            raw_trace_gz_path=gz,
             reason=ended.reason,
             cost=self._cost(ended, raw, export_s, time.thread_time() - exported_at),
             **analysis.report_fields(),
         )
         self.ledger.building(report.cost, ended.index)
         return with_peaks(report, self.config.peak_tflops)
+
+    def _from_trace(
+        self, raw: str, names: frozenset[str], dist: dict[str, Any]
+    ) -> tuple[Analysis, str | None]:
+        """Reading, shaping and analyzing the trace: in the helper process, off this
+        program's GIL, unless it is off or cannot. With ``gzip_trace`` the helper writes the
+        shaped trace compressed as well: its path, or None where it did not."""
+        gz = rawtraces.gz_path(raw) if self.gzip_trace else None
+        analysis = self._in_helper(raw, names, dist, gz) if self.config.analysis_process else None
+        if analysis is None:  # (here the trace exporter compresses the trace itself)
+            return shape_and_analyze(raw, names, dist, self.occurrences), None
+        if gz is not None and not os.path.isfile(gz):
+            gz = None  # the helper could not write it (its disk is full)
+        return analysis, gz
 
     def _trace(self, ended: EndedWindow, window: Any) -> tuple[Any, str, float]:
         """The window's events straight from Kineto where this torch allows it (None: the
@@ -286,9 +306,12 @@ class ReportBuilder:
         share = self.ledger.add(cost.total_us, entry.epoch)
         return dataclasses.replace(cost, share_pct=share)
 
-    def _in_helper(self, raw: str, names: frozenset[str], dist: dict[str, Any]) -> Any:
-        """The window's trace work in the shared helper process; None (the caller does it
-        here) when the helper cannot, with one warning the first time it fails."""
+    def _in_helper(
+        self, raw: str, names: frozenset[str], dist: dict[str, Any], gz: str | None
+    ) -> Any:
+        """The window's trace work in the shared helper process (and, with ``gz``, the
+        shaped trace compressed there); None (the caller does it here) when the helper cannot,
+        with one warning the first time it fails."""
         if not analysis_process.SUPPORTED:
             return None
         helper = analysis_process.shared()
@@ -296,7 +319,14 @@ class ReportBuilder:
             return None
         cpu_before = ledger.helper_cpu_s(helper.pid)
         try:
-            analysis, said = helper.analyze(raw, names, dist, occurrences=self.occurrences)
+            analysis, said = helper.analyze(
+                raw,
+                names,
+                dist,
+                occurrences=self.occurrences,
+                gzip_to=gz,
+                umask=current_umask() if gz else None,
+            )
         except analysis_process.AnalysisProcessError as exc:
             if helper.failed is not None:
                 if not state.helper_warned:

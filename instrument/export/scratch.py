@@ -2,7 +2,9 @@
 
 Each window's raw trace (``export_chrome_trace``'s JSON, ~90 MB for a big GPU window) is
 written here by the export worker, shaped in place (by the analysis helper process or in this
-one) and removed once every exporter is done with it. What this module guarantees:
+one) and removed once every exporter is done with it, with its gzip-compressed copy where the
+helper made one (``gz_path``: the trace exporter links it into place). What this module
+guarantees:
 
 - One directory per process, ``<tempdir>/torch-profiled-<pid>-<start>-<scope>-<random>``,
   created ``0700`` (only this user reads the traces: they hold the program's operator names,
@@ -50,7 +52,16 @@ from instrument.base.warn import warn
 
 from .pipeline import QUEUE_SIZE
 
-__all__ = ["MAX_WAITING", "PREFIX", "clean_stale", "directory", "new_path", "release", "remove"]
+__all__ = [
+    "MAX_WAITING",
+    "PREFIX",
+    "clean_stale",
+    "directory",
+    "gz_path",
+    "new_path",
+    "release",
+    "remove",
+]
 
 PREFIX = "torch-profiled-"
 MAX_WAITING = QUEUE_SIZE + 2
@@ -237,10 +248,8 @@ def _bound(folder: str, keep: int) -> int:
     dropped = 0
     for _, name in names[: max(len(names) - keep, 0)]:
         path = os.path.join(folder, name)
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+        _unlink(path)
+        _unlink(gz_path(path))
         if path in _live:
             _live.discard(path)
             dropped += 1
@@ -261,9 +270,14 @@ def _warn_bound(folder: str, dropped: int) -> None:
     )
 
 
+def gz_path(path: str) -> str:
+    """Where the gzip-compressed copy of the raw trace at ``path`` goes (removed with it)."""
+    return path + ".gz"
+
+
 def remove(path: str | None) -> None:
-    """Remove a raw trace once its exporters are done with it; a path ``new_path`` did not
-    hand out (to this process) is left alone."""
+    """Remove a raw trace (and its compressed copy) once its exporters are done with it; a
+    path ``new_path`` did not hand out (to this process) is left alone."""
     if not path:
         return
     with _lock:
@@ -271,6 +285,11 @@ def remove(path: str | None) -> None:
         if path not in _live:
             return
         _live.discard(path)
+    _unlink(path)
+    _unlink(gz_path(path))
+
+
+def _unlink(path: str) -> None:
     try:
         os.unlink(path)
     except OSError:

@@ -33,6 +33,7 @@ from ..export.builder import (
     occurrence_budget,
     rank_skip_reason,
     remove_raw,
+    wants_gzip_trace,
     why_no_report,
 )
 from ..export.pipeline import ExportPipeline, warn_not_exported
@@ -72,6 +73,7 @@ class Session:
             self._warn,
             lambda: self._pipeline.closed,
             occurrence_budget(self.exporters),
+            wants_gzip_trace(self.exporters),
         )
         self._handed = Handed(self._reports.build, remove_raw)  # (the steps it slows: not judged)
         self._pipeline = ExportPipeline(self.exporters, self._handed.build, self._handed.cleanup)

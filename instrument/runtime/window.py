@@ -58,6 +58,19 @@ for _prev in _A:
         TRANSITIONS[(_prev, _cur)] = tuple(_steps)
 del _prev, _cur, _steps
 
+WARMUP_PAUSES_CPU_OPS = True
+"""A window that records its warm-up (a device's: ``Windows.begin``) records no CPU operators
+or ranges of the thread that steps during its warm-up steps (``state.cpu_ops``, the drain's
+switch: ``stops.DRAIN_PAUSES_CPU_OPS``); it records them again from the first recorded step.
+The profiler still starts at the warm-up, so CUPTI's start-up and the slow first launches land
+there (their runtime calls and kernels are still recorded, and cut with the warm-up), but the
+warm-up step's operators, cut from the report and the trace anyway, no longer cost their
+recording, the stop's processing and the trace export (on an H100, ~1,300 kernels a step: a
+few thousand events of the window's ~46,000). Only on the thread that started the window's
+profiler, and not once a second thread has stepped in the session (a thread's switch can
+only be turned back on by itself); other threads an all-threads window records are not
+paused (their warm-up is cut by time)."""
+
 
 class Now(NamedTuple):
     """Where the session is, as a window's first decorated call needs it (``Windows.now``)."""
@@ -97,6 +110,7 @@ class Windows:
     start_due: bool = False  # its profiler waits for the step's first decorated call
     reason: WindowReason | None = None  # why the open window opened (the planner's)
     cost: ledger.Entry | None = None  # the open window's figures as the caller measures them
+    warmup_paused: int | None = None  # the thread whose CPU ops the warm-up paused
     record_warmup: bool = field(init=False)  # a device: record from the first warm-up step
     window_hooks: list[Callable[[int], Any]] = field(init=False)
 
@@ -168,6 +182,7 @@ class Windows:
         self.steps = []
         self.active_started = False
         self.start_due = False
+        self.warmup_paused = None
         return True
 
     def begin(self, cur: Action, step: int, *, lazy: bool = False) -> None:
@@ -179,7 +194,8 @@ class Windows:
         which the analysis and the trace drop (everything before the first step marker), as
         torch's own warm-up keeps them out of the recorded steps. CPU-only windows have no
         such cost and start at the first recorded step, so a profiler the user starts during
-        the warm-up is unaffected."""
+        the warm-up is unaffected. During a recorded warm-up the stepping thread records no
+        CPU operators (``WARMUP_PAUSES_CPU_OPS``)."""
         window = self.window
         if window is None:  # this cycle's window could not open: wait for the next one
             return
@@ -193,7 +209,9 @@ class Windows:
             if not self._start(window):
                 return
         if cur is Action.WARMUP:
+            self._pause_warmup(window)
             return
+        self._resume_warmup()
         self.step_start_ns = time.time_ns()  # the boundary: the last recorded step's end
         if not self.active_started:
             self.active_started = True
@@ -202,6 +220,30 @@ class Windows:
             if self.window_hooks or state.cpu_ops:
                 state.set_first_call_hook(self.first_call)
         mark(STEP_MARKER + str(step))
+
+    def _pause_warmup(self, window: _torch.ProfilerWindow) -> None:
+        """The calling thread records no CPU ops in this warm-up step (``WARMUP_PAUSES_CPU_OPS``;
+        a step boundary resumes it, and the next warm-up step pauses it again)."""
+        if not WARMUP_PAUSES_CPU_OPS:
+            return
+        ident = threading.get_ident()
+        step_thread, mixed = self.stops.stepping()
+        if (
+            mixed
+            or step_thread not in (None, ident)  # (None: the session's first step)
+            or window.owner.ident != ident
+            or ident in state.cpu_ops.paused
+        ):
+            return
+        if state.cpu_ops.pause():
+            self.warmup_paused = ident
+
+    def _resume_warmup(self) -> None:
+        """The first recorded step: the warm-up's paused thread records again (here, or at its
+        next decorated call: the first-call hook is set while a thread is paused)."""
+        held, self.warmup_paused = self.warmup_paused, None
+        if held is not None and held == threading.get_ident():
+            state.cpu_ops.resume_here()
 
     def start_if_due(self, now: Now) -> None:
         """The ambient session's first decorated call of the step: start a due window."""
@@ -219,14 +261,21 @@ class Windows:
         """The first decorated call of a window (``state.set_first_call_hook``), on its
         thread and in its context: a due window starts (ambient session), then the exporters
         that asked are told (``window_started``). Called on every decorated call while a
-        paused thread has not resumed or a stop waits for its thread."""
-        state.cpu_ops.resume_here()
+        paused thread has not resumed or a stop waits for its thread (but for the thread the
+        warm-up paused, which its next step resumes)."""
+        held = self.warmup_paused
+        if held is None or held != threading.get_ident():
+            state.cpu_ops.resume_here()
         if state.PENDING:
             state.run_pending_stops()
         with self.lock:
             now = self.now()
             self.start_if_due(now)
-            if not state.cpu_ops and not state.PENDING and not self.start_due:
+            paused = state.cpu_ops.paused
+            others_paused = bool(paused) and (
+                self.warmup_paused is None or len(paused) > 1 or self.warmup_paused not in paused
+            )
+            if not others_paused and not state.PENDING and not self.start_due:
                 state.set_first_call_hook(None)
             if self.window is None or not self.active_started or self.told:
                 return
@@ -273,6 +322,7 @@ class Windows:
 
     def drop(self) -> None:
         """Forget the open window without touching torch (``ProfilerWindow.abandon``)."""
+        self._resume_warmup()
         if self.window is not None:
             self.window.abandon()
         self.window = None
@@ -281,6 +331,7 @@ class Windows:
 
     def discard(self) -> None:
         """Stop the open window's profiler; no report."""
+        self._resume_warmup()
         state.set_first_call_hook(None)
         self.start_due = False
         window, self.window = self.window, None
@@ -290,6 +341,7 @@ class Windows:
 
     def end(self, *, partial: bool) -> None:
         """The window's end: stop it (now or deferred) and hand its report over."""
+        self._resume_warmup()  # (a window ended in its warm-up: the session's close)
         state.set_first_call_hook(None)
         self.start_due = False
         window, self.window = self.window, None
