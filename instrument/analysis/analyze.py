@@ -543,7 +543,7 @@ def _summarize(host: _Host, dev: _Device, top: int, count: int) -> Analysis:
 def analyze_trace(
     trace: Mapping[str, Any], range_names: Iterable[str] = (), *, top: int = 20
 ) -> Analysis:
-    """Analyse a loaded Chrome/Kineto trace (``tracefile.load_trace``)."""
+    """Analyse a loaded Chrome/Kineto trace (``kineto_json.load_trace``)."""
     return analyze(events_from_trace(trace), range_names, top=top)
 
 

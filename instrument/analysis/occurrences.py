@@ -88,7 +88,7 @@ class Walk:
 def walk_trace(
     trace: Mapping[str, Any], range_names: Iterable[str] = (), *, detail: str = "ranges"
 ) -> Walk:
-    """The occurrences in a loaded trace (``tracefile.load_trace``); see the module docstring."""
+    """The occurrences in a loaded trace (``kineto_json.load_trace``); see the module docstring."""
     if detail not in DETAILS:
         raise ValueError(f"detail must be one of {', '.join(DETAILS)}, got {detail!r}")
     with no_gc():

@@ -1,6 +1,6 @@
 """A window's trace work in a helper process, off the program's GIL.
 
-Once a window stops, its report needs the trace JSON read, shaped (``tracefile.shape_trace``),
+Once a window stops, its report needs the trace JSON read, shaped (``kineto_json.shape_trace``),
 written back and analyzed: ~80 ms of pure-Python and ``json`` work per window of a GPU training
 step (bench/stop_cost.py). Done on a thread of the profiled program, that work holds the GIL
 while the training thread wants it at every operator launch, and the training step slows by

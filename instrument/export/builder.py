@@ -202,7 +202,7 @@ class ReportBuilder:
         window, names = ended.window, ended.names
         device = _torch.device_name(self.activities)
         # the window's health: a process using CUDA whose window holds no device event at all
-        # lost them (the shaped trace says so too: ``tracefile.shape_trace``)
+        # lost them (the shaped trace says so too: ``kineto_json.shape_trace``)
         dist = {**ended.dist, "device_in_use": device != "cpu"}
         if self._cancelled():
             ended.window = None  # (the pipeline's on_done forgets it: ``pending``)
@@ -223,7 +223,7 @@ class ReportBuilder:
                     device_in_use=dist["device_in_use"],
                 )
                 del events
-                shape_file(raw, names, dist)  # the trace exporters get (tracefile.shape_trace)
+                shape_file(raw, names, dist)  # the trace exporters get (kineto_json.shape_trace)
             else:
                 analysis, gz = self._from_trace(raw, names, dist)
         except BaseException:

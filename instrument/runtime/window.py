@@ -417,7 +417,7 @@ def foreign_reason() -> str:
 
 
 def mark(name: str) -> None:
-    """A zero-length marker event in the running profiler (see ``tracefile.shape_trace``)."""
+    """A zero-length marker event in the running profiler (see ``kineto_json.shape_trace``)."""
     _torch.range_exit(_torch.range_enter(name))
 
 
