@@ -90,7 +90,7 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         index[node] = low[node] = len(index)
         stack.append(node)
         on_stack.add(node)
-        for dep in sorted(graph[node]):
+        for dep in sorted(graph.get(node, ())):
             if dep not in index:
                 connect(dep)
                 low[node] = min(low[node], low[dep])

@@ -26,6 +26,7 @@ import pytest
 import tomllib
 
 from tests import _proc
+from tests.test_layering import _module_name, find_cycles
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("instrument", "exporters")
@@ -86,21 +87,8 @@ ALLOWED_CYCLE_EDGES: dict[tuple[str, str], str] = {}
 # ---------------------------------------------------------------- reading the source
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
 def source_files() -> dict[str, Path]:
     return {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
-
-
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
 
 
 def imports_of(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> set[str]:
@@ -143,41 +131,6 @@ def layer_of(module: str) -> str | None:
         if module == layer or module.startswith(layer + "."):
             return layer
     return None
-
-
-def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan), each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    cycles: list[list[str]] = []
-
-    def connect(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for dep in sorted(graph.get(node, ())):
-            if dep not in index:
-                connect(dep)
-                low[node] = min(low[node], low[dep])
-            elif dep in on_stack:
-                low[node] = min(low[node], index[dep])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                component.append(member)
-                if member == node:
-                    break
-            if len(component) > 1:
-                cycles.append(sorted(component))
-
-    for node in sorted(graph):
-        if node not in index:
-            connect(node)
-    return cycles
 
 
 # ---------------------------------------------------------------- the rules, on the source
