@@ -214,7 +214,7 @@ class Probe:
         self.lock = threading.Lock()
         self.keep_raw: str | None = None  # copy the next raw trace here (offline replay)
         self.raw_bytes: list[int] = []  # the size of each raw trace torch wrote for the SDK
-        self._gc_start: dict[int, int] = {}
+        self._gc_start: dict[int, tuple[int, int]] = {}
 
     def add(self, stage: str, t0: int, c0: int | None) -> None:
         """``stage`` ran from ``t0`` (``perf_counter_ns``) to now, using this thread's CPU
@@ -246,11 +246,12 @@ class Probe:
     def _gc(self, phase: str, info: dict[str, Any]) -> None:
         ident = threading.get_ident()
         if phase == "start":
-            self._gc_start[ident] = time.perf_counter_ns()
+            self._gc_start[ident] = (time.perf_counter_ns(), time.thread_time_ns())
         else:
-            t0 = self._gc_start.pop(ident, None)
-            if t0 is not None:
-                self.add(f"gc gen{info.get('generation', '?')}", t0, None)
+            started = self._gc_start.pop(ident, None)
+            if started is not None:  # wall and thread CPU: the wall of a collection also
+                # holds the waits for the GIL (another thread's export_chrome_trace holds it)
+                self.add(f"gc gen{info.get('generation', '?')}", *started)
 
     def install(self) -> None:
         from exporters.json_lines import JsonLinesExporter
@@ -584,8 +585,14 @@ def summarize_records(
 
 
 def caller_gc_ms(records: list[tuple[str, bool, int, int, int]]) -> float:
-    """ms the training thread spent in garbage collections."""
+    """ms (wall) the training thread spent in garbage collections, its waits for the GIL
+    in them included."""
     return sum(w for s, c, _, w, _ in records if s.startswith("gc") and c) / 1e6
+
+
+def caller_gc_cpu_ms(records: list[tuple[str, bool, int, int, int]]) -> float:
+    """ms of the training thread's CPU in garbage collections (no GIL waits)."""
+    return sum(cpu for s, c, _, _, cpu in records if s.startswith("gc") and c) / 1e6
 
 
 def median_rows(rows: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
@@ -738,6 +745,7 @@ def run_size(
                     "own_excess_ms": (sum(s_var) - len(s_var) * statistics.median(s_var)) / 1e6,
                     "stages": summarize_records(recs),
                     "caller_gc_ms": caller_gc_ms(recs),
+                    "caller_gc_cpu_ms": caller_gc_cpu_ms(recs),
                     "plain_caller_gc_ms": caller_gc_ms(recs_plain),
                     "plain_step_ms": base / 1e6,
                     "windows": len(costs) if variant in SDK_FAMILY else int(variant == "torch"),
@@ -813,6 +821,7 @@ def run_size(
             },
             "stages": median_rows([p["stages"] for p in rows]),
             "caller_gc_ms": statistics.median(p["caller_gc_ms"] for p in rows),
+            "caller_gc_cpu_ms": statistics.median(p["caller_gc_cpu_ms"] for p in rows),
             "ledger": {
                 key: median_or_nan(c.get(key) for c in ledgers)
                 for key in (
@@ -898,12 +907,13 @@ def print_size(name: str, res: dict[str, Any], device: str) -> None:
         "\n  where the extra program time lands, ms over the paired plain block's median step"
         "\n  (the SDK's window ends inside step 3, torch's in step 4's prof.step(); 9+: the SDK's"
         "\n  background export); own median: every step over its own block's median step"
-        "\n  (robust to load that changes between blocks); caller gc: the training thread's GC:"
+        "\n  (robust to load that changes between blocks); caller gc: the training thread's"
+        "\n  garbage collections, wall (GIL waits in them included) / its CPU in them:"
     )
     print(
         f"  {'variant':<11}"
         + "".join(f"{label:>11}" for label, _, _ in SEGMENTS)
-        + f"{'own median':>11}{'caller gc':>11}"
+        + f"{'own median':>11}{'caller gc':>15}"
     )
     for variant in names:
         ex = v[variant]["excess_ms"]
@@ -911,7 +921,7 @@ def print_size(name: str, res: dict[str, Any], device: str) -> None:
             f"  {variant:<11}"
             + "".join(f"{ex[label]:>11.1f}" for label, _, _ in SEGMENTS)
             + f"{v[variant]['own_excess_ms']['median']:>11.1f}"
-            + f"{v[variant]['caller_gc_ms']:>11.1f}"
+            + f"{v[variant]['caller_gc_ms']:>9.1f} /{v[variant]['caller_gc_cpu_ms']:>4.1f}"
         )
     print(
         "\n  one window's stages, median per block, ms: wall on the caller's thread | wall on"
