@@ -129,9 +129,12 @@ def test_a_window_stops_once_its_kernels_ran_without_synchronising(
     """The window's end only marks it and records a CUDA event; the profiler stops at a later
     step boundary once that event completed, without a device synchronisation, and the
     report and trace hold the recorded steps' work only (what ran after the end is cut).
-    The same for a window of one thread (stepping on it) and one of all threads."""
+    The same for a window of one thread (stepping on it) and one of all threads. (The end's
+    short poll of the event is off here: test_a_window_whose_kernels_ran_by_its_end_stops_there.)"""
 
     from instrument.runtime import stops as stops_mod
+
+    monkeypatch.setattr(stops_mod, "DRAIN_SPIN_S", 0.0)
 
     x, w, b = _tensors(2048)
     matmul_bias(x, w, b)
@@ -175,6 +178,62 @@ def test_a_window_stops_once_its_kernels_ran_without_synchronising(
     assert sum(1 for e in trace["traceEvents"] if e.get("cat") == "kernel") == 3 * per_call
 
 
+@pytest.mark.parametrize("queue", ["empty", "deep"])
+def test_a_window_whose_kernels_ran_by_its_end_stops_there(tmp_path, queue):
+    """At the window's end the caller polls its end event for up to DRAIN_SPIN_S: with the
+    device caught up (synchronised before the last step ends) the profiler stops right there,
+    without a synchronisation and with every recorded kernel; with seconds of work queued it
+    defers the stop to a later step as before."""
+    from instrument.runtime import stops as stops_mod
+
+    x, w, b = _tensors(2048)
+    matmul_bias(x, w, b)
+    torch.cuda.synchronize()
+    big = torch.randn(8192, 8192, device="cuda")
+
+    @profiled("queued")
+    def queued():
+        return big @ big
+
+    with capture(
+        schedule=Schedule(warmup=1, active=3),
+        exporters=[TraceFileExporter(tmp_path, gzip=False)],
+    ) as cap:
+        sess = cap.session
+        for i in range(4):  # warm-up + 3 recorded steps: the 4th step() ends the window
+            matmul_bias(x, w, b)
+            if i == 3:
+                if queue == "deep":  # ~1 s of matmuls queued behind the last recorded call
+                    for _ in range(100):
+                        queued()
+                else:
+                    torch.cuda.synchronize()
+            sess.step()
+        if queue == "empty":
+            assert not sess.status().stop_deferred
+            assert sess.status().deferred_stops == ((0, True),)
+        else:
+            assert sess.status().stop_deferred
+            while sess.status().stop_deferred:
+                sess.step()
+            (waited,) = sess.status().deferred_stops
+            assert waited[0] >= 1
+        assert sess.flush(60)
+        (report,) = cap.reports
+    assert stops_mod.DRAIN_SPIN_S > 0
+    r = report.ranges["matmul_bias"]
+    assert r.calls == 3
+    assert r.kernel_launches >= 3 and r.device_time_us > 0
+    trace = json.load(open(report.trace_file))
+    kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
+    queued_kernels = 0
+    if queue == "deep":  # launched inside the last recorded step: the window's own
+        assert report.ranges["queued"].calls == 100
+        queued_kernels = report.ranges["queued"].kernel_launches
+        assert queued_kernels >= 100
+    assert len(kernels) == r.kernel_launches + queued_kernels  # nothing from after the end
+
+
 def test_a_profiler_the_program_starts_while_a_cuda_window_drains_survives(tmp_path):
     """The window ended and its stop waits for its kernels; the program starts its own torch
     profiler meanwhile: the session drops its window (stopping ours would end theirs) and
@@ -191,6 +250,8 @@ def test_a_profiler_the_program_starts_while_a_cuda_window_drains_survives(tmp_p
         def step(x):
             return (x @ x).relu()
 
+        from instrument.runtime import stops
+        stops.DRAIN_SPIN_S = 0.0  # (the window's end defers its stop: the drain is the case)
         x = torch.randn(4096, 4096, device="cuda")
         # torch.profiler's start imports inductor's config the first time (~3.5 s on an H100
         # host, torch 2.11): the drain's timer (2 s) would stop our window cleanly before

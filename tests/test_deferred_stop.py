@@ -63,8 +63,12 @@ def _all_threads(monkeypatch):
 
 @pytest.fixture
 def stand_in(monkeypatch):
+    """A stand-in end event per window, completing at its ``done_after[0]``-th query; the
+    window's end polls it not at all (``DRAIN_SPIN_S`` 0: these tests drive the deferred
+    path; the poll has its own tests below)."""
     events: list[StandInEvent] = []
     done_after = [2]
+    monkeypatch.setattr(stops_mod, "DRAIN_SPIN_S", 0.0)
 
     def end_marker_event(window):
         assert window.recording and window.all_threads
@@ -121,6 +125,57 @@ def test_at_the_cap_it_waits_for_the_event_not_the_device(stand_in, monkeypatch)
     assert event.synchronized == 1
     assert sess.status().deferred_stops == ((3, False),)
     assert cap.reports[0].ranges["work"].calls == 3
+
+
+@pytest.mark.parametrize("done_after", [1, 3])
+def test_device_work_done_by_the_windows_end_stops_it_there(stand_in, monkeypatch, done_after):
+    """Where the window's kernels have run by its end, or within DRAIN_SPIN_S of it (the
+    event's first, or third, poll), the profiler stops at once: no drained step recorded, no
+    synchronisation, and the drain log says 0 steps waited."""
+    events, done = stand_in
+    done[0] = done_after
+    monkeypatch.setattr(stops_mod, "DRAIN_SPIN_S", 30.0)  # ample: the poll ends at its query
+    with _window() as cap:
+        sess = cap.session
+        for _ in range(4):  # warm-up + 3 recorded steps: the 4th step's end ends the window
+            work()
+        (event,) = events
+        window = event.window
+        assert not sess.status().stop_deferred
+        assert not window.recording and not _torch.profiler_on()
+        assert window._prof.profiler.use_device is None  # no device-wide synchronisation
+        assert event.queries == done_after and event.synchronized == 0
+        assert sess.status().deferred_stops == ((0, True),)
+        work()  # recorded by no profiler
+    (report,) = cap.reports
+    assert report.steps == (1, 2, 3)
+    assert report.ranges["work"].calls == 3
+    assert report.cost is not None and report.cost.stop_stall_us > 0
+
+
+def test_device_work_still_queued_after_the_poll_defers_the_stop(stand_in, monkeypatch):
+    """An end event that has not completed within DRAIN_SPIN_S: polled more than once, then
+    the stop is deferred to a later step as before."""
+    events, done = stand_in
+    done[0] = None  # completes only when waited for
+    monkeypatch.setattr(stops_mod, "DRAIN_SPIN_S", 0.05)
+    monkeypatch.setattr(stops_mod, "MAX_DRAIN_STEPS", 2)
+    with _window() as cap:
+        sess = cap.session
+        for _ in range(4):
+            work()
+        (event,) = events
+        assert event.queries > 1  # polled, with sleeps between
+        assert sess.status().stop_deferred and event.window.recording
+        work()  # the first boundary: not completed
+        work()  # the cap: waited for, then stopped
+        assert not sess.status().stop_deferred
+    assert event.synchronized == 1
+    assert sess.status().deferred_stops == ((2, False),)
+    (report,) = cap.reports
+    assert report.ranges["work"].calls == 3
+    # the poll ran to its deadline on the caller: part of the window's stop stall
+    assert report.cost is not None and report.cost.stop_stall_us >= 50_000
 
 
 def test_a_program_that_stops_stepping_is_stopped_by_the_timer(stand_in, monkeypatch):

@@ -40,7 +40,8 @@ class SessionStatus:
     """An ended window's stop waits for the thread that started its profiler."""
     deferred_stops: tuple[tuple[int, bool], ...]
     """The last deferred stops, oldest first: (steps the stop waited, whether the window's
-    device work had completed by then rather than being waited for)."""
+    device work had completed by then rather than being waited for); ``(0, True)``: the work
+    completed within ``stops.DRAIN_SPIN_S`` of the window's end, which stopped at once."""
     finished: bool
     """The schedule can open no more windows (decorated calls may go idle)."""
     closed: bool
