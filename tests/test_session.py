@@ -895,3 +895,64 @@ def test_status_follows_a_windows_life_and_is_a_frozen_snapshot():
     assert (before.step, before.window_open, before.finished) == (0, False, False)
     with pytest.raises(dataclasses.FrozenInstanceError):
         before.step = 9  # type: ignore[misc]
+
+
+_WARMUP_CHILD = """
+import os, signal, sys, threading
+import torch
+from instrument import Schedule, profiled, session
+from instrument.runtime import state
+from instrument.testing import InMemoryExporter
+
+@profiled("warm")
+def warm(a):
+    return a @ a
+
+def records_cpu_ops():
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        torch.ones(3).mul(2)
+    return "aten::mul" in [e.name for e in prof.events()]
+
+mem = InMemoryExporter()
+s = session(schedule=Schedule(warmup=1, active=1), activities=["cpu"], exporters=[mem])
+s._windows.record_warmup = True  # what a session whose activities include a device does
+a = torch.randn(8, 8)
+case = sys.argv[1]
+try:
+    with s:
+        warm(a)  # the warm-up step: the profiler records, this thread's CPU ops paused
+        assert state.cpu_ops.paused == {threading.get_ident()}
+        if case == "fork":
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0 if records_cpu_ops() and not state.cpu_ops.paused else 3)
+            _, status = os.waitpid(pid, 0)
+            print("child", os.waitstatus_to_exitcode(status))
+        else:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the warm-up step
+            warm(a)
+        s.step()
+        warm(a)  # the recorded step
+        s.step()
+except KeyboardInterrupt:
+    print("interrupted")
+print("paused", sorted(state.cpu_ops.paused), "records", records_cpu_ops(),
+      "reports", [r.steps for r in mem.reports])
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork: POSIX only")
+@pytest.mark.parametrize("case", ["fork", "sigint"])
+def test_a_fork_or_ctrl_c_in_a_paused_warmup_leaves_no_thread_paused(case):
+    """A DataLoader worker forked in a recorded warm-up records its CPU ops (the stepping
+    thread's pause is not inherited), and Ctrl-C in the warm-up ends the session with the
+    thread recording again; real processes and a real signal."""
+    proc = _proc.run("-W", "ignore::DeprecationWarning", "-c", _WARMUP_CHILD, case, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1].startswith("paused [] records True"), proc.stdout
+    if case == "fork":
+        assert "child 0" in lines, proc.stdout
+        assert lines[-1].endswith("reports [(1,)]"), proc.stdout
+    else:
+        assert "interrupted" in lines, proc.stdout
