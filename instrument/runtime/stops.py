@@ -52,8 +52,9 @@ DRAIN_SPIN_S = 0.001
 long: where the device keeps up with the program (an overhead-bound loop, its queue holding
 less than this), the window's kernels have run by then and the profiler stops at once,
 without a device synchronisation and without recording a drained step (a step's kernels,
-runtime calls and their flows: on an H100 ~15% of a small LM's window, and their share of
-torch's stop and trace export). Where the queue is deeper the stop is deferred as before. The
+runtime calls and their flows, cut from the report anyway, yet processed by torch's stop and
+written by its trace export: on an H100 the warm-up and the drained step together were 7,200
+of a small LM window's 38,814 events). Where the queue is deeper the stop is deferred as before. The
 poll's wait is the caller's, counted in the window's stop stall. 0: always defer."""
 DRAIN_MAX_S = 2.0
 """... and at most this long, should the program stop ending steps (a timer stops it; the
