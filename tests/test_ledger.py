@@ -12,6 +12,8 @@ import json
 import os
 import textwrap
 
+import pytest
+
 from tests._proc import run, sdk_env
 
 PROGRAM = textwrap.dedent(
@@ -30,6 +32,7 @@ PROGRAM = textwrap.dedent(
     STEP_S = float(os.environ.get("T_STEP_S", "0.004"))
     IDLE_S = float(os.environ.get("T_IDLE_S", "0"))      # a step that waits (I/O, no GIL)
     STEPS = int(os.environ.get("T_STEPS", "40"))
+    EXPLICIT = os.environ.get("T_EXPLICIT") == "1"  # instrument.step() at each step's start
     ledger.INTERVAL_S = float(os.environ.get("T_INTERVAL_S", "60"))
 
     def spin(seconds):  # CPU work of a known wall time
@@ -56,7 +59,7 @@ PROGRAM = textwrap.dedent(
     memory = Sleeping() if EXPORT_S else InMemoryExporter()
     instrument.configure(exporters=[memory])
 
-    @profiled("train_step", step=True)
+    @profiled("train_step", step=not EXPLICIT)
     def train_step(i):
         spin(STEP_S)
         time.sleep(IDLE_S)
@@ -65,6 +68,8 @@ PROGRAM = textwrap.dedent(
         return i
 
     for i in range(STEPS):
+        if EXPLICIT and i:  # as a loop with prof.step() at each step's start
+            instrument.step()
         train_step(i)
     instrument.shutdown()
     print(json.dumps([
@@ -86,10 +91,16 @@ def _within(measured: float, expected: float, share: float = 0.10) -> bool:
     return abs(measured - expected) <= share * expected
 
 
-def test_busy_steps_show_as_the_steps_excess_over_window_free_steps() -> None:
+@pytest.mark.parametrize("steps", ["step_function", "step_calls"])
+def test_busy_steps_show_as_the_steps_excess_over_window_free_steps(steps: str) -> None:
+    """The same with the steps ended by a ``step=True`` function's return and by
+    ``instrument.step()`` calls (no step function: the time between the calls is the step)."""
     busy = 0.12  # per recorded step: 3 steps a window, 360 ms of excess against ~32 ms steps
     # steps that wait 30 ms: the last window's analysis is done before the next one records
-    ledgers = _ledgers(T_BUSY_S=str(busy), T_STEPS="31", T_STEP_S="0.002", T_IDLE_S="0.03")
+    explicit = "1" if steps == "step_calls" else "0"
+    ledgers = _ledgers(
+        T_BUSY_S=str(busy), T_STEPS="31", T_STEP_S="0.002", T_IDLE_S="0.03", T_EXPLICIT=explicit
+    )
     later = [c for c in ledgers if c["baseline_step_us"] is not None]
     assert len(later) >= 2, ledgers  # the first window (step 0) has no window-free steps yet
     for cost in later:

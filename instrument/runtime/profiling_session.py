@@ -105,6 +105,7 @@ class Session:
         self._skip_reason: str | None = None
         self._trigger: triggers.Trigger | None = None
         self._warned_double_step = False
+        self._last_step_call: tuple[int, int] | None = None  # (perf_counter_ns, switches)
         self._window_index = 0
         self.metrics: metrics.Feed | None = None  # the ambient session's, when metrics are on
 
@@ -125,7 +126,20 @@ class Session:
                 "other"
             )
         self._steps_declared = True
+        self._time_explicit_step()
         self._advance()
+
+    def _time_explicit_step(self) -> None:
+        """The time since the last ``step()`` into the metrics' step histogram, as a
+        ``step=True`` function's return puts its call's there (so the step metric, and the
+        ledger's window-free baseline, exist for a loop that steps as ``prof.step()`` does);
+        only where no ``step=True`` decoration times the steps, and not for a step in which a
+        profiler started or stopped (the SDK's own start or stop is in it)."""
+        now, switches = time.perf_counter_ns(), _torch.switches()
+        last, self._last_step_call = self._last_step_call, (now, switches)
+        if last is None or switches != last[1] or state.steps_declared or not state.metrics_on:
+            return
+        metrics.record(metrics.recorder, metrics.STEP, float(now - last[0]))
 
     def close(self, timeout: float | None = None) -> None:
         """End the session: export an open window that recorded steps (``partial=True``),
