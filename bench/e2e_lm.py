@@ -898,10 +898,17 @@ def print_size(name: str, res: dict[str, Any], device: str) -> None:
     if target is not None and device == "cuda":
         sdk, tp = v["sdk"], v["torch"]
         ok = sdk["ratio"]["median"] >= target
-        cheaper = sdk["window_cost_ms"]["median"] <= tp["window_cost_ms"]["median"]
+        a, b = sdk["window_cost_ms"], tp["window_cost_ms"]
+        cheaper = a["median"] <= b["median"]
+        # a median over torch's that sits inside torch's IQR (and torch's inside the SDK's)
+        # is not a difference these pairs can tell: said so, not shown as a plain FAIL
+        unresolved = not cheaper and a["q1"] <= b["q3"] and b["q1"] <= a["q3"]
+        verdict = "PASS" if cheaper else "FAIL"
+        if unresolved:
+            verdict += ", within noise (IQRs overlap)"
         print(
             f"  targets: sdk >= {100 * target:.0f}% of plain: {'PASS' if ok else 'FAIL'}; "
-            f"sdk's window <= torch's: {'PASS' if cheaper else 'FAIL'}"
+            f"sdk's window <= torch's: {verdict}"
         )
     print(
         "\n  where the extra program time lands, ms over the paired plain block's median step"
