@@ -83,7 +83,9 @@ import instrument  # noqa: E402
 from instrument import profiled  # noqa: E402
 
 sys.path.insert(0, os.path.join(REPO, "bench"))
-from e2e_overhead import cpu_name  # noqa: E402  (the same machine line as its sibling)
+# the machine line (not from e2e_overhead: importing it loads examples/06, whose step=True
+# function would declare steps for every session here, and its ledger would lose its baseline)
+from machine import cpu_name  # noqa: E402
 
 # d_model, layers, heads (head size 64 on CUDA), sequence, batch (sequences per step), vocab
 SIZES = {

@@ -77,6 +77,9 @@ from exporters import InMemoryExporter, TraceFileExporter  # noqa: E402
 from instrument import Schedule, instrument_module, session  # noqa: E402
 from instrument.runtime import decorator  # noqa: E402
 
+sys.path.insert(0, os.path.join(REPO, "bench"))
+from machine import cpu_name  # noqa: E402
+
 WINDOW = 4  # warm-up + active steps of one sampled window
 
 
@@ -99,17 +102,6 @@ def plain_step(model, opt, x, y):
     opt.step()
     opt.zero_grad(set_to_none=True)
     return loss.detach()
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def sync(device: str) -> None:
