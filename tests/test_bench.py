@@ -187,6 +187,9 @@ def test_e2e_lm_quick_runs_every_variant_and_writes_its_json(tmp_path):
         assert sdk["stages"]["exporter trace"]["calls"] == 1
         assert sdk["stages"]["exporter json"]["calls"] == 1
         assert sdk["ledger"]["stop_stall_us"] > 0
+        # the window-free steps of the SDK blocks before (instrument.step() calls, no
+        # step=True function in the process) gave the ledger its baseline
+        assert math.isfinite(sdk["ledger"]["steps_excess_us"]), sdk["ledger"]
         for stage in ("torch prepare_trace", "torch start_trace", "torch stop_trace"):
             assert hand["stages"][stage]["calls"] == 1, stage
         assert hand["stages"]["torch export_chrome_trace"]["caller_ms"] > 0
