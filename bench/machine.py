@@ -1,4 +1,4 @@
-"""The machine line the end-to-end benches print: no torch, no instrument, nothing decorated
+"""The CPU name the benches print in their machine line: no torch, no instrument, nothing decorated
 (a bench that imports another bench's module for it would run that module's decorations, and
 a ``step=True`` one changes how every session counts steps)."""
 

@@ -47,6 +47,8 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "bench"))
+from machine import cpu_name  # noqa: E402
 
 UNROLL = 10
 RANGE = "bench.range"
@@ -314,17 +316,6 @@ def _check_ranges_recorded(variants: list[Variant]) -> dict[str, int]:
 # ---------------------------------------------------------------- machine
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _machine() -> dict[str, Any]:
     import torch
 
@@ -333,7 +324,7 @@ def _machine() -> dict[str, Any]:
     except AttributeError:  # pragma: no cover - not Linux
         usable = os.cpu_count()
     info: dict[str, Any] = {
-        "cpu": _cpu_model(),
+        "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "cores_usable": usable,
         "python": platform.python_version(),
