@@ -679,3 +679,52 @@ def test_a_child_forked_while_the_thread_is_paused_records_cpu_ops(request):
     proc, _cwd = _early.result(request)  # _FORK with the stand-in event
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "parent False child 0"
+
+
+_CTRL_C_IN_THE_POLL = """
+import os, signal, threading, time
+import torch
+from instrument import Schedule, profiled, session
+from instrument.runtime import _torch, stops
+from instrument.testing import InMemoryExporter
+stops.DRAIN_SPIN_S = 2.0  # the window's end polls long enough for the signal to land there
+class Event:  # a device whose queue never empties: only the poll's deadline would end it
+    def query(self):
+        return False
+    def synchronize(self):
+        pass
+_torch.ProfilerWindow.end_marker_event = lambda self: Event()
+
+@profiled("work", step=True)
+def work():
+    return torch.ones(8) @ torch.ones(8)
+
+mem = InMemoryExporter()
+try:
+    with session(schedule=Schedule(warmup=1, active=3), activities=["cpu"], exporters=[mem],
+                 all_threads=True) as s:
+        for i in range(4):
+            if i == 3:  # Ctrl-C half a second into the poll at this step's end
+                threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+            work()
+except KeyboardInterrupt:
+    print("interrupted")
+print("on", _torch.profiler_on(), "deferred", s.status().stop_deferred,
+      "recording", s.status().window_recording)
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    torch.ones(3).mul(2)  # the program's own profiler works after it
+print("theirs", "aten::mul" in [e.name for e in prof.events()])
+"""
+
+
+def test_ctrl_c_in_the_window_ends_poll_leaves_no_profiler_on():
+    """A real SIGINT landing while the window's end polls its event: it waits for the poll's
+    end (the window's end runs in an ``atomic`` block, which defers signals), then the program
+    gets its KeyboardInterrupt, no profiler stays on, no stop is left deferred, and the
+    program's own torch.profiler works afterwards."""
+    proc = _proc.run("-W", "ignore::DeprecationWarning", "-c", _CTRL_C_IN_THE_POLL, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert "interrupted" in lines, proc.stdout
+    assert "on False deferred False recording False" in lines, proc.stdout
+    assert lines[-1] == "theirs True", proc.stdout
