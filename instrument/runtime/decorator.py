@@ -736,7 +736,6 @@ def range_name(name: str) -> str:
 # ---------------------------------------------------------------- the public object
 
 _MAX_NAME = _torch.MAX_NAME
-_new = object.__new__
 
 _COMPILED_NAME = "(compiled)"
 """The name of every context-form range made inside ``torch.compile``d code (``profiled``):
