@@ -20,8 +20,9 @@ Variants, all on the same model and pool of batches:
   around ``@profiled("forward")``, ``"backward"``, ``"optimizer"``, ``instrument.step()`` at
   each step's start (as ``prof.step()`` below: with ``step=True`` the step boundary into a
   block's first step, where its window is due, would come at the previous SDK block's last
-  call, and the other variants' decorated calls in between would start that window), and the
-  ambient session
+  call, and the other variants' decorated calls in between would start that window; the
+  steps are declared before the first call, ``SizeRun.declare_steps``, and every SDK block
+  is checked to end in the step before its next window's), and the ambient session
   configured like ``PROFILED_EVERY=100 PROFILED_EXPORTERS=trace,json`` (default schedule: a
   warm-up and 3 recorded steps; metrics on, as the json exporter turns them on), trace files
   and JSON lines to a temporary directory. ``PROFILED_OVERHEAD_BUDGET=0`` so every block holds
@@ -423,6 +424,42 @@ class SizeRun:
             json_path=self.json_path,
             overhead_budget=0.0,
         )
+        self.declare_steps()
+
+    def declare_steps(self) -> None:
+        """Declare the SDK variant's steps before its first call, as a ``step=True`` function
+        would (the bench has none: that function would time the steps itself, and the
+        ledger's window-free baseline comes from the ``step()`` calls).
+
+        Until a program calls ``step()`` or has a ``step=True`` function, the ambient session
+        ends a step at each root call's return. The first SDK step would end there and the
+        first ``instrument.step()`` would end another: every window's warm-up step one step
+        early, the previous SDK block's last one, and a CUDA window records its warm-up, so
+        its profiler would stay on through the torch and metrics blocks in between (the torch
+        block's start then overtakes it). ``check_aligned`` fails the run if that comes back."""
+        from instrument.runtime import lifetime
+
+        sess = lifetime.session_for_calls()  # the ambient session a first call would make
+        if sess is None:
+            raise SystemExit("e2e_lm: the SDK's ambient session could not be made")
+        sess._declare_steps()
+
+    def check_aligned(self) -> None:
+        """After an SDK block: the session is in the block's last step (the next block's
+        first ``instrument.step()`` begins the window's warm-up), no window open."""
+        from instrument.runtime import state
+
+        sess = state.current
+        if sess is None:
+            return
+        status = sess.status()
+        if status.step % self.every != self.every - 1 or status.window_open:
+            raise SystemExit(
+                f"e2e_lm: after an SDK block the session is at step {status.step} (expected "
+                f"one less than a multiple of {self.every}) with a window "
+                f"{'open' if status.window_open else 'closed'}: the SDK's windows are not "
+                "aligned with the blocks, so the figures would mix windows into other blocks"
+            )
 
     def start_torch(self) -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]
@@ -495,6 +532,7 @@ class SizeRun:
                 instrument.flush()
                 PROBE.add("flush (untimed)", t1, None)
                 self.drains = take_drain_log()
+                self.check_aligned()
         return took, [b - a for a, b in zip(stamps, stamps[1:])], t0
 
 
