@@ -20,13 +20,13 @@ Variants, all on the same model and pool of batches:
   around ``@profiled("forward")``, ``"backward"``, ``"optimizer"``, ``instrument.step()`` at
   each step's start (as ``prof.step()`` below: with ``step=True`` the step boundary into a
   block's first step, where its window is due, would come at the previous SDK block's last
-  call, and the other variants' decorated calls in between would start that window; the
-  steps are declared before the first call, ``SizeRun.declare_steps``, and every SDK block
-  is checked to end in the step before its next window's), and the ambient session
-  configured like ``PROFILED_EVERY=100 PROFILED_EXPORTERS=trace,json`` (default schedule: a
-  warm-up and 3 recorded steps; metrics on, as the json exporter turns them on), trace files
-  and JSON lines to a temporary directory. ``PROFILED_OVERHEAD_BUDGET=0`` so every block holds
-  one window (the budget would back off a dear window; the bench measures what one costs).
+  call, and the other variants' decorated calls in between would start that window; every
+  SDK block is checked to end in the step before its next window's, ``check_aligned``), and
+  the ambient session configured like ``PROFILED_EVERY=100 PROFILED_EXPORTERS=trace,json``
+  (default schedule: a warm-up and 3 recorded steps; metrics on, as the json exporter turns
+  them on), trace files and JSON lines to a temporary directory.
+  ``PROFILED_OVERHEAD_BUDGET=0`` so every block holds one window (the budget would back off
+  a dear window; the bench measures what one costs).
   The windows open at each block's first step; what the background export has not finished
   when the block ends is waited for untimed (``spill`` in the table: what the block missed).
 - *torch*: the plain loop with a hand-written ``torch.profiler.profile(schedule=schedule(
@@ -424,25 +424,6 @@ class SizeRun:
             json_path=self.json_path,
             overhead_budget=0.0,
         )
-        self.declare_steps()
-
-    def declare_steps(self) -> None:
-        """Declare the SDK variant's steps before its first call, as a ``step=True`` function
-        would (the bench has none: that function would time the steps itself, and the
-        ledger's window-free baseline comes from the ``step()`` calls).
-
-        Until a program calls ``step()`` or has a ``step=True`` function, the ambient session
-        ends a step at each root call's return. The first SDK step would end there and the
-        first ``instrument.step()`` would end another: every window's warm-up step one step
-        early, the previous SDK block's last one, and a CUDA window records its warm-up, so
-        its profiler would stay on through the torch and metrics blocks in between (the torch
-        block's start then overtakes it). ``check_aligned`` fails the run if that comes back."""
-        from instrument.runtime import lifetime
-
-        sess = lifetime.session_for_calls()  # the ambient session a first call would make
-        if sess is None:
-            raise SystemExit("e2e_lm: the SDK's ambient session could not be made")
-        sess._declare_steps()
 
     def check_aligned(self) -> None:
         """After an SDK block: the session is in the block's last step (the next block's

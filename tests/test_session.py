@@ -89,13 +89,35 @@ def test_root_calls_end_steps_until_step_is_first_called():
     configure(exporters=[mem], schedule=Schedule(wait=0, warmup=1, active=2))
     work()  # ends step 0
     work()  # ends step 1 (recorded)
-    step()  # ends step 2 and declares steps
+    with profiled("outer"):
+        step()  # inside a decorated block: ends step 2 (recorded) and declares steps
     work()
     work()
     instrument.flush()
     (report,) = mem.reports
     assert report.steps == (1, 2)
-    assert report.ranges["work"].calls == 1
+    assert report.ranges["work"].calls == 1  # no root call ends a step any more
+    assert report.ranges["outer"].calls == 1
+
+
+@pytest.mark.parametrize("where", ["end", "start"])
+def test_a_prof_step_style_loop_records_every_active_step(where):
+    """``train_step(x); step()`` (torch's ``prof.step()`` at each iteration's end), or
+    ``step()`` at each iteration's start but the first: the first root call's return ends step
+    0 (root calls end steps until step() is called), and the first step() right after it is
+    that same boundary, not an empty step 1 (the default window recorded 2 steps of 3)."""
+    mem = InMemoryExporter()
+    configure(exporters=[mem], activities=["cpu"])  # default schedule: warm-up 0, records 1-3
+    for i in range(8):
+        if where == "start" and i:
+            step()
+        work()
+        if where == "end":
+            step()
+    instrument.flush()
+    (report,) = mem.reports
+    assert report.steps == (1, 2, 3)
+    assert report.ranges["work"].calls == 3
 
 
 def test_a_data_block_before_the_first_step_function_return_ends_no_step():

@@ -106,6 +106,9 @@ class Session:
         self._trigger: triggers.Trigger | None = None
         self._warned_double_step = False
         self._last_step_call: tuple[int, int] | None = None  # (perf_counter_ns, switches)
+        # the step a root call's return began, while root calls end steps: a first step()
+        # called right after it (no decorated call open) ends that same step (``step``)
+        self._root_began_step: int | None = None
         self._window_index = 0
         self.metrics: metrics.Feed | None = None  # the ambient session's, when metrics are on
 
@@ -125,9 +128,18 @@ class Session:
                 "its calls ends two steps (this one and its return); use one or the "
                 "other"
             )
+        # the first step() right after a root call's return, as a prof.step()-style loop
+        # calls it at an iteration's end (or the next one's start): that return ended the
+        # step already; another boundary would make an empty step (a window's recorded step)
+        same_boundary = (
+            not self._steps_declared
+            and self._root_began_step == self.step_index
+            and decorator._DEPTH.get() == 0
+        )
         self._steps_declared = True
         self._time_explicit_step()
-        self._advance()
+        if not same_boundary:
+            self._advance()
 
     def _time_explicit_step(self) -> None:
         """The time since the last ``step()`` into the metrics' step histogram, as a
@@ -227,6 +239,7 @@ class Session:
     def _root_call_returned(self) -> None:
         if not self._steps_declared:
             self._advance()
+            self._root_began_step = self.step_index
 
     def _declare_steps(self) -> None:
         """A ``step=True`` decoration was applied (``state.declare_steps``)."""
