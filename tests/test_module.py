@@ -343,8 +343,11 @@ def test_only_selected_blocks_end_no_steps_when_the_model_is_not_the_root():
         model(torch.randn(2, 8))
         # two instrumented roots ran side by side: two root calls, like two decorated calls
         assert sess.step_index == 2
-        instrument.step()  # steps declared: root calls end no more steps
-        model(torch.randn(2, 8))
+        instrument.step()  # the last root call's boundary (no other), and steps declared
+        assert sess.step_index == 2
+        model(torch.randn(2, 8))  # root calls end no more steps
+        assert sess.step_index == 2
+        instrument.step()
         assert sess.step_index == 3
 
 
