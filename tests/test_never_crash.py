@@ -137,11 +137,11 @@ ASYNC_TASKS = """
 import asyncio, torch
 from instrument import profiled, step
 
-async def holder(n):
+async def holder(n, inner):
     x = torch.zeros(4)
     for i in range(n):
         async with profiled("held"):
-            for j in range(5):
+            for j in range(inner):
                 x = x + 1
                 await asyncio.sleep(0)
 
@@ -153,7 +153,9 @@ async def stepper(n):
         await asyncio.sleep(0)
 
 async def main():
-    await asyncio.gather(holder(300), holder(200), stepper(1200))
+    # (blocks of 5 and 3 loop rounds: the 3-round one enters at a moving phase of the windows'
+    # 40-step spacing, so some window sees a block begin whatever step its first one is)
+    await asyncio.gather(holder(300, 5), holder(500, 3), stepper(1200))
 
 asyncio.run(main())
 print("done")
